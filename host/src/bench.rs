@@ -1,0 +1,152 @@
+//! `gateway bench`: engine throughput on one model, without HTTP, printed as a table.
+//! Prefix caching is off so every prompt is really prefilled.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::config::ModelConfig;
+use crate::engine::{Engine, Event, GenerationRequest, SamplingParams};
+use crate::metrics::Metrics;
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct BenchOptions {
+    /// Prompt length for the prefill measurement.
+    #[arg(long, default_value_t = 256)]
+    pub prompt_tokens: usize,
+    /// Tokens generated per request in the decode measurements.
+    #[arg(long, default_value_t = 128)]
+    pub gen_tokens: usize,
+    /// Concurrency levels for the aggregate-throughput rows.
+    #[arg(long, value_delimiter = ',', default_value = "1,4,8")]
+    pub concurrency: Vec<usize>,
+    /// Repetitions of each measurement; the median is reported.
+    #[arg(long, default_value_t = 3)]
+    pub repeat: usize,
+}
+
+const TEXT: &str = "The quarterly report shows that customer satisfaction improved across all regions, \
+    driven by faster support response times and a simpler onboarding flow. Sales teams closed more \
+    renewals than forecast, while churn in the small-business segment fell for the third quarter in a row. ";
+
+fn prompt(engine: &Engine, tokens: usize, salt: usize) -> Vec<u32> {
+    let text = format!("Request {salt}. {}", TEXT.repeat(tokens / 40 + 2));
+    let mut ids = engine.encode(&text, true).expect("bench prompt encodes");
+    ids.truncate(tokens);
+    ids
+}
+
+fn request(prompt: Vec<u32>, max_tokens: usize) -> GenerationRequest {
+    GenerationRequest {
+        prompt,
+        sampling: SamplingParams { temperature: 0.0, ..Default::default() },
+        max_tokens,
+        stop: Vec::new(),
+        stop_token_ids: Vec::new(),
+        ignore_eos: true,
+        cache_salt: 0,
+    }
+}
+
+struct Run {
+    first: Duration,
+    last: Duration,
+    tokens: usize,
+}
+
+async fn run_one(engine: &Engine, req: GenerationRequest, t0: Instant) -> Run {
+    let mut s = engine.submit(req).expect("bench queue has room");
+    let (mut first, mut last, mut tokens) = (None, Duration::ZERO, 0);
+    while let Some(ev) = s.recv().await {
+        match ev {
+            Event::Token { .. } => {
+                tokens += 1;
+                last = t0.elapsed();
+                first.get_or_insert(last);
+            }
+            Event::Done(..) => break,
+            Event::Failed(m) => panic!("bench request failed: {m}"),
+        }
+    }
+    Run { first: first.unwrap_or_default(), last, tokens }
+}
+
+fn median(mut xs: Vec<f64>) -> f64 {
+    xs.sort_by(f64::total_cmp);
+    xs[xs.len() / 2]
+}
+
+pub async fn run(cfg: &ModelConfig, o: &BenchOptions) -> anyhow::Result<()> {
+    let mut cfg = cfg.clone();
+    cfg.engine.prefix_caching = false;
+    cfg.engine.max_num_seqs = cfg.engine.max_num_seqs.max(o.concurrency.iter().copied().max().unwrap_or(1));
+    let metrics = Arc::new(Metrics::new());
+    let engine = Arc::new(Engine::start(&cfg, metrics.clone())?);
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    println!("model {} ({}), {} threads", cfg.name, cfg.path.display(), threads);
+    // Warm-up: first-touch of weights and KV pages.
+    run_one(&engine, request(prompt(&engine, 32, 0), 8), Instant::now()).await;
+
+    let mut salt = 1;
+    let mut prefill = Vec::new();
+    let mut decode = Vec::new();
+    for _ in 0..o.repeat {
+        let t0 = Instant::now();
+        let r = run_one(&engine, request(prompt(&engine, o.prompt_tokens, salt), 1), t0).await;
+        salt += 1;
+        prefill.push(o.prompt_tokens as f64 / r.first.as_secs_f64());
+        let t0 = Instant::now();
+        let r = run_one(&engine, request(prompt(&engine, 16, salt), o.gen_tokens), t0).await;
+        salt += 1;
+        decode.push((r.tokens - 1) as f64 / (r.last - r.first).as_secs_f64());
+    }
+    let decode1 = median(decode);
+    println!();
+    println!("| measurement | value |");
+    println!("|---|---|");
+    println!("| prefill, {} prompt tokens | {:.1} tok/s |", o.prompt_tokens, median(prefill));
+    println!("| decode, single stream | {decode1:.1} tok/s |");
+    for &c in &o.concurrency {
+        let mut agg = Vec::new();
+        let mut util = Vec::new();
+        for _ in 0..o.repeat {
+            let t0 = Instant::now();
+            // Mixed prompt lengths so partially filled last blocks show up in KV utilisation.
+            let runs = (0..c).map(|i| {
+                let engine = engine.clone();
+                let req = request(prompt(&engine, 16 + 37 * i, salt + i), o.gen_tokens);
+                tokio::spawn(async move { run_one(&engine, req, t0).await })
+            });
+            let handles: Vec<_> = runs.collect();
+            let sampler = {
+                let m = metrics.clone();
+                let name = cfg.name.clone();
+                tokio::spawn(async move {
+                    let mut v = Vec::new();
+                    loop {
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                        let u = m.kv_utilisation.with_label_values(&[&name]).get();
+                        if m.running_seqs.with_label_values(&[&name]).get() > 0 {
+                            v.push(u);
+                        }
+                        if v.len() > 10_000 {
+                            break v;
+                        }
+                    }
+                })
+            };
+            let mut tokens = 0;
+            for h in handles {
+                tokens += h.await?.tokens;
+            }
+            let wall = t0.elapsed().as_secs_f64();
+            sampler.abort();
+            util.push(metrics.kv_utilisation.with_label_values(&[&cfg.name]).get());
+            salt += c;
+            agg.push(tokens as f64 / wall);
+        }
+        let a = median(agg);
+        println!("| aggregate output, concurrency {c} | {a:.1} tok/s ({:.2}x single stream) |", a / decode1);
+    }
+    println!("| KV utilisation at last step (mixed prompt lengths) | {:.1}% |", 100.0 * metrics.kv_utilisation.with_label_values(&[&cfg.name]).get());
+    Ok(())
+}

@@ -1,0 +1,72 @@
+//! The model's own chat template (Jinja, from GGUF `tokenizer.chat_template` or
+//! `tokenizer_config.json`), rendered with minijinja.
+
+use minijinja::{context, Environment, ErrorKind};
+use serde::Serialize;
+
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct ChatMessage {
+    pub role: String,
+    pub content: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+}
+
+#[derive(Clone)]
+pub struct ChatTemplate {
+    env: Environment<'static>,
+    bos: String,
+    eos: String,
+}
+
+/// Used when a model ships no template: ChatML, which most instruction-tuned small models use.
+const CHATML: &str = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
+
+impl ChatTemplate {
+    pub fn new(source: Option<String>, bos: String, eos: String) -> Result<Self, minijinja::Error> {
+        let mut env = Environment::new();
+        // Templates written for Python Jinja call str methods like .strip() and .startswith().
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.add_function("raise_exception", |msg: String| -> Result<String, minijinja::Error> {
+            Err(minijinja::Error::new(ErrorKind::InvalidOperation, msg))
+        });
+        env.add_template_owned("chat", source.unwrap_or_else(|| CHATML.into()))?;
+        Ok(Self { env, bos, eos })
+    }
+
+    pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String, minijinja::Error> {
+        self.env.get_template("chat")?.render(context! {
+            messages => messages,
+            add_generation_prompt => add_generation_prompt,
+            bos_token => self.bos,
+            eos_token => self.eos,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn msg(role: &str, content: &str) -> ChatMessage {
+        ChatMessage { role: role.into(), content: content.into(), name: None }
+    }
+
+    #[test]
+    fn chatml_default_with_generation_prompt() {
+        let t = ChatTemplate::new(None, "<s>".into(), "</s>".into()).unwrap();
+        let out = t.render(&[msg("user", "Hi")], true).unwrap();
+        assert_eq!(out, "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
+        let out = t.render(&[msg("user", "Hi")], false).unwrap();
+        assert_eq!(out, "<|im_start|>user\nHi<|im_end|>\n");
+    }
+
+    #[test]
+    fn python_style_methods_bos_and_exceptions() {
+        let src = "{{ bos_token }}{% for m in messages %}{% if m.role == 'system' %}{{ raise_exception('no system') }}{% endif %}[{{ m.content.strip() }}]{% endfor %}";
+        let t = ChatTemplate::new(Some(src.into()), "<s>".into(), "</s>".into()).unwrap();
+        assert_eq!(t.render(&[msg("user", "  x ")], true).unwrap(), "<s>[x]");
+        let err = t.render(&[msg("system", "x")], true).unwrap_err();
+        assert!(err.to_string().contains("no system"));
+    }
+}

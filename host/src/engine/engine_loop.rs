@@ -1,0 +1,256 @@
+//! The scheduler thread: intake commands, schedule a step, run one batched forward, sample,
+//! stream events. A plain thread that never awaits; it blocks only on its command channel when
+//! there is nothing to do.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::Instant;
+
+use tokenizers::Tokenizer;
+use tokio::sync::mpsc as tokio_mpsc;
+
+use super::block_manager::BlockManager;
+use super::detokenizer::{IncrementalDecoder, StopMatcher, StopOutcome};
+use super::model::{BatchSeq, Model};
+use super::paged_attention::KvCache;
+use super::sampler::Sampler;
+use super::scheduler::{Scheduler, SchedulerConfig, SeqId, Sequence};
+use super::weights::LoadedModel;
+use super::{Command, Event, FinishReason, GenerationRequest, Usage};
+use crate::config::ModelConfig;
+use crate::metrics::Metrics;
+
+struct SeqState {
+    tx: tokio_mpsc::UnboundedSender<Event>,
+    sampler: Sampler,
+    decoder: IncrementalDecoder,
+    stop: StopMatcher,
+    stop_ids: Vec<u32>,
+    max_tokens: usize,
+    prompt_len: usize,
+    cached_tokens: usize,
+    arrived: Instant,
+    last_token: Option<Instant>,
+}
+
+pub(super) struct EngineLoop {
+    name: String,
+    model: Model,
+    tokenizer: Tokenizer,
+    eos_ids: Vec<u32>,
+    cache: KvCache,
+    sched: Scheduler,
+    states: HashMap<SeqId, SeqState>,
+    metrics: Arc<Metrics>,
+    waiting: Arc<AtomicUsize>,
+}
+
+impl EngineLoop {
+    pub(super) fn new(
+        loaded: LoadedModel,
+        cfg: &ModelConfig,
+        num_blocks: usize,
+        watermark_blocks: usize,
+        metrics: Arc<Metrics>,
+        waiting: Arc<AtomicUsize>,
+    ) -> Self {
+        let s = &loaded.model.shape;
+        let e = &cfg.engine;
+        let cache = KvCache::new(s.num_layers, num_blocks, e.block_size, s.num_kv_heads, s.head_dim);
+        let sched = Scheduler::new(
+            SchedulerConfig {
+                max_num_seqs: e.max_num_seqs,
+                max_num_batched_tokens: e.max_num_batched_tokens,
+                watermark_blocks,
+            },
+            BlockManager::new(num_blocks, e.block_size, e.prefix_caching),
+        );
+        metrics.kv_blocks_total.with_label_values(&[&cfg.name]).set(num_blocks as i64);
+        Self {
+            name: cfg.name.clone(),
+            model: loaded.model,
+            tokenizer: loaded.tokenizer,
+            eos_ids: loaded.stop_ids,
+            cache,
+            sched,
+            states: HashMap::new(),
+            metrics,
+            waiting,
+        }
+    }
+
+    pub(super) fn run(mut self, rx: mpsc::Receiver<Command>) {
+        loop {
+            if self.sched.is_idle() {
+                match rx.recv() {
+                    Ok(cmd) => self.handle(cmd),
+                    Err(_) => return,
+                }
+            }
+            while let Ok(cmd) = rx.try_recv() {
+                self.handle(cmd);
+            }
+            self.step();
+            self.publish_gauges();
+        }
+    }
+
+    fn handle(&mut self, cmd: Command) {
+        match cmd {
+            Command::Add(id, req, tx) => self.add(id, req, tx),
+            Command::Cancel(id) => self.finish(id, None),
+        }
+    }
+
+    fn add(&mut self, id: SeqId, req: GenerationRequest, tx: tokio_mpsc::UnboundedSender<Event>) {
+        let GenerationRequest { prompt, sampling, max_tokens, stop, mut stop_token_ids, ignore_eos, cache_salt } = req;
+        if !ignore_eos {
+            stop_token_ids.extend(&self.eos_ids);
+        }
+        self.states.insert(
+            id,
+            SeqState {
+                tx,
+                sampler: Sampler::new(sampling, &prompt),
+                decoder: IncrementalDecoder::new(&prompt),
+                stop: StopMatcher::new(stop),
+                stop_ids: stop_token_ids,
+                max_tokens,
+                prompt_len: prompt.len(),
+                cached_tokens: 0,
+                arrived: Instant::now(),
+                last_token: None,
+            },
+        );
+        self.metrics.prompt_tokens.with_label_values(&[self.name.as_str()]).inc_by(prompt.len() as u64);
+        self.sched.add(Sequence::new(id, prompt, cache_salt));
+    }
+
+    fn step(&mut self) {
+        let before: Vec<SeqId> = self.sched.waiting.iter().map(|s| s.id).collect();
+        let step = self.sched.schedule();
+        let model = self.name.as_str();
+        if !step.preempted.is_empty() {
+            self.metrics.preemptions.with_label_values(&[model]).inc_by(step.preempted.len() as u64);
+        }
+        if step.scheduled.is_empty() {
+            return;
+        }
+        // Newly admitted sequences: record how much of the prompt the prefix cache covered.
+        for sc in &step.scheduled {
+            if before.contains(&sc.id) {
+                if let Some(st) = self.states.get_mut(&sc.id) {
+                    if st.cached_tokens == 0 && sc.start > 0 && sc.start <= st.prompt_len {
+                        st.cached_tokens = sc.start;
+                        self.metrics.prefix_cache_hit_tokens.with_label_values(&[model]).inc_by(sc.start as u64);
+                    }
+                }
+            }
+        }
+        let batch: Vec<BatchSeq> = step
+            .scheduled
+            .iter()
+            .map(|sc| {
+                let seq = self.sched.running.iter().find(|s| s.id == sc.id).expect("scheduled sequences run");
+                BatchSeq {
+                    block_table: &seq.blocks,
+                    start: sc.start,
+                    tokens: &seq.tokens[sc.start..sc.start + sc.len],
+                    want_logits: sc.start + sc.len == seq.tokens.len(),
+                }
+            })
+            .collect();
+        let num_tokens: usize = step.scheduled.iter().map(|s| s.len).sum();
+        self.metrics.batch_seqs.with_label_values(&[model]).observe(batch.len() as f64);
+        self.metrics.batch_tokens.with_label_values(&[model]).observe(num_tokens as f64);
+        let result = self.model.forward(&batch, &mut self.cache);
+        drop(batch);
+        let mut logits = match result {
+            Ok(l) => l.into_iter(),
+            Err(e) => {
+                tracing::error!(error = %e, "forward pass failed; failing the batch");
+                for sc in &step.scheduled {
+                    self.fail(sc.id, format!("inference failed: {e}"));
+                }
+                return;
+            }
+        };
+        for sc in &step.scheduled {
+            if self.sched.complete(sc) {
+                let row = logits.next().expect("one logits row per finished sequence");
+                self.on_logits(sc.id, row);
+            }
+        }
+    }
+
+    fn on_logits(&mut self, id: SeqId, mut row: Vec<f32>) {
+        let Some(st) = self.states.get_mut(&id) else { return };
+        let sampled = st.sampler.sample(&mut row);
+        let now = Instant::now();
+        let model = self.name.as_str();
+        match st.last_token {
+            None => self.metrics.ttft.with_label_values(&[model]).observe((now - st.arrived).as_secs_f64()),
+            Some(t) => self.metrics.inter_token.with_label_values(&[model]).observe((now - t).as_secs_f64()),
+        }
+        st.last_token = Some(now);
+        self.metrics.generation_tokens.with_label_values(&[model]).inc();
+        let seq = self.sched.running_mut(id).expect("sampled sequences run");
+        seq.tokens.push(sampled.token);
+        let generated = seq.generated().len();
+        let (text, finish) = if st.stop_ids.contains(&sampled.token) {
+            (st.stop.flush(), Some(FinishReason::Stop))
+        } else {
+            let delta = st.decoder.push(&self.tokenizer, sampled.token);
+            match st.stop.push(&delta) {
+                StopOutcome::Stopped(t) => (t, Some(FinishReason::Stop)),
+                StopOutcome::Continue(t) if generated >= st.max_tokens => (t + &st.stop.flush(), Some(FinishReason::Length)),
+                StopOutcome::Continue(t) => (t, None),
+            }
+        };
+        let ev = Event::Token { id: sampled.token, text, logprobs: sampled.logprobs };
+        if st.tx.send(ev).is_err() {
+            // The client went away: free its blocks now rather than generating into the void.
+            self.finish(id, None);
+            return;
+        }
+        if let Some(reason) = finish {
+            self.finish(id, Some(reason));
+        }
+    }
+
+    fn fail(&mut self, id: SeqId, msg: String) {
+        if let Some(st) = self.states.get(&id) {
+            let _ = st.tx.send(Event::Failed(msg));
+        }
+        self.finish(id, None);
+    }
+
+    /// Removes a sequence and frees its blocks; with a reason, reports usage to the client.
+    fn finish(&mut self, id: SeqId, reason: Option<FinishReason>) {
+        let seq = self.sched.remove(id);
+        let Some(st) = self.states.remove(&id) else { return };
+        let model = self.name.as_str();
+        let label = reason.map_or("cancelled", FinishReason::as_str);
+        self.metrics.requests.with_label_values(&[model, label]).inc();
+        if let (Some(reason), Some(seq)) = (reason, seq) {
+            let usage = Usage {
+                prompt_tokens: st.prompt_len,
+                completion_tokens: seq.generated().len(),
+                cached_tokens: st.cached_tokens,
+            };
+            let _ = st.tx.send(Event::Done(usage, reason));
+        }
+    }
+
+    fn publish_gauges(&self) {
+        let m = &self.metrics;
+        let model = self.name.as_str();
+        self.waiting.store(self.sched.waiting.len(), Ordering::Relaxed);
+        m.queue_depth.with_label_values(&[model]).set(self.sched.waiting.len() as i64);
+        m.running_seqs.with_label_values(&[model]).set(self.sched.running.len() as i64);
+        let used = self.sched.blocks.num_blocks() - self.sched.blocks.num_free();
+        m.kv_blocks_used.with_label_values(&[model]).set(used as i64);
+        m.kv_utilisation.with_label_values(&[model]).set(self.sched.kv_utilisation());
+    }
+}

@@ -1,0 +1,235 @@
+//! The inference engine: one model, its paged KV cache, and a scheduler thread that runs
+//! continuous batching. Requests come in over a channel as token ids and sampling parameters;
+//! events (text deltas, then a finish) go back over a channel per request.
+//!
+//! Must not depend on: HTTP, JSON request shapes, tenants. The server turns API requests into a
+//! [`GenerationRequest`] and events into responses.
+
+pub mod block_manager;
+pub mod chat_template;
+mod cpu_ops;
+pub mod detokenizer;
+mod engine_loop;
+pub mod model;
+pub mod paged_attention;
+pub mod quant_matmul;
+pub mod sampler;
+pub mod scheduler;
+pub mod tokenizer;
+pub mod weights;
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc};
+
+use tokenizers::Tokenizer;
+use tokio::sync::mpsc as tokio_mpsc;
+
+use crate::config::ModelConfig;
+use crate::metrics::Metrics;
+use chat_template::ChatTemplate;
+pub use sampler::{SamplingParams, TokenLogprobs};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    #[error("model not found at {0} (run scripts/fetch-models.sh for the default model)")]
+    NotFound(PathBuf),
+    #[error("cannot read {0}: {1}")]
+    Io(PathBuf, std::io::Error),
+    #[error("unsupported or malformed model: {0}")]
+    Format(String),
+    #[error("tokenizer: {0}")]
+    Tokenizer(String),
+    #[error("tensor operation failed: {0}")]
+    Candle(#[from] candle_core::Error),
+    #[error("chat template: {0}")]
+    Template(#[from] minijinja::Error),
+    #[error("KV cache budget of {budget} bytes holds {blocks} blocks; at least one is needed")]
+    KvBudget { budget: usize, blocks: usize },
+}
+
+/// What the engine needs to generate: token ids in, limits and sampling settings.
+#[derive(Debug, Clone)]
+pub struct GenerationRequest {
+    pub prompt: Vec<u32>,
+    pub sampling: SamplingParams,
+    pub max_tokens: usize,
+    pub stop: Vec<String>,
+    pub stop_token_ids: Vec<u32>,
+    pub ignore_eos: bool,
+    /// Prefix-cache entries are shared only between requests with the same salt.
+    pub cache_salt: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FinishReason {
+    Stop,
+    Length,
+}
+
+impl FinishReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinishReason::Stop => "stop",
+            FinishReason::Length => "length",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    /// One generated token and the text it released (empty while text is held back for a
+    /// possible stop string or an incomplete UTF-8 character).
+    Token {
+        id: u32,
+        text: String,
+        logprobs: Option<TokenLogprobs>,
+    },
+    Done(Usage, FinishReason),
+    Failed(String),
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Usage {
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    pub cached_tokens: usize,
+}
+
+enum Command {
+    Add(u64, GenerationRequest, tokio_mpsc::UnboundedSender<Event>),
+    Cancel(u64),
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SubmitError {
+    #[error("the engine queue is full ({0} requests waiting); retry later")]
+    QueueFull(usize),
+    #[error("the engine has stopped")]
+    Stopped,
+}
+
+/// Static facts about a served model.
+#[derive(Debug, Clone)]
+pub struct ModelInfo {
+    pub name: String,
+    /// Longest prompt + completion this engine accepts (model window capped by the KV pool).
+    pub max_model_len: usize,
+    pub num_blocks: usize,
+    pub block_size: usize,
+}
+
+/// Handle to a running engine thread; cheap to share behind an `Arc`.
+pub struct Engine {
+    pub info: ModelInfo,
+    pub tokenizer: Arc<Tokenizer>,
+    pub template: ChatTemplate,
+    pub bos: Option<u32>,
+    pub add_bos: bool,
+    tx: mpsc::Sender<Command>,
+    next_id: AtomicU64,
+    waiting: Arc<AtomicUsize>,
+    max_waiting: usize,
+}
+
+/// Events of one request. Dropping it (client gone, stream closed) cancels the request and
+/// frees its KV blocks on the engine's next step.
+pub struct EventStream {
+    id: u64,
+    rx: tokio_mpsc::UnboundedReceiver<Event>,
+    tx: mpsc::Sender<Command>,
+    done: bool,
+}
+
+impl EventStream {
+    pub async fn recv(&mut self) -> Option<Event> {
+        let ev = self.rx.recv().await;
+        if matches!(ev, None | Some(Event::Done(..)) | Some(Event::Failed(_))) {
+            self.done = true;
+        }
+        ev
+    }
+}
+
+impl Drop for EventStream {
+    fn drop(&mut self) {
+        if !self.done {
+            let _ = self.tx.send(Command::Cancel(self.id));
+        }
+    }
+}
+
+impl Engine {
+    /// Loads the model and starts its scheduler thread.
+    pub fn start(cfg: &ModelConfig, metrics: Arc<Metrics>) -> Result<Self, ModelError> {
+        let loaded = weights::load(&cfg.path)?;
+        let s = &loaded.model.shape;
+        let e = &cfg.engine;
+        let block_bytes = paged_attention::KvCache::block_bytes(s.num_layers, e.block_size, s.num_kv_heads, s.head_dim);
+        let num_blocks = e.kv_cache_bytes / block_bytes;
+        if num_blocks == 0 {
+            return Err(ModelError::KvBudget { budget: e.kv_cache_bytes, blocks: 0 });
+        }
+        let watermark_blocks = (num_blocks as f32 * e.watermark) as usize;
+        let window = if cfg.max_model_len == 0 { s.context_length } else { cfg.max_model_len.min(s.context_length) };
+        // A sequence must fit in the pool on its own, or it could never be scheduled.
+        let max_model_len = window.min((num_blocks - watermark_blocks) * e.block_size);
+        tracing::info!(
+            model = %cfg.name,
+            layers = s.num_layers,
+            heads = s.num_heads,
+            kv_heads = s.num_kv_heads,
+            kv_blocks = num_blocks,
+            block_size = e.block_size,
+            kv_mib = num_blocks * block_bytes >> 20,
+            max_model_len,
+            "model loaded"
+        );
+        let info = ModelInfo { name: cfg.name.clone(), max_model_len, num_blocks, block_size: e.block_size };
+        let (tx, rx) = mpsc::channel();
+        let waiting = Arc::new(AtomicUsize::new(0));
+        let tokenizer = Arc::new(loaded.tokenizer.clone());
+        let template = loaded.template.clone();
+        let (bos, add_bos) = (loaded.bos, loaded.add_bos);
+        let runner = engine_loop::EngineLoop::new(loaded, cfg, num_blocks, watermark_blocks, metrics, waiting.clone());
+        std::thread::Builder::new()
+            .name(format!("engine-{}", cfg.name))
+            .spawn(move || runner.run(rx))
+            .map_err(|e| ModelError::Io("engine thread".into(), e))?;
+        Ok(Self {
+            info,
+            tokenizer,
+            template,
+            bos,
+            add_bos,
+            tx,
+            next_id: AtomicU64::new(1),
+            waiting,
+            max_waiting: e.max_waiting,
+        })
+    }
+
+    pub fn submit(&self, req: GenerationRequest) -> Result<EventStream, SubmitError> {
+        let queued = self.waiting.load(Ordering::Relaxed);
+        if queued >= self.max_waiting {
+            return Err(SubmitError::QueueFull(queued));
+        }
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (etx, erx) = tokio_mpsc::unbounded_channel();
+        self.waiting.fetch_add(1, Ordering::Relaxed);
+        self.tx.send(Command::Add(id, req, etx)).map_err(|_| SubmitError::Stopped)?;
+        Ok(EventStream { id, rx: erx, tx: self.tx.clone(), done: false })
+    }
+
+    /// Token ids of a prompt; with `add_bos`, the model's BOS first when the model asks for one.
+    /// Special tokens written in the text (e.g. `<|im_start|>`) are parsed as such.
+    pub fn encode(&self, text: &str, add_bos: bool) -> Result<Vec<u32>, ModelError> {
+        let enc = self.tokenizer.encode(text, false).map_err(|e| ModelError::Tokenizer(e.to_string()))?;
+        let mut ids = Vec::with_capacity(enc.len() + 1);
+        if add_bos && self.add_bos {
+            ids.extend(self.bos);
+        }
+        ids.extend_from_slice(enc.get_ids());
+        Ok(ids)
+    }
+}

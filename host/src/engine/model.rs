@@ -1,0 +1,250 @@
+//! The llama-family decoder (Llama, SmolLM, Mistral, Qwen2 with qkv bias) over a flat batch of
+//! tokens from many sequences ("varlen"): every projection runs once over all rows of the step,
+//! and attention reads each sequence's K/V through its block table.
+//!
+//! Matmuls go through candle (`QMatMul` for quantized GGUF weights, dense tensors otherwise);
+//! the cheap elementwise work (RMSNorm, RoPE, SiLU, residuals) runs in plain Rust on the rows,
+//! which avoids one candle op and allocation per step for each of them.
+
+use std::sync::Arc;
+
+use candle_core::quantized::{QMatMul, QTensor};
+use candle_core::{Device, Tensor};
+
+use super::cpu_ops::rms_norm;
+use super::quant_matmul::QuantMatrix;
+
+use super::paged_attention::{AttnSeq, KvCache};
+use super::ModelError;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RopeStyle {
+    /// Rotates pairs (2i, 2i+1): llama.cpp permutes llama Q/K weights into this order in GGUF.
+    Interleaved,
+    /// Rotates (i, i + d/2): HF checkpoints and GGUF Qwen2.
+    Neox,
+}
+
+#[derive(Debug, Clone)]
+pub struct ModelShape {
+    pub vocab_size: usize,
+    pub hidden: usize,
+    pub intermediate: usize,
+    pub num_layers: usize,
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+    pub rms_eps: f32,
+    pub rope_theta: f32,
+    pub rope_style: RopeStyle,
+    pub context_length: usize,
+}
+
+pub enum Linear {
+    /// Q4_0 / Q4_1 / Q8_0 weights, multiplied by our own f32-activation kernel.
+    Native(Arc<QuantMatrix>),
+    /// Other GGML types (k-quants), through candle.
+    Quantized(QMatMul),
+    /// Weight `[out, in]`.
+    Dense(Tensor),
+}
+
+impl Linear {
+    /// `x` is `[rows, in]` row-major; returns `[rows, out]`.
+    fn forward(&self, x: &[f32], rows: usize, dev: &Device) -> Result<Vec<f32>, ModelError> {
+        if let Linear::Native(w) = self {
+            let mut out = vec![0f32; rows * w.rows()];
+            w.matmul(x, rows, &mut out);
+            return Ok(out);
+        }
+        let xt = Tensor::from_slice(x, (rows, x.len() / rows), dev)?;
+        let y = match self {
+            Linear::Quantized(m) => xt.apply(m)?,
+            Linear::Native(_) => unreachable!("handled above"),
+            Linear::Dense(w) => xt.matmul(&w.t()?)?,
+        };
+        Ok(y.flatten_all()?.to_vec1()?)
+    }
+}
+
+pub enum Embedding {
+    /// Shared with a tied output projection.
+    Native(Arc<QuantMatrix>),
+    Quantized(QTensor),
+    Dense(Tensor),
+}
+
+pub struct Layer {
+    pub attn_norm: Vec<f32>,
+    /// Q, K and V projections fused into one `[q + 2 kv, hidden]` weight.
+    pub qkv: Linear,
+    pub qkv_bias: Option<Vec<f32>>,
+    pub o: Linear,
+    pub ffn_norm: Vec<f32>,
+    /// Gate and up projections fused into one `[2 intermediate, hidden]` weight.
+    pub gate_up: Linear,
+    pub down: Linear,
+}
+
+pub struct Model {
+    pub shape: ModelShape,
+    pub embed: Embedding,
+    pub layers: Vec<Layer>,
+    pub norm: Vec<f32>,
+    pub lm_head: Linear,
+    pub device: Device,
+    rope_cos: Vec<f32>,
+    rope_sin: Vec<f32>,
+}
+
+/// One sequence's rows in a step.
+pub struct BatchSeq<'a> {
+    pub block_table: &'a [u32],
+    pub start: usize,
+    pub tokens: &'a [u32],
+    /// Return logits for this sequence's last row.
+    pub want_logits: bool,
+}
+
+impl Model {
+    pub fn new(shape: ModelShape, embed: Embedding, layers: Vec<Layer>, norm: Vec<f32>, lm_head: Linear, device: Device) -> Self {
+        let half = shape.head_dim / 2;
+        let mut rope_cos = Vec::with_capacity(shape.context_length * half);
+        let mut rope_sin = Vec::with_capacity(shape.context_length * half);
+        for p in 0..shape.context_length {
+            for i in 0..half {
+                let freq = shape.rope_theta.powf(-((2 * i) as f32) / shape.head_dim as f32);
+                let a = p as f32 * freq;
+                rope_cos.push(a.cos());
+                rope_sin.push(a.sin());
+            }
+        }
+        Self { shape, embed, layers, norm, lm_head, device, rope_cos, rope_sin }
+    }
+
+    /// Runs one step. Writes every row's K/V into `cache` and returns one logits row per
+    /// sequence with `want_logits`, in order.
+    pub fn forward(&self, seqs: &[BatchSeq], cache: &mut KvCache) -> Result<Vec<Vec<f32>>, ModelError> {
+        let s = &self.shape;
+        let (hd, nh, nkv) = (s.head_dim, s.num_heads, s.num_kv_heads);
+        let (qdim, kvdim) = (nh * hd, nkv * hd);
+        let tokens: Vec<u32> = seqs.iter().flat_map(|q| q.tokens.iter().copied()).collect();
+        let rows = tokens.len();
+        let positions: Vec<usize> = seqs.iter().flat_map(|q| q.start..q.start + q.tokens.len()).collect();
+        let bs = cache.block_size();
+        let slots: Vec<usize> = seqs
+            .iter()
+            .flat_map(|q| (q.start..q.start + q.tokens.len()).map(move |p| q.block_table[p / bs] as usize * bs + p % bs))
+            .collect();
+        let attn_seqs: Vec<AttnSeq> = seqs
+            .iter()
+            .map(|q| AttnSeq { block_table: q.block_table, start: q.start, len: q.tokens.len() })
+            .collect();
+        let scale = 1.0 / (hd as f32).sqrt();
+
+        let mut x = self.embed(&tokens)?;
+        let mut h = vec![0f32; x.len()];
+        let mut q = vec![0f32; rows * qdim];
+        let mut k = vec![0f32; rows * kvdim];
+        let mut v = vec![0f32; rows * kvdim];
+        let mut attn = vec![0f32; rows * qdim];
+        for (li, layer) in self.layers.iter().enumerate() {
+            rms_norm(&x, &layer.attn_norm, s.rms_eps, &mut h);
+            let mut qkv = layer.qkv.forward(&h, rows, &self.device)?;
+            let width = qdim + 2 * kvdim;
+            if let Some(b) = &layer.qkv_bias {
+                for r in qkv.chunks_mut(width) {
+                    r.iter_mut().zip(b).for_each(|(x, b)| *x += b);
+                }
+            }
+            for (r, row) in qkv.chunks(width).enumerate() {
+                q[r * qdim..(r + 1) * qdim].copy_from_slice(&row[..qdim]);
+                k[r * kvdim..(r + 1) * kvdim].copy_from_slice(&row[qdim..qdim + kvdim]);
+                v[r * kvdim..(r + 1) * kvdim].copy_from_slice(&row[qdim + kvdim..]);
+                self.rope(&mut q[r * qdim..(r + 1) * qdim], positions[r]);
+                self.rope(&mut k[r * kvdim..(r + 1) * kvdim], positions[r]);
+            }
+            cache.write(li, &slots, &k, &v);
+            cache.attention(li, &q, &attn_seqs, nh, scale, &mut attn);
+            let o = layer.o.forward(&attn, rows, &self.device)?;
+            x.iter_mut().zip(&o).for_each(|(x, o)| *x += o);
+
+            rms_norm(&x, &layer.ffn_norm, s.rms_eps, &mut h);
+            let gu = layer.gate_up.forward(&h, rows, &self.device)?;
+            let inter = s.intermediate;
+            let mut act = vec![0f32; rows * inter];
+            for (a, row) in act.chunks_mut(inter).zip(gu.chunks(2 * inter)) {
+                let (g, u) = row.split_at(inter);
+                for ((a, &g), &u) in a.iter_mut().zip(g).zip(u) {
+                    *a = g / (1.0 + (-g).exp()) * u;
+                }
+            }
+            let d = layer.down.forward(&act, rows, &self.device)?;
+            x.iter_mut().zip(&d).for_each(|(x, d)| *x += d);
+        }
+
+        // Only the rows whose logits are wanted go through the final norm and the vocab matmul:
+        // for a prefill chunk that is one row, not the whole prompt.
+        let hidden = s.hidden;
+        let mut last = Vec::new();
+        let mut row = 0;
+        for q in seqs {
+            row += q.tokens.len();
+            if q.want_logits {
+                last.extend_from_slice(&x[(row - 1) * hidden..row * hidden]);
+            }
+        }
+        if last.is_empty() {
+            return Ok(Vec::new());
+        }
+        let n = last.len() / hidden;
+        let mut normed = vec![0f32; last.len()];
+        rms_norm(&last, &self.norm, s.rms_eps, &mut normed);
+        let logits = self.lm_head.forward(&normed, n, &self.device)?;
+        Ok(logits.chunks(logits.len() / n).map(<[f32]>::to_vec).collect())
+    }
+
+    fn embed(&self, tokens: &[u32]) -> Result<Vec<f32>, ModelError> {
+        if let Embedding::Native(m) = &self.embed {
+            let k = m.cols();
+            let mut out = vec![0f32; tokens.len() * k];
+            for (&t, o) in tokens.iter().zip(out.chunks_mut(k)) {
+                m.dequantize_row(t as usize, o);
+            }
+            return Ok(out);
+        }
+        let ids = Tensor::from_slice(tokens, tokens.len(), &self.device)?;
+        let e = match &self.embed {
+            Embedding::Quantized(t) => t.embedding(&ids)?,
+            Embedding::Dense(t) => t.index_select(&ids, 0)?,
+            Embedding::Native(_) => unreachable!("handled above"),
+        };
+        Ok(e.flatten_all()?.to_vec1()?)
+    }
+
+    /// Rotates every head of one row (`[heads][head_dim]`) to `pos`.
+    fn rope(&self, x: &mut [f32], pos: usize) {
+        let hd = self.shape.head_dim;
+        let half = hd / 2;
+        let cos = &self.rope_cos[pos * half..(pos + 1) * half];
+        let sin = &self.rope_sin[pos * half..(pos + 1) * half];
+        for head in x.chunks_mut(hd) {
+            match self.shape.rope_style {
+                RopeStyle::Interleaved => {
+                    for i in 0..half {
+                        let (a, b) = (head[2 * i], head[2 * i + 1]);
+                        head[2 * i] = a * cos[i] - b * sin[i];
+                        head[2 * i + 1] = a * sin[i] + b * cos[i];
+                    }
+                }
+                RopeStyle::Neox => {
+                    for i in 0..half {
+                        let (a, b) = (head[i], head[i + half]);
+                        head[i] = a * cos[i] - b * sin[i];
+                        head[i + half] = a * sin[i] + b * cos[i];
+                    }
+                }
+            }
+        }
+    }
+}

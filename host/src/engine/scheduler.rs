@@ -1,0 +1,366 @@
+//! Iteration-level (continuous) batching decisions. Pure bookkeeping over sequences and the
+//! block manager: no model, no I/O, no clocks, so every decision is unit-tested.
+//!
+//! Each step: running sequences first (oldest first), each asking for all its uncomputed tokens
+//! (one for a decode, a chunk for a prefill) within the token budget; when blocks run out the
+//! newest running sequence is preempted by recompute (blocks freed, pushed back to the front of
+//! the queue with its generated tokens kept). Then waiting sequences are admitted in order while
+//! the batch has room and free blocks stay above the watermark; nothing is admitted in a step
+//! that preempted.
+
+use std::collections::VecDeque;
+
+use super::block_manager::{BlockId, BlockManager};
+
+pub type SeqId = u64;
+
+#[derive(Debug)]
+pub struct Sequence {
+    pub id: SeqId,
+    /// Prompt followed by the tokens generated so far.
+    pub tokens: Vec<u32>,
+    pub prompt_len: usize,
+    /// Tokens whose K/V are in the cache.
+    pub num_computed: usize,
+    pub blocks: Vec<BlockId>,
+    /// Leading blocks already registered in the prefix cache, and the hash of the last one.
+    pub num_hashed: usize,
+    pub last_hash: u64,
+    /// Separates prefix-cache entries of different owners (tenants); the first block's parent.
+    pub cache_salt: u64,
+}
+
+impl Sequence {
+    pub fn new(id: SeqId, prompt: Vec<u32>, cache_salt: u64) -> Self {
+        Self {
+            id,
+            prompt_len: prompt.len(),
+            tokens: prompt,
+            num_computed: 0,
+            blocks: Vec::new(),
+            num_hashed: 0,
+            last_hash: cache_salt,
+            cache_salt,
+        }
+    }
+
+    pub fn generated(&self) -> &[u32] {
+        &self.tokens[self.prompt_len..]
+    }
+}
+
+/// One sequence's share of a step: compute tokens `start..start + len`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Scheduled {
+    pub id: SeqId,
+    pub start: usize,
+    pub len: usize,
+}
+
+#[derive(Debug, Default)]
+pub struct Step {
+    pub scheduled: Vec<Scheduled>,
+    pub preempted: Vec<SeqId>,
+}
+
+pub struct SchedulerConfig {
+    pub max_num_seqs: usize,
+    pub max_num_batched_tokens: usize,
+    pub watermark_blocks: usize,
+}
+
+pub struct Scheduler {
+    cfg: SchedulerConfig,
+    pub blocks: BlockManager,
+    pub waiting: VecDeque<Sequence>,
+    /// Admission order: the last one is the newest, the first to be preempted.
+    pub running: Vec<Sequence>,
+}
+
+impl Scheduler {
+    pub fn new(cfg: SchedulerConfig, blocks: BlockManager) -> Self {
+        Self {
+            cfg,
+            blocks,
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+        }
+    }
+
+    pub fn add(&mut self, seq: Sequence) {
+        self.waiting.push_back(seq);
+    }
+
+    pub fn is_idle(&self) -> bool {
+        self.waiting.is_empty() && self.running.is_empty()
+    }
+
+    pub fn running_mut(&mut self, id: SeqId) -> Option<&mut Sequence> {
+        self.running.iter_mut().find(|s| s.id == id)
+    }
+
+    /// Removes a sequence wherever it is and frees its blocks at once.
+    pub fn remove(&mut self, id: SeqId) -> Option<Sequence> {
+        let seq = if let Some(i) = self.running.iter().position(|s| s.id == id) {
+            self.running.remove(i)
+        } else {
+            let i = self.waiting.iter().position(|s| s.id == id)?;
+            self.waiting.remove(i)?
+        };
+        self.blocks.release(&seq.blocks);
+        Some(seq)
+    }
+
+    fn preempt(&mut self, index: usize) -> SeqId {
+        let mut seq = self.running.remove(index);
+        self.blocks.release(&seq.blocks);
+        seq.blocks.clear();
+        seq.num_computed = 0;
+        seq.num_hashed = 0;
+        seq.last_hash = seq.cache_salt;
+        let id = seq.id;
+        self.waiting.push_front(seq);
+        id
+    }
+
+    pub fn schedule(&mut self) -> Step {
+        let mut step = Step::default();
+        let mut budget = self.cfg.max_num_batched_tokens;
+        let mut i = 0;
+        while i < self.running.len() {
+            let seq = &self.running[i];
+            let want = (seq.tokens.len() - seq.num_computed).min(budget);
+            if want == 0 {
+                i += 1;
+                continue;
+            }
+            let need = self
+                .blocks
+                .blocks_for(seq.num_computed + want)
+                .saturating_sub(seq.blocks.len());
+            if let Some(new) = self.blocks.allocate(need) {
+                let seq = &mut self.running[i];
+                seq.blocks.extend(new);
+                step.scheduled.push(Scheduled {
+                    id: seq.id,
+                    start: seq.num_computed,
+                    len: want,
+                });
+                budget -= want;
+                i += 1;
+                continue;
+            }
+            // Out of blocks: the newest sequence gives its blocks back, which may be this one.
+            let victim = self.running.len() - 1;
+            let id = self.preempt(victim);
+            step.scheduled.retain(|s| s.id != id);
+            step.preempted.push(id);
+        }
+        if !step.preempted.is_empty() {
+            return step;
+        }
+        while self.running.len() < self.cfg.max_num_seqs && budget > 0 {
+            let Some(seq) = self.waiting.front() else { break };
+            let hits = self.blocks.lookup_prefix(seq.cache_salt, &seq.tokens);
+            let cached_tokens = hits.len() * self.blocks.block_size();
+            let want = (seq.tokens.len() - cached_tokens).min(budget);
+            let need = self.blocks.blocks_for(cached_tokens + want) - hits.len();
+            let revived = hits
+                .iter()
+                .filter(|&&b| self.blocks.ref_count(b) == 0)
+                .count();
+            if self.blocks.num_free() < need + revived + self.cfg.watermark_blocks {
+                break;
+            }
+            let mut seq = self.waiting.pop_front().expect("front exists");
+            for &b in &hits {
+                self.blocks.acquire(b);
+            }
+            let new = self.blocks.allocate(need).expect("checked free blocks");
+            // The hash chain continues from the last hit.
+            seq.last_hash = seq
+                .tokens
+                .chunks(self.blocks.block_size())
+                .take(hits.len())
+                .fold(seq.cache_salt, BlockManager::chain_hash);
+            seq.num_hashed = hits.len();
+            seq.blocks = hits;
+            seq.blocks.extend(new);
+            seq.num_computed = cached_tokens;
+            step.scheduled.push(Scheduled {
+                id: seq.id,
+                start: cached_tokens,
+                len: want,
+            });
+            budget -= want;
+            self.running.push(seq);
+        }
+        step
+    }
+
+    /// Marks a scheduled chunk as computed and registers the blocks it filled in the prefix
+    /// cache. Returns true when the sequence has no uncomputed tokens left (time to sample).
+    pub fn complete(&mut self, s: &Scheduled) -> bool {
+        let bs = self.blocks.block_size();
+        let Some(i) = self.running.iter().position(|q| q.id == s.id) else {
+            return false;
+        };
+        let seq = &mut self.running[i];
+        seq.num_computed = s.start + s.len;
+        while (seq.num_hashed + 1) * bs <= seq.num_computed {
+            let range = seq.num_hashed * bs..(seq.num_hashed + 1) * bs;
+            let h = BlockManager::chain_hash(seq.last_hash, &seq.tokens[range]);
+            self.blocks.register(seq.blocks[seq.num_hashed], h);
+            seq.last_hash = h;
+            seq.num_hashed += 1;
+        }
+        seq.num_computed == seq.tokens.len()
+    }
+
+    /// Tokens stored in allocated blocks over their capacity, across running sequences.
+    pub fn kv_utilisation(&self) -> f64 {
+        let bs = self.blocks.block_size();
+        let (mut used, mut cap) = (0usize, 0usize);
+        for s in &self.running {
+            used += s.num_computed;
+            cap += s.blocks.len() * bs;
+        }
+        if cap == 0 {
+            1.0
+        } else {
+            used as f64 / cap as f64
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sched(blocks: usize, max_seqs: usize, budget: usize, prefix: bool) -> Scheduler {
+        Scheduler::new(
+            SchedulerConfig {
+                max_num_seqs: max_seqs,
+                max_num_batched_tokens: budget,
+                watermark_blocks: 0,
+            },
+            BlockManager::new(blocks, 4, prefix),
+        )
+    }
+
+    fn prompt(n: usize, base: u32) -> Vec<u32> {
+        (0..n as u32).map(|t| t + base).collect()
+    }
+
+    fn run_step(s: &mut Scheduler) -> Step {
+        let step = s.schedule();
+        for sc in &step.scheduled {
+            if s.complete(sc) {
+                s.running_mut(sc.id).unwrap().tokens.push(7);
+            }
+        }
+        step
+    }
+
+    #[test]
+    fn admits_and_batches_prefill_with_decode() {
+        let mut s = sched(16, 8, 64, false);
+        s.add(Sequence::new(1, prompt(5, 0), 0));
+        let step = run_step(&mut s);
+        assert_eq!(step.scheduled, vec![Scheduled { id: 1, start: 0, len: 5 }]);
+        s.add(Sequence::new(2, prompt(3, 100), 0));
+        let step = run_step(&mut s);
+        // Sequence 1 decodes its sampled token while sequence 2 prefills, in one step.
+        assert_eq!(
+            step.scheduled,
+            vec![Scheduled { id: 1, start: 5, len: 1 }, Scheduled { id: 2, start: 0, len: 3 }]
+        );
+    }
+
+    #[test]
+    fn long_prompt_is_chunked_by_token_budget() {
+        let mut s = sched(16, 8, 8, false);
+        s.add(Sequence::new(1, prompt(20, 0), 0));
+        let lens: Vec<usize> = (0..3).map(|_| run_step(&mut s).scheduled[0].len).collect();
+        assert_eq!(lens, vec![8, 8, 4]);
+        assert_eq!(s.running[0].generated(), &[7], "sampled only after the last chunk");
+    }
+
+    #[test]
+    fn respects_max_num_seqs_and_watermark() {
+        let mut s = sched(16, 2, 64, false);
+        for id in 0..3 {
+            s.add(Sequence::new(id, prompt(4, 0), 0));
+        }
+        assert_eq!(run_step(&mut s).scheduled.len(), 2);
+        assert_eq!(s.waiting.len(), 1);
+
+        let mut s = Scheduler::new(
+            SchedulerConfig { max_num_seqs: 8, max_num_batched_tokens: 64, watermark_blocks: 2 },
+            BlockManager::new(4, 4, false),
+        );
+        s.add(Sequence::new(1, prompt(8, 0), 0));
+        s.add(Sequence::new(2, prompt(4, 0), 0));
+        let step = s.schedule();
+        assert_eq!(step.scheduled.len(), 1, "second would leave fewer than 2 free blocks");
+    }
+
+    #[test]
+    fn preempts_newest_when_blocks_run_out_and_resumes_it() {
+        // 4 blocks of 4 tokens. Two sequences of 8 tokens fill the pool; the next decode needs a
+        // fifth block, so the newest is preempted and the oldest keeps going.
+        let mut s = sched(4, 8, 64, false);
+        s.add(Sequence::new(1, prompt(8, 0), 0));
+        s.add(Sequence::new(2, prompt(8, 50), 0));
+        run_step(&mut s);
+        assert_eq!(s.blocks.num_free(), 0);
+        let step = run_step(&mut s);
+        assert_eq!(step.preempted, vec![2]);
+        assert_eq!(step.scheduled, vec![Scheduled { id: 1, start: 8, len: 1 }]);
+        assert_eq!(s.waiting.front().unwrap().tokens.len(), 9, "generated token kept");
+        assert_eq!(s.waiting.front().unwrap().num_computed, 0);
+        // Once sequence 1 finishes, sequence 2 is recomputed from scratch, generated token too.
+        s.remove(1);
+        let step = run_step(&mut s);
+        assert_eq!(step.scheduled, vec![Scheduled { id: 2, start: 0, len: 9 }]);
+    }
+
+    #[test]
+    fn cancel_frees_blocks_immediately() {
+        let mut s = sched(8, 8, 64, false);
+        s.add(Sequence::new(1, prompt(10, 0), 0));
+        run_step(&mut s);
+        assert_eq!(s.blocks.num_free(), 5);
+        assert!(s.remove(1).is_some());
+        assert_eq!(s.blocks.num_free(), 8);
+        assert!(s.is_idle());
+        s.add(Sequence::new(2, prompt(3, 0), 0));
+        assert!(s.remove(2).is_some(), "waiting sequences can be cancelled too");
+    }
+
+    #[test]
+    fn shared_prefix_reuses_blocks_per_salt() {
+        let mut s = sched(16, 8, 64, true);
+        s.add(Sequence::new(1, prompt(10, 0), 5));
+        run_step(&mut s);
+        s.add(Sequence::new(2, prompt(10, 0), 5));
+        s.add(Sequence::new(3, prompt(10, 0), 6));
+        let step = run_step(&mut s);
+        let two = step.scheduled.iter().find(|x| x.id == 2).unwrap();
+        let three = step.scheduled.iter().find(|x| x.id == 3).unwrap();
+        assert_eq!((two.start, two.len), (8, 2), "two full blocks reused");
+        assert_eq!((three.start, three.len), (0, 10), "other salt shares nothing");
+        let b1 = &s.running.iter().find(|x| x.id == 1).unwrap().blocks;
+        let b2 = &s.running.iter().find(|x| x.id == 2).unwrap().blocks;
+        assert_eq!(b1[..2], b2[..2]);
+        assert_eq!(s.blocks.ref_count(b1[0]), 2);
+    }
+
+    #[test]
+    fn kv_utilisation_counts_partial_blocks() {
+        let mut s = sched(16, 8, 64, false);
+        s.add(Sequence::new(1, prompt(6, 0), 0));
+        run_step(&mut s);
+        assert!((s.kv_utilisation() - 6.0 / 8.0).abs() < 1e-9);
+    }
+}

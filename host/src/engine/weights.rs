@@ -1,0 +1,314 @@
+//! Loading a llama-family model from a GGUF file (weights stay quantized) or from an HF folder
+//! (config.json + *.safetensors + tokenizer.json), together with its tokenizer, chat template
+//! and stop tokens.
+
+use std::borrow::Cow;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use candle_core::quantized::{gguf_file, QMatMul, QStorage, QTensor};
+use candle_core::safetensors::MmapedSafetensors;
+use candle_core::{DType, Device, Tensor};
+use serde::Deserialize;
+use tokenizers::Tokenizer;
+
+use super::chat_template::ChatTemplate;
+use super::model::{Embedding, Layer, Linear, Model, ModelShape, RopeStyle};
+use super::quant_matmul::QuantMatrix;
+use super::{tokenizer, ModelError};
+
+/// Everything the engine and the prompt stage need from one model directory or file.
+pub struct LoadedModel {
+    pub model: Model,
+    pub tokenizer: Tokenizer,
+    pub template: ChatTemplate,
+    /// Tokens that end generation (the model's eos plus its end-of-turn tokens).
+    pub stop_ids: Vec<u32>,
+    pub bos: Option<u32>,
+    pub add_bos: bool,
+}
+
+/// End-of-turn tokens of common chat formats; any present in the vocabulary stop generation.
+const END_OF_TURN: &[&str] = &["<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end|>", "</s>", "<end_of_turn>"];
+
+pub fn load(path: &Path) -> Result<LoadedModel, ModelError> {
+    if path.is_dir() {
+        load_hf(path)
+    } else if path.extension().is_some_and(|e| e == "gguf") {
+        load_gguf(path)
+    } else if path.exists() {
+        Err(ModelError::Format(format!(
+            "{}: expected a .gguf file or a folder with config.json, *.safetensors and tokenizer.json",
+            path.display()
+        )))
+    } else {
+        Err(ModelError::NotFound(path.into()))
+    }
+}
+
+fn stop_ids(tok: &Tokenizer, eos: &[u32]) -> Vec<u32> {
+    let mut ids = eos.to_vec();
+    ids.extend(END_OF_TURN.iter().filter_map(|t| tok.token_to_id(t)));
+    ids.sort_unstable();
+    ids.dedup();
+    ids
+}
+
+fn token_text(tok: &Tokenizer, id: Option<u32>) -> String {
+    id.and_then(|i| tok.id_to_token(i)).unwrap_or_default()
+}
+
+fn load_gguf(path: &Path) -> Result<LoadedModel, ModelError> {
+    let mut file = File::open(path).map_err(|e| ModelError::Io(path.into(), e))?;
+    let c = gguf_file::Content::read(&mut file).map_err(|e| ModelError::Format(format!("{}: {e}", path.display())))?;
+    let md = |k: &str| c.metadata.get(k);
+    let arch = md("general.architecture").and_then(|v| v.to_string().ok()).cloned().unwrap_or_default();
+    let rope_style = match arch.as_str() {
+        "llama" | "mistral" => RopeStyle::Interleaved,
+        "qwen2" => RopeStyle::Neox,
+        other => return Err(ModelError::Format(format!("GGUF architecture {other:?} is not a supported llama-family decoder"))),
+    };
+    let u = |k: &str| -> Result<usize, ModelError> {
+        Ok(md(&format!("{arch}.{k}")).ok_or_else(|| ModelError::Format(format!("GGUF metadata has no {arch}.{k}")))?.to_u32()? as usize)
+    };
+    let f = |k: &str, default: f32| md(&format!("{arch}.{k}")).and_then(|v| v.to_f32().ok()).unwrap_or(default);
+    let num_heads = u("attention.head_count")?;
+    let hidden = u("embedding_length")?;
+    let tok = tokenizer::from_gguf(&c)?;
+    let shape = ModelShape {
+        vocab_size: tok.get_vocab_size(true),
+        hidden,
+        intermediate: u("feed_forward_length")?,
+        num_layers: u("block_count")?,
+        num_heads,
+        num_kv_heads: u("attention.head_count_kv").unwrap_or(num_heads),
+        head_dim: hidden / num_heads,
+        rms_eps: f("attention.layer_norm_rms_epsilon", 1e-5),
+        rope_theta: f("rope.freq_base", 10_000.0),
+        rope_style,
+        context_length: u("context_length")?,
+    };
+    let dev = Device::Cpu;
+    let mut qt = |name: &str| c.tensor(&mut file, name, &dev).map_err(|e| ModelError::Format(format!("tensor {name}: {e}")));
+    let vec_f32 = |t: QTensor| -> Result<Vec<f32>, ModelError> { Ok(t.dequantize(&dev)?.flatten_all()?.to_vec1()?) };
+    let mut layers = Vec::with_capacity(shape.num_layers);
+    for i in 0..shape.num_layers {
+        let p = format!("blk.{i}");
+        let qkv = fuse(vec![qt(&format!("{p}.attn_q.weight"))?, qt(&format!("{p}.attn_k.weight"))?, qt(&format!("{p}.attn_v.weight"))?])?;
+        let qkv_bias = match c.tensor_infos.contains_key(&format!("{p}.attn_q.bias")) {
+            true => {
+                let mut b = vec_f32(qt(&format!("{p}.attn_q.bias"))?)?;
+                b.extend(vec_f32(qt(&format!("{p}.attn_k.bias"))?)?);
+                b.extend(vec_f32(qt(&format!("{p}.attn_v.bias"))?)?);
+                Some(b)
+            }
+            false => None,
+        };
+        layers.push(Layer {
+            attn_norm: vec_f32(qt(&format!("{p}.attn_norm.weight"))?)?,
+            qkv,
+            qkv_bias,
+            o: linear(qt(&format!("{p}.attn_output.weight"))?)?,
+            ffn_norm: vec_f32(qt(&format!("{p}.ffn_norm.weight"))?)?,
+            gate_up: fuse(vec![qt(&format!("{p}.ffn_gate.weight"))?, qt(&format!("{p}.ffn_up.weight"))?])?,
+            down: linear(qt(&format!("{p}.ffn_down.weight"))?)?,
+        });
+    }
+    let embed_t = qt("token_embd.weight")?;
+    let (embed, lm_head) = match (c.tensor_infos.contains_key("output.weight"), QuantMatrix::from_qtensor(&embed_t)) {
+        (true, native) => {
+            let embed = native.map_or(Embedding::Quantized(embed_t), |m| Embedding::Native(Arc::new(m)));
+            (embed, linear(qt("output.weight")?)?)
+        }
+        // Tied embeddings: the quantized embedding table doubles as the output projection.
+        (false, Some(m)) => {
+            let m = Arc::new(m);
+            (Embedding::Native(m.clone()), Linear::Native(m))
+        }
+        (false, None) => {
+            let head = QTensor::new(QStorage::from_data(embed_t.data()?, &dev, embed_t.dtype())?, embed_t.shape())?;
+            (Embedding::Quantized(embed_t), Linear::Quantized(QMatMul::from_qtensor(head)?))
+        }
+    };
+    let norm = vec_f32(qt("output_norm.weight")?)?;
+    let template_src = md("tokenizer.chat_template").and_then(|v| v.to_string().ok()).cloned();
+    let id = |k: &str| md(k).and_then(|v| v.to_u32().ok());
+    let (bos, eos) = (id("tokenizer.ggml.bos_token_id"), id("tokenizer.ggml.eos_token_id"));
+    let template = ChatTemplate::new(template_src, token_text(&tok, bos), token_text(&tok, eos))?;
+    Ok(LoadedModel {
+        model: Model::new(shape, embed, layers, norm, lm_head, dev),
+        stop_ids: stop_ids(&tok, &eos.into_iter().collect::<Vec<_>>()),
+        tokenizer: tok,
+        template,
+        bos,
+        add_bos: md("tokenizer.ggml.add_bos_token").and_then(|v| v.to_bool().ok()).unwrap_or(false),
+    })
+}
+
+fn linear(t: QTensor) -> Result<Linear, ModelError> {
+    Ok(match QuantMatrix::from_qtensor(&t) {
+        Some(m) => Linear::Native(Arc::new(m)),
+        None => Linear::Quantized(QMatMul::from_qtensor(t)?),
+    })
+}
+
+/// Stacks projections that share an input into one matrix, so a step runs one matmul instead of
+/// several. Quantized rows are self-contained blocks, so stacking is a byte concatenation; when
+/// the parts use different quantization types they are dequantized and stacked densely.
+fn fuse(parts: Vec<QTensor>) -> Result<Linear, ModelError> {
+    let dev = Device::Cpu;
+    let native: Option<Vec<QuantMatrix>> = parts.iter().map(QuantMatrix::from_qtensor).collect();
+    if let Some(m) = native.as_deref().and_then(QuantMatrix::stack) {
+        return Ok(Linear::Native(Arc::new(m)));
+    }
+    let cols = parts[0].shape().dims()[1];
+    let rows: usize = parts.iter().map(|p| p.shape().dims()[0]).sum();
+    let dtype = parts[0].dtype();
+    if parts.iter().all(|p| p.dtype() == dtype) {
+        let mut bytes = Vec::new();
+        for p in &parts {
+            bytes.extend_from_slice(&p.data()?);
+        }
+        let t = QTensor::new(QStorage::from_data(Cow::Owned(bytes), &dev, dtype)?, (rows, cols))?;
+        return Ok(Linear::Quantized(QMatMul::from_qtensor(t)?));
+    }
+    let dense = parts.iter().map(|p| p.dequantize(&dev)).collect::<Result<Vec<_>, _>>()?;
+    Ok(Linear::Dense(Tensor::cat(&dense, 0)?))
+}
+
+#[derive(Deserialize)]
+struct HfConfig {
+    model_type: Option<String>,
+    vocab_size: usize,
+    hidden_size: usize,
+    intermediate_size: usize,
+    num_hidden_layers: usize,
+    num_attention_heads: usize,
+    num_key_value_heads: Option<usize>,
+    head_dim: Option<usize>,
+    rms_norm_eps: Option<f32>,
+    rope_theta: Option<f32>,
+    max_position_embeddings: Option<usize>,
+    #[serde(default)]
+    tie_word_embeddings: bool,
+    bos_token_id: Option<u32>,
+    eos_token_id: Option<serde_json::Value>,
+}
+
+#[derive(Deserialize, Default)]
+struct HfTokenizerConfig {
+    chat_template: Option<serde_json::Value>,
+    bos_token: Option<serde_json::Value>,
+    eos_token: Option<serde_json::Value>,
+    #[serde(default)]
+    add_bos_token: bool,
+}
+
+fn token_string(v: &Option<serde_json::Value>) -> String {
+    match v {
+        Some(serde_json::Value::String(s)) => s.clone(),
+        Some(serde_json::Value::Object(o)) => o.get("content").and_then(|c| c.as_str()).unwrap_or_default().into(),
+        _ => String::new(),
+    }
+}
+
+fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<T, ModelError> {
+    let text = std::fs::read_to_string(path).map_err(|e| ModelError::Io(path.into(), e))?;
+    serde_json::from_str(&text).map_err(|e| ModelError::Format(format!("{}: {e}", path.display())))
+}
+
+fn load_hf(dir: &Path) -> Result<LoadedModel, ModelError> {
+    let cfg: HfConfig = read_json(&dir.join("config.json"))?;
+    let rope_style = match cfg.model_type.as_deref() {
+        Some("llama" | "mistral" | "qwen2") | None => RopeStyle::Neox,
+        Some(other) => return Err(ModelError::Format(format!("model_type {other:?} is not a supported llama-family decoder"))),
+    };
+    let tok_path = dir.join("tokenizer.json");
+    let tok = Tokenizer::from_file(&tok_path).map_err(|e| ModelError::Tokenizer(format!("{}: {e}", tok_path.display())))?;
+    let tcfg: HfTokenizerConfig = match dir.join("tokenizer_config.json") {
+        p if p.exists() => read_json(&p)?,
+        _ => HfTokenizerConfig::default(),
+    };
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map_err(|e| ModelError::Io(dir.into(), e))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|e| e == "safetensors"))
+        .collect();
+    files.sort();
+    if files.is_empty() {
+        return Err(ModelError::Format(format!("{}: no *.safetensors files", dir.display())));
+    }
+    // SAFETY: the weights are mapped read-only; the files must not change while serving.
+    let st = unsafe { MmapedSafetensors::multi(&files)? };
+    let dev = Device::Cpu;
+    let get = |name: &str| -> Result<Tensor, ModelError> { Ok(st.load(name, &dev)?.to_dtype(DType::F32)?) };
+    let has = |name: &str| st.get(name).is_ok();
+    let vec_f32 = |name: &str| -> Result<Vec<f32>, ModelError> { Ok(get(name)?.to_vec1()?) };
+    let num_heads = cfg.num_attention_heads;
+    let head_dim = cfg.head_dim.unwrap_or(cfg.hidden_size / num_heads);
+    let shape = ModelShape {
+        vocab_size: cfg.vocab_size,
+        hidden: cfg.hidden_size,
+        intermediate: cfg.intermediate_size,
+        num_layers: cfg.num_hidden_layers,
+        num_heads,
+        num_kv_heads: cfg.num_key_value_heads.unwrap_or(num_heads),
+        head_dim,
+        rms_eps: cfg.rms_norm_eps.unwrap_or(1e-5),
+        rope_theta: cfg.rope_theta.unwrap_or(10_000.0),
+        rope_style,
+        context_length: cfg.max_position_embeddings.unwrap_or(4096),
+    };
+    let mut layers = Vec::with_capacity(shape.num_layers);
+    for i in 0..shape.num_layers {
+        let p = format!("model.layers.{i}");
+        let w = |n: &str| get(&format!("{p}.{n}.weight"));
+        let qkv = Tensor::cat(&[w("self_attn.q_proj")?, w("self_attn.k_proj")?, w("self_attn.v_proj")?], 0)?;
+        let qkv_bias = match has(&format!("{p}.self_attn.q_proj.bias")) {
+            true => Some(
+                ["q", "k", "v"]
+                    .iter()
+                    .map(|x| vec_f32(&format!("{p}.self_attn.{x}_proj.bias")))
+                    .collect::<Result<Vec<_>, _>>()?
+                    .concat(),
+            ),
+            false => None,
+        };
+        layers.push(Layer {
+            attn_norm: vec_f32(&format!("{p}.input_layernorm.weight"))?,
+            qkv: Linear::Dense(qkv),
+            qkv_bias,
+            o: Linear::Dense(w("self_attn.o_proj")?),
+            ffn_norm: vec_f32(&format!("{p}.post_attention_layernorm.weight"))?,
+            gate_up: Linear::Dense(Tensor::cat(&[w("mlp.gate_proj")?, w("mlp.up_proj")?], 0)?),
+            down: Linear::Dense(w("mlp.down_proj")?),
+        });
+    }
+    let embed = get("model.embed_tokens.weight")?;
+    let lm_head = if !cfg.tie_word_embeddings && has("lm_head.weight") { get("lm_head.weight")? } else { embed.clone() };
+    let eos: Vec<u32> = match &cfg.eos_token_id {
+        Some(serde_json::Value::Number(n)) => n.as_u64().map(|n| vec![n as u32]).unwrap_or_default(),
+        Some(serde_json::Value::Array(a)) => a.iter().filter_map(|x| x.as_u64().map(|n| n as u32)).collect(),
+        _ => tok.token_to_id(&token_string(&tcfg.eos_token)).into_iter().collect(),
+    };
+    let template_src = match &tcfg.chat_template {
+        Some(serde_json::Value::String(s)) => Some(s.clone()),
+        // A list of named templates: take the default one.
+        Some(serde_json::Value::Array(a)) => a
+            .iter()
+            .find(|t| t.get("name").and_then(|n| n.as_str()) == Some("default"))
+            .and_then(|t| t.get("template").and_then(|s| s.as_str()).map(String::from)),
+        _ => None,
+    };
+    let template = ChatTemplate::new(template_src, token_string(&tcfg.bos_token), token_string(&tcfg.eos_token))?;
+    let norm = vec_f32("model.norm.weight")?;
+    Ok(LoadedModel {
+        model: Model::new(shape, Embedding::Dense(embed), layers, norm, Linear::Dense(lm_head), dev),
+        stop_ids: stop_ids(&tok, &eos),
+        tokenizer: tok,
+        template,
+        bos: cfg.bos_token_id,
+        add_bos: tcfg.add_bos_token,
+    })
+}

@@ -1,0 +1,8 @@
+//! The gateway library: an OpenAI-compatible server over a native paged-attention engine.
+//! See ARCHITECTURE.md for the map.
+
+pub mod bench;
+pub mod config;
+pub mod engine;
+pub mod metrics;
+pub mod server;

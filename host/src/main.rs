@@ -1,0 +1,149 @@
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::Context;
+use clap::{Args, Parser, Subcommand};
+use gateway::config::{Config, ModelConfig};
+use gateway::engine::Engine;
+use gateway::metrics::Metrics;
+use gateway::server::{self, AppState};
+
+/// WebAssembly-pluggable AI gateway: an OpenAI-compatible API over a native paged-attention engine.
+#[derive(Parser)]
+#[command(version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve the OpenAI-compatible API.
+    Serve(ServeArgs),
+    /// Measure prefill, decode and batched throughput of a model (no HTTP), and print a table.
+    Bench(BenchArgs),
+}
+
+#[derive(Args)]
+struct EngineArgs {
+    /// TOML config file; flags below override it.
+    #[arg(long, short)]
+    config: Option<PathBuf>,
+    /// Model to serve: a .gguf file or an HF folder, optionally as NAME=PATH. Repeat for
+    /// several models. Replaces the config file's [[models]].
+    #[arg(long = "model", short)]
+    models: Vec<String>,
+    /// Bytes of KV cache per model (all layers, K and V).
+    #[arg(long)]
+    kv_cache_bytes: Option<usize>,
+    /// Tokens per KV block.
+    #[arg(long)]
+    block_size: Option<usize>,
+    /// Most sequences in one engine step.
+    #[arg(long)]
+    max_num_seqs: Option<usize>,
+    /// Most tokens (prefill chunks + decodes) in one engine step.
+    #[arg(long)]
+    max_num_batched_tokens: Option<usize>,
+    /// Longest prompt + completion in tokens (0 = the model's context length).
+    #[arg(long)]
+    max_model_len: Option<usize>,
+    /// Turn off reuse of KV blocks across requests with the same prompt prefix.
+    #[arg(long)]
+    no_prefix_caching: bool,
+}
+
+#[derive(Args)]
+struct ServeArgs {
+    #[command(flatten)]
+    engine: EngineArgs,
+    /// Address to listen on.
+    #[arg(long, short)]
+    listen: Option<SocketAddr>,
+    /// Largest request body in bytes (bigger ones get 413).
+    #[arg(long)]
+    max_body_bytes: Option<usize>,
+}
+
+#[derive(Args)]
+struct BenchArgs {
+    #[command(flatten)]
+    engine: EngineArgs,
+    #[command(flatten)]
+    opts: gateway::bench::BenchOptions,
+}
+
+impl EngineArgs {
+    fn config(&self) -> anyhow::Result<Config> {
+        let mut cfg = match &self.config {
+            Some(p) => Config::from_file(p)?,
+            None => Config::default(),
+        };
+        if !self.models.is_empty() {
+            cfg.models = self
+                .models
+                .iter()
+                .map(|m| {
+                    let (name, path) = match m.split_once('=') {
+                        Some((n, p)) => (n.to_string(), PathBuf::from(p)),
+                        None => {
+                            let p = PathBuf::from(m);
+                            let stem = p.file_stem().map(|s| s.to_string_lossy().to_lowercase()).unwrap_or_else(|| m.clone());
+                            (stem, p)
+                        }
+                    };
+                    ModelConfig { name, path, ..ModelConfig::default() }
+                })
+                .collect();
+        }
+        for m in &mut cfg.models {
+            let e = &mut m.engine;
+            e.kv_cache_bytes = self.kv_cache_bytes.unwrap_or(e.kv_cache_bytes);
+            e.block_size = self.block_size.unwrap_or(e.block_size);
+            e.max_num_seqs = self.max_num_seqs.unwrap_or(e.max_num_seqs);
+            e.max_num_batched_tokens = self.max_num_batched_tokens.unwrap_or(e.max_num_batched_tokens);
+            e.prefix_caching &= !self.no_prefix_caching;
+            m.max_model_len = self.max_model_len.unwrap_or(m.max_model_len);
+        }
+        cfg.validate()?;
+        Ok(cfg)
+    }
+}
+
+fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    match cli.command {
+        Command::Serve(args) => rt.block_on(serve(args)),
+        Command::Bench(args) => {
+            let cfg = args.engine.config()?;
+            rt.block_on(gateway::bench::run(&cfg.models[0], &args.opts))
+        }
+    }
+}
+
+async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    let mut cfg = args.engine.config()?;
+    cfg.listen = args.listen.unwrap_or(cfg.listen);
+    cfg.max_body_bytes = args.max_body_bytes.unwrap_or(cfg.max_body_bytes);
+    let metrics = Arc::new(Metrics::new());
+    let mut engines = std::collections::BTreeMap::new();
+    for m in &cfg.models {
+        tracing::info!(model = %m.name, path = %m.path.display(), "loading model");
+        let started = std::time::Instant::now();
+        let engine = tokio::task::block_in_place(|| Engine::start(m, metrics.clone())).with_context(|| format!("loading model {}", m.name))?;
+        tracing::info!(model = %m.name, seconds = started.elapsed().as_secs_f32(), "model ready");
+        engines.insert(m.name.clone(), Arc::new(engine));
+    }
+    let listener = tokio::net::TcpListener::bind(cfg.listen).await.with_context(|| format!("binding {}", cfg.listen))?;
+    tracing::info!(addr = %listener.local_addr()?, "serving the OpenAI API");
+    let started = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_secs();
+    let state = Arc::new(AppState { engines, metrics, max_body_bytes: cfg.max_body_bytes, started });
+    server::serve(listener, state).await?;
+    Ok(())
+}

@@ -1,0 +1,377 @@
+//! `/v1/chat/completions` and `/v1/completions`: prompt stage, submission of one engine request
+//! per choice, then either one JSON body or an SSE stream of chunks.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use futures_util::stream::{self, StreamExt};
+use serde_json::{json, Value};
+use tokio::sync::mpsc;
+
+use super::error::ApiError;
+use super::openai::*;
+use super::validation::{self, Generation, MAX_TOP_LOGPROBS};
+use super::{json_response, sse_response, AppState, Response};
+use crate::engine::chat_template::ChatMessage;
+use crate::engine::{Engine, Event, EventStream, FinishReason, SubmitError, TokenLogprobs, Usage};
+
+#[derive(Clone, Copy, PartialEq)]
+enum Kind {
+    Chat,
+    Completion,
+}
+
+/// What every chunk and body of one response shares.
+struct Reply {
+    kind: Kind,
+    id: String,
+    created: u64,
+    model: String,
+    engine: Arc<Engine>,
+    n: usize,
+    include_usage: bool,
+    /// Completion `echo`: each prompt's text, put in front of its choices' text.
+    echo: Option<Vec<String>>,
+}
+
+pub async fn chat(state: &AppState, body: &[u8]) -> Result<Response, ApiError> {
+    let req: ChatCompletionRequest = serde_json::from_slice(body)?;
+    let engine = state.engine(&req.model)?;
+    if req.messages.is_empty() {
+        return Err(ApiError::invalid("messages", "`messages` must contain at least one message."));
+    }
+    let messages = req.messages.into_iter().map(message).collect::<Result<Vec<_>, _>>()?;
+    let logprobs = match (req.logprobs, req.top_logprobs) {
+        (false, Some(_)) => return Err(ApiError::invalid("top_logprobs", "`top_logprobs` requires `logprobs` to be true.")),
+        (true, Some(k)) if k > MAX_TOP_LOGPROBS => {
+            return Err(ApiError::invalid("top_logprobs", format!("`top_logprobs` must be at most {MAX_TOP_LOGPROBS}.")))
+        }
+        (true, k) => Some(k.unwrap_or(0)),
+        (false, None) => None,
+    };
+    let gen = validation::generation(req.sampling, req.max_completion_tokens.or(req.max_tokens), logprobs)?;
+    let text = engine
+        .template
+        .render(&messages, true)
+        .map_err(|e| ApiError::invalid("messages", format!("The model's chat template rejected the messages: {e}")))?;
+    // The template already wrote any BOS it wants.
+    let prompt = engine.encode(&text, false).map_err(|e| ApiError::invalid("messages", e.to_string()))?;
+    let reqs = gen.requests(&engine, prompt, "messages")?;
+    let streams = submit(&engine, vec![reqs])?;
+    Reply::new(Kind::Chat, "chatcmpl", req.model, engine, &gen, None).run(streams, gen.stream).await
+}
+
+pub async fn completion(state: &AppState, body: &[u8]) -> Result<Response, ApiError> {
+    let req: CompletionRequest = serde_json::from_slice(body)?;
+    let engine = state.engine(&req.model)?;
+    if req.suffix.is_some() {
+        return Err(ApiError::invalid("suffix", "`suffix` is not supported by this model."));
+    }
+    if req.best_of.is_some_and(|b| b != req.sampling.n.unwrap_or(1)) {
+        return Err(ApiError::invalid("best_of", "`best_of` different from `n` is not supported."));
+    }
+    if let Some(k) = req.logprobs.filter(|&k| k > 5) {
+        return Err(ApiError::invalid("logprobs", format!("`logprobs` must be at most 5, got {k}.")));
+    }
+    if req.echo && req.logprobs.is_some() {
+        return Err(ApiError::invalid("echo", "`echo` together with `logprobs` is not supported."));
+    }
+    let gen = validation::generation(req.sampling, Some(req.max_tokens.unwrap_or(16)), req.logprobs)?;
+    let prompts: Vec<Vec<u32>> = match req.prompt {
+        Prompt::Text(t) => vec![encode(&engine, &t)?],
+        Prompt::Texts(ts) => ts.iter().map(|t| encode(&engine, t)).collect::<Result<_, _>>()?,
+        Prompt::Tokens(ids) => vec![ids],
+        Prompt::TokenLists(l) => l,
+    };
+    if prompts.is_empty() {
+        return Err(ApiError::invalid("prompt", "`prompt` must not be empty."));
+    }
+    let echo = req.echo.then(|| prompts.iter().map(|p| engine.tokenizer.decode(p, false).unwrap_or_default()).collect());
+    let reqs = prompts.into_iter().map(|p| gen.requests(&engine, p, "prompt")).collect::<Result<Vec<_>, _>>()?;
+    let streams = submit(&engine, reqs)?;
+    Reply::new(Kind::Completion, "cmpl", req.model, engine, &gen, echo).run(streams, gen.stream).await
+}
+
+fn encode(engine: &Engine, text: &str) -> Result<Vec<u32>, ApiError> {
+    engine.encode(text, true).map_err(|e| ApiError::invalid("prompt", e.to_string()))
+}
+
+fn message(m: ChatMessageIn) -> Result<ChatMessage, ApiError> {
+    let role = match m.role.as_str() {
+        "system" | "user" | "assistant" | "tool" => m.role,
+        "developer" => "system".into(),
+        other => {
+            return Err(ApiError::invalid(
+                "messages",
+                format!("Unknown message role {other:?}; use system, developer, user, assistant or tool."),
+            ))
+        }
+    };
+    let content = match m.content {
+        None => String::new(),
+        Some(MessageContent::Text(t)) => t,
+        Some(MessageContent::Parts(parts)) => {
+            let mut s = String::new();
+            for p in parts {
+                match (p.kind.as_str(), p.text) {
+                    ("text", Some(t)) => s.push_str(&t),
+                    (kind, _) => {
+                        return Err(ApiError::invalid("messages", format!("Content parts of type {kind:?} are not supported; send text.")))
+                    }
+                }
+            }
+            s
+        }
+    };
+    Ok(ChatMessage { role, content, name: m.name })
+}
+
+/// Submits every choice of every prompt, in choice-index order. Nothing is left running if one
+/// submission fails: the streams already made are dropped, which cancels them.
+fn submit(engine: &Engine, per_prompt: Vec<Vec<crate::engine::GenerationRequest>>) -> Result<Vec<EventStream>, ApiError> {
+    per_prompt
+        .into_iter()
+        .flatten()
+        .map(|r| {
+            engine.submit(r).map_err(|e| match e {
+                SubmitError::QueueFull(_) => ApiError::overloaded(format!("The server is overloaded: {e}")),
+                SubmitError::Stopped => ApiError::internal(e.to_string()),
+            })
+        })
+        .collect()
+}
+
+#[derive(Default)]
+struct Choice {
+    text: String,
+    tokens: Vec<(u32, TokenLogprobs)>,
+    finish: Option<FinishReason>,
+    usage: Usage,
+}
+
+impl Reply {
+    fn new(kind: Kind, prefix: &str, model: String, engine: Arc<Engine>, gen: &Generation, echo: Option<Vec<String>>) -> Self {
+        let created = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        Self {
+            kind,
+            id: format!("{prefix}-{:032x}", rand::random::<u128>()),
+            created,
+            model,
+            engine,
+            n: gen.n,
+            include_usage: gen.include_usage,
+            echo,
+        }
+    }
+
+    async fn run(self, streams: Vec<EventStream>, stream: bool) -> Result<Response, ApiError> {
+        if stream {
+            let (tx, rx) = mpsc::channel(64);
+            tokio::spawn(self.stream(streams, tx));
+            return Ok(sse_response(rx));
+        }
+        let mut choices = Vec::with_capacity(streams.len());
+        for mut s in streams {
+            let mut c = Choice::default();
+            while let Some(ev) = s.recv().await {
+                match ev {
+                    Event::Token { id, text, logprobs } => {
+                        c.text.push_str(&text);
+                        c.tokens.extend(logprobs.map(|l| (id, l)));
+                    }
+                    Event::Done(u, f) => {
+                        c.usage = u;
+                        c.finish = Some(f);
+                    }
+                    Event::Failed(m) => return Err(ApiError::internal(m)),
+                }
+            }
+            choices.push(c);
+        }
+        Ok(json_response(http::StatusCode::OK, &self.body(choices)))
+    }
+
+    fn body(&self, choices: Vec<Choice>) -> Value {
+        let usage = self.usage(choices.iter().map(|c| &c.usage).enumerate());
+        let choices: Vec<Value> = choices
+            .into_iter()
+            .enumerate()
+            .map(|(i, c)| {
+                let logprobs = self.logprobs(&c.tokens, c.text.len());
+                let finish = c.finish.map(FinishReason::as_str);
+                match self.kind {
+                    Kind::Chat => json!({
+                        "index": i,
+                        "message": {"role": "assistant", "content": c.text},
+                        "logprobs": logprobs,
+                        "finish_reason": finish,
+                    }),
+                    Kind::Completion => {
+                        let text = match &self.echo {
+                            Some(p) => format!("{}{}", p[i / self.n], c.text),
+                            None => c.text,
+                        };
+                        json!({"index": i, "text": text, "logprobs": logprobs, "finish_reason": finish})
+                    }
+                }
+            })
+            .collect();
+        let mut body = self.envelope(false);
+        body["choices"] = Value::Array(choices);
+        body["usage"] = serde_json::to_value(usage).expect("plain struct");
+        body
+    }
+
+    fn envelope(&self, chunk: bool) -> Value {
+        let object = match (self.kind, chunk) {
+            (Kind::Chat, false) => "chat.completion",
+            (Kind::Chat, true) => "chat.completion.chunk",
+            (Kind::Completion, _) => "text_completion",
+        };
+        json!({
+            "id": self.id,
+            "object": object,
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": super::SYSTEM_FINGERPRINT,
+        })
+    }
+
+    /// Usage over all choices: each prompt counts once however many choices it has.
+    fn usage<'a>(&self, usages: impl Iterator<Item = (usize, &'a Usage)>) -> UsageOut {
+        let (mut prompt, mut completion, mut cached) = (0, 0, 0);
+        for (i, u) in usages {
+            if i % self.n == 0 {
+                prompt += u.prompt_tokens;
+                cached += u.cached_tokens;
+            }
+            completion += u.completion_tokens;
+        }
+        UsageOut {
+            prompt_tokens: prompt,
+            completion_tokens: completion,
+            total_tokens: prompt + completion,
+            prompt_tokens_details: CachedTokens { cached_tokens: cached },
+        }
+    }
+
+    fn token_str(&self, id: u32) -> String {
+        self.engine.tokenizer.decode(&[id], false).unwrap_or_default()
+    }
+
+    /// Logprobs in the endpoint's own shape; `text_start` is where these tokens' text begins.
+    fn logprobs(&self, tokens: &[(u32, TokenLogprobs)], text_start: usize) -> Value {
+        if tokens.is_empty() {
+            return Value::Null;
+        }
+        match self.kind {
+            Kind::Chat => {
+                let top = |(id, lp): &(u32, f32)| {
+                    let t = self.token_str(*id);
+                    TopLogprob { bytes: t.clone().into_bytes(), token: t, logprob: *lp }
+                };
+                let content: Vec<ChatTokenLogprob> = tokens
+                    .iter()
+                    .map(|(id, l)| {
+                        let t = self.token_str(*id);
+                        ChatTokenLogprob {
+                            bytes: t.clone().into_bytes(),
+                            token: t,
+                            logprob: l.logprob,
+                            top_logprobs: l.top.iter().map(top).collect(),
+                        }
+                    })
+                    .collect();
+                json!({ "content": content })
+            }
+            Kind::Completion => {
+                let mut out = CompletionLogprobs::default();
+                let mut offset = text_start.saturating_sub(tokens.iter().map(|(id, _)| self.token_str(*id).len()).sum());
+                for (id, l) in tokens {
+                    let t = self.token_str(*id);
+                    out.text_offset.push(offset);
+                    offset += t.len();
+                    out.tokens.push(t);
+                    out.token_logprobs.push(l.logprob);
+                    out.top_logprobs.push(l.top.iter().map(|(tid, lp)| (self.token_str(*tid), json!(lp))).collect());
+                }
+                serde_json::to_value(out).expect("plain struct")
+            }
+        }
+    }
+
+    fn chunk(&self, choice: Value) -> Value {
+        let mut c = self.envelope(true);
+        c["choices"] = json!([choice]);
+        if self.include_usage {
+            c["usage"] = Value::Null;
+        }
+        c
+    }
+
+    /// Feeds SSE events into `tx` until every choice is done. When the client goes away the
+    /// send fails, this returns, and dropping the streams cancels their sequences.
+    async fn stream(self, streams: Vec<EventStream>, tx: mpsc::Sender<Bytes>) {
+        let send = |v: &Value| {
+            let tx = tx.clone();
+            let frame = Bytes::from(format!("data: {v}\n\n"));
+            async move { tx.send(frame).await.is_ok() }
+        };
+        let total = streams.len();
+        let mut merged = stream::select_all(streams.into_iter().enumerate().map(|(i, s)| {
+            stream::unfold(s, |mut s| async move { s.recv().await.map(|e| (e, s)) }).map(move |e| (i, e)).boxed()
+        }));
+        if self.kind == Kind::Chat {
+            for i in 0..total {
+                if !send(&self.chunk(json!({"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null}))).await {
+                    return;
+                }
+            }
+        }
+        let mut usages = BTreeMap::new();
+        let mut text_len = vec![0usize; total];
+        while let Some((i, ev)) = merged.next().await {
+            let choice = match ev {
+                Event::Token { id, text, logprobs } => {
+                    if text.is_empty() && logprobs.is_none() {
+                        continue;
+                    }
+                    text_len[i] += text.len();
+                    let lp = logprobs.map_or(Value::Null, |l| self.logprobs(&[(id, l)], text_len[i]));
+                    let mut text = text;
+                    if let (Some(p), true) = (&self.echo, text_len[i] == text.len()) {
+                        text = format!("{}{text}", p[i / self.n]);
+                    }
+                    match self.kind {
+                        Kind::Chat => json!({"index": i, "delta": {"content": text}, "logprobs": lp, "finish_reason": null}),
+                        Kind::Completion => json!({"index": i, "text": text, "logprobs": lp, "finish_reason": null}),
+                    }
+                }
+                Event::Done(u, f) => {
+                    usages.insert(i, u);
+                    match self.kind {
+                        Kind::Chat => json!({"index": i, "delta": {}, "logprobs": null, "finish_reason": f.as_str()}),
+                        Kind::Completion => json!({"index": i, "text": "", "logprobs": null, "finish_reason": f.as_str()}),
+                    }
+                }
+                Event::Failed(m) => {
+                    send(&ApiError::internal(m).body()).await;
+                    break;
+                }
+            };
+            if !send(&self.chunk(choice)).await {
+                return;
+            }
+        }
+        if self.include_usage {
+            let mut c = self.envelope(true);
+            c["choices"] = json!([]);
+            c["usage"] = serde_json::to_value(self.usage(usages.iter().map(|(i, u)| (*i, u)))).expect("plain struct");
+            if !send(&c).await {
+                return;
+            }
+        }
+        let _ = tx.send(Bytes::from_static(b"data: [DONE]\n\n")).await;
+    }
+}

@@ -1,0 +1,102 @@
+//! Errors at the HTTP edge, in the OpenAI error format:
+//! `{"error": {"message", "type", "param", "code"}}` with a matching status code.
+
+use http::StatusCode;
+use serde_json::json;
+
+#[derive(Debug, Clone)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub kind: &'static str,
+    pub message: String,
+    pub param: Option<String>,
+    pub code: Option<&'static str>,
+}
+
+impl ApiError {
+    /// 400: the request is malformed or a field is invalid; `param` names the field.
+    pub fn invalid(param: impl Into<Option<&'static str>>, message: impl Into<String>) -> Self {
+        Self {
+            status: StatusCode::BAD_REQUEST,
+            kind: "invalid_request_error",
+            message: message.into(),
+            param: param.into().map(String::from),
+            code: None,
+        }
+    }
+
+    pub fn model_not_found(model: &str, available: &[String]) -> Self {
+        Self {
+            status: StatusCode::NOT_FOUND,
+            kind: "invalid_request_error",
+            message: format!("The model `{model}` does not exist. Available models: {}.", available.join(", ")),
+            param: Some("model".into()),
+            code: Some("model_not_found"),
+        }
+    }
+
+    pub fn not_found(path: &str) -> Self {
+        Self {
+            status: StatusCode::NOT_FOUND,
+            kind: "invalid_request_error",
+            message: format!("Unknown route {path}. See /v1/models, /v1/chat/completions, /v1/completions."),
+            param: None,
+            code: Some("unknown_url"),
+        }
+    }
+
+    pub fn method_not_allowed(method: &http::Method, path: &str) -> Self {
+        Self {
+            status: StatusCode::METHOD_NOT_ALLOWED,
+            kind: "invalid_request_error",
+            message: format!("{method} is not allowed on {path}."),
+            param: None,
+            code: Some("method_not_allowed"),
+        }
+    }
+
+    pub fn too_large(limit: usize) -> Self {
+        Self {
+            status: StatusCode::PAYLOAD_TOO_LARGE,
+            kind: "invalid_request_error",
+            message: format!("Request body is larger than the {limit}-byte limit; send a smaller body."),
+            param: None,
+            code: Some("request_too_large"),
+        }
+    }
+
+    pub fn overloaded(message: impl Into<String>) -> Self {
+        Self {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            kind: "server_error",
+            message: message.into(),
+            param: None,
+            code: Some("server_overloaded"),
+        }
+    }
+
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self {
+            status: StatusCode::INTERNAL_SERVER_ERROR,
+            kind: "server_error",
+            message: message.into(),
+            param: None,
+            code: None,
+        }
+    }
+
+    pub fn body(&self) -> serde_json::Value {
+        json!({"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}})
+    }
+}
+
+impl From<serde_json::Error> for ApiError {
+    fn from(e: serde_json::Error) -> Self {
+        use serde_json::error::Category;
+        let msg = match e.classify() {
+            Category::Syntax | Category::Eof => format!("Request body is not valid JSON: {e}."),
+            _ => format!("Invalid request: {e}."),
+        };
+        ApiError::invalid(None, msg)
+    }
+}

@@ -1,0 +1,212 @@
+//! The HTTP edge: hyper 1 over tokio, routing, body limits, OpenAI errors, SSE framing.
+//! Handlers parse and validate requests into engine types; all model work happens on the
+//! engine threads, so no handler blocks the runtime on compute.
+
+mod completions;
+pub mod error;
+pub mod openai;
+mod validation;
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use http::{header, Method, StatusCode};
+use http_body_util::{combinators::UnsyncBoxBody, BodyExt, Full, Limited, StreamBody};
+use hyper::body::{Frame, Incoming};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use serde_json::json;
+use tokio::net::TcpListener;
+use tokio::sync::mpsc;
+
+use crate::engine::Engine;
+use crate::metrics::Metrics;
+use error::ApiError;
+
+pub type Response = http::Response<UnsyncBoxBody<Bytes, Infallible>>;
+
+pub const SYSTEM_FINGERPRINT: &str = concat!("fp_gateway_", env!("CARGO_PKG_VERSION"));
+
+pub struct AppState {
+    pub engines: BTreeMap<String, Arc<Engine>>,
+    pub metrics: Arc<Metrics>,
+    pub max_body_bytes: usize,
+    pub started: u64,
+}
+
+impl AppState {
+    pub fn engine(&self, model: &str) -> Result<Arc<Engine>, ApiError> {
+        self.engines
+            .get(model)
+            .cloned()
+            .ok_or_else(|| ApiError::model_not_found(model, &self.engines.keys().cloned().collect::<Vec<_>>()))
+    }
+}
+
+pub fn json_response(status: StatusCode, v: &serde_json::Value) -> Response {
+    http::Response::builder()
+        .status(status)
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Full::new(Bytes::from(v.to_string())).boxed_unsync())
+        .expect("static headers are valid")
+}
+
+fn text_response(content_type: &'static str, text: String) -> Response {
+    http::Response::builder()
+        .header(header::CONTENT_TYPE, content_type)
+        .body(Full::new(Bytes::from(text)).boxed_unsync())
+        .expect("static headers are valid")
+}
+
+/// Server-sent events from a channel of already framed `data: ...\n\n` chunks.
+pub fn sse_response(rx: mpsc::Receiver<Bytes>) -> Response {
+    let frames = futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|b| (Ok(Frame::data(b)), rx)) });
+    http::Response::builder()
+        .header(header::CONTENT_TYPE, "text/event-stream")
+        .header(header::CACHE_CONTROL, "no-cache")
+        .body(BodyExt::boxed_unsync(StreamBody::new(frames)))
+        .expect("static headers are valid")
+}
+
+impl From<&ApiError> for Response {
+    fn from(e: &ApiError) -> Self {
+        json_response(e.status, &e.body())
+    }
+}
+
+async fn read_body(req: http::Request<Incoming>, limit: usize) -> Result<Bytes, ApiError> {
+    if let Some(len) = req.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<usize>().ok()) {
+        if len > limit {
+            return Err(ApiError::too_large(limit));
+        }
+    }
+    match Limited::new(req.into_body(), limit).collect().await {
+        Ok(b) => Ok(b.to_bytes()),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(ApiError::too_large(limit)),
+        Err(e) => Err(ApiError::invalid(None, format!("Could not read the request body: {e}"))),
+    }
+}
+
+async fn route(state: Arc<AppState>, req: http::Request<Incoming>) -> Result<Response, ApiError> {
+    let path = req.uri().path().to_string();
+    let method = req.method().clone();
+    let post = |m: &Method| m == Method::POST;
+    match path.as_str() {
+        "/v1/chat/completions" | "/v1/completions" if post(&method) => {
+            let body = read_body(req, state.max_body_bytes).await?;
+            if path == "/v1/chat/completions" {
+                completions::chat(&state, &body).await
+            } else {
+                completions::completion(&state, &body).await
+            }
+        }
+        "/v1/models" if method == Method::GET => {
+            let data: Vec<_> = state.engines.values().map(|e| model_card(&state, e)).collect();
+            Ok(json_response(StatusCode::OK, &json!({"object": "list", "data": data})))
+        }
+        p if p.starts_with("/v1/models/") && method == Method::GET => {
+            let engine = state.engine(&p["/v1/models/".len()..])?;
+            Ok(json_response(StatusCode::OK, &model_card(&state, &engine)))
+        }
+        "/health" if method == Method::GET => Ok(json_response(StatusCode::OK, &json!({"status": "ok"}))),
+        "/metrics" if method == Method::GET => Ok(text_response("text/plain; version=0.0.4", state.metrics.render())),
+        "/v1/chat/completions" | "/v1/completions" | "/v1/models" | "/health" | "/metrics" => Err(ApiError::method_not_allowed(&method, &path)),
+        _ => Err(ApiError::not_found(&path)),
+    }
+}
+
+fn model_card(state: &AppState, e: &Engine) -> serde_json::Value {
+    json!({
+        "id": e.info.name,
+        "object": "model",
+        "created": state.started,
+        "owned_by": "gateway",
+        "max_model_len": e.info.max_model_len,
+    })
+}
+
+/// The route label for metrics: known routes by name, everything else lumped together so a
+/// scanner cannot blow up the label set.
+fn route_label(path: &str) -> &'static str {
+    match path {
+        "/v1/chat/completions" => "chat_completions",
+        "/v1/completions" => "completions",
+        "/health" => "health",
+        "/metrics" => "metrics",
+        p if p.starts_with("/v1/models") => "models",
+        _ => "other",
+    }
+}
+
+async fn handle(state: Arc<AppState>, req: http::Request<Incoming>) -> Result<Response, Infallible> {
+    let start = Instant::now();
+    let label = route_label(req.uri().path());
+    let resp = match route(state.clone(), req).await {
+        Ok(r) => r,
+        Err(e) => {
+            if e.status.is_server_error() {
+                tracing::warn!(status = %e.status, message = %e.message, "request failed");
+            }
+            Response::from(&e)
+        }
+    };
+    state.metrics.http_requests.with_label_values(&[label, resp.status().as_str()]).inc();
+    state.metrics.http_latency.observe(start.elapsed().as_secs_f64());
+    Ok(resp)
+}
+
+/// Accepts connections until ctrl-c / SIGTERM, then stops accepting and lets open
+/// connections finish.
+pub async fn serve(listener: TcpListener, state: Arc<AppState>) -> std::io::Result<()> {
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let shutdown = shutdown_signal();
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let (stream, peer): (_, SocketAddr) = match accepted {
+                    Ok(x) => x,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "accept failed");
+                        continue;
+                    }
+                };
+                let _ = stream.set_nodelay(true);
+                let state = state.clone();
+                let svc = hyper::service::service_fn(move |req| handle(state.clone(), req));
+                let conn = auto::Builder::new(TokioExecutor::new()).serve_connection_with_upgrades(TokioIo::new(stream), svc).into_owned();
+                let conn = graceful.watch(conn);
+                tokio::spawn(async move {
+                    if let Err(e) = conn.await {
+                        tracing::debug!(%peer, error = %e, "connection ended with an error");
+                    }
+                });
+            }
+            _ = &mut shutdown => break,
+        }
+    }
+    tracing::info!("shutting down: waiting for open connections");
+    tokio::select! {
+        _ = graceful.shutdown() => {}
+        _ = tokio::time::sleep(std::time::Duration::from_secs(30)) => tracing::warn!("connections still open after 30 s; exiting"),
+    }
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("signal handler");
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+}

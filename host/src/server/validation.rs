@@ -1,0 +1,129 @@
+//! Turning OpenAI request fields into engine requests, with a precise 400 for each bad field.
+//! Handlers never look at raw fields again after this.
+
+use crate::engine::{Engine, GenerationRequest, SamplingParams};
+
+use super::error::ApiError;
+use super::openai::SamplingFields;
+
+pub const MAX_N: usize = 16;
+pub const MAX_STOP: usize = 16;
+pub const MAX_TOP_LOGPROBS: usize = 20;
+
+/// Everything but the prompt and `max_tokens`, shared by the n choices of each prompt.
+pub struct Generation {
+    pub sampling: SamplingParams,
+    pub n: usize,
+    pub stop: Vec<String>,
+    pub stop_token_ids: Vec<u32>,
+    pub ignore_eos: bool,
+    pub stream: bool,
+    pub include_usage: bool,
+    pub max_tokens: Option<usize>,
+}
+
+fn range(param: &'static str, v: Option<f32>, lo: f32, hi: f32, default: f32) -> Result<f32, ApiError> {
+    match v {
+        None => Ok(default),
+        Some(x) if x.is_finite() && x >= lo && x <= hi => Ok(x),
+        Some(x) => Err(ApiError::invalid(param, format!("`{param}` must be between {lo} and {hi}, got {x}."))),
+    }
+}
+
+pub fn generation(f: SamplingFields, max_tokens: Option<usize>, logprobs: Option<usize>) -> Result<Generation, ApiError> {
+    let top_p = range("top_p", f.top_p, 0.0, 1.0, 1.0)?;
+    if top_p == 0.0 {
+        return Err(ApiError::invalid("top_p", "`top_p` must be greater than 0."));
+    }
+    let top_k = match f.top_k {
+        None | Some(-1) | Some(0) => 0,
+        Some(k) if k > 0 => k as usize,
+        Some(k) => return Err(ApiError::invalid("top_k", format!("`top_k` must be -1 (off) or positive, got {k}."))),
+    };
+    let repetition_penalty = range("repetition_penalty", f.repetition_penalty, 0.01, 10.0, 1.0)?;
+    let n = f.n.unwrap_or(1);
+    if !(1..=MAX_N).contains(&n) {
+        return Err(ApiError::invalid("n", format!("`n` must be between 1 and {MAX_N}, got {n}.")));
+    }
+    let stop = f.stop.map(|s| s.into_vec()).unwrap_or_default();
+    if stop.len() > MAX_STOP {
+        return Err(ApiError::invalid("stop", format!("At most {MAX_STOP} stop sequences are allowed, got {}.", stop.len())));
+    }
+    if max_tokens == Some(0) {
+        return Err(ApiError::invalid("max_tokens", "`max_tokens` must be at least 1."));
+    }
+    if f.stream_options.is_some() && !f.stream {
+        return Err(ApiError::invalid("stream_options", "`stream_options` is only allowed when `stream` is true."));
+    }
+    Ok(Generation {
+        sampling: SamplingParams {
+            temperature: range("temperature", f.temperature, 0.0, 2.0, 1.0)?,
+            top_p,
+            top_k,
+            min_p: range("min_p", f.min_p, 0.0, 1.0, 0.0)?,
+            presence_penalty: range("presence_penalty", f.presence_penalty, -2.0, 2.0, 0.0)?,
+            frequency_penalty: range("frequency_penalty", f.frequency_penalty, -2.0, 2.0, 0.0)?,
+            repetition_penalty,
+            seed: f.seed.map(|s| s as u64),
+            logprobs,
+        },
+        n,
+        stop,
+        stop_token_ids: f.stop_token_ids.unwrap_or_default(),
+        ignore_eos: f.ignore_eos,
+        stream: f.stream,
+        include_usage: f.stream_options.is_some_and(|o| o.include_usage),
+        max_tokens,
+    })
+}
+
+impl Generation {
+    /// The engine requests for one prompt: one per choice, seeds offset so choices differ but
+    /// stay reproducible. Fails when the prompt and completion cannot fit the context window.
+    pub fn requests(&self, engine: &Engine, prompt: Vec<u32>, param: &'static str) -> Result<Vec<GenerationRequest>, ApiError> {
+        let limit = engine.info.max_model_len;
+        let vocab = engine.tokenizer.get_vocab_size(true) as u32;
+        if prompt.is_empty() {
+            return Err(ApiError::invalid(param, "The prompt is empty."));
+        }
+        if let Some(bad) = prompt.iter().chain(&self.stop_token_ids).find(|&&t| t >= vocab) {
+            return Err(ApiError::invalid(param, format!("Token id {bad} is outside the vocabulary (size {vocab}).")));
+        }
+        let max_tokens = match self.max_tokens {
+            Some(m) if prompt.len() + m > limit => {
+                return Err(ApiError::invalid(
+                    param,
+                    format!(
+                        "This model's maximum context length is {limit} tokens. However, you requested {} tokens \
+                         ({} in the prompt, {m} for the completion). Please reduce the prompt or `max_tokens`.",
+                        prompt.len() + m,
+                        prompt.len()
+                    ),
+                ))
+            }
+            Some(m) => m,
+            None if prompt.len() >= limit => {
+                return Err(ApiError::invalid(
+                    param,
+                    format!("This model's maximum context length is {limit} tokens, and the prompt has {}. Please shorten it.", prompt.len()),
+                ))
+            }
+            None => limit - prompt.len(),
+        };
+        Ok((0..self.n)
+            .map(|i| {
+                let mut sampling = self.sampling.clone();
+                sampling.seed = sampling.seed.map(|s| s.wrapping_add(i as u64));
+                GenerationRequest {
+                    prompt: prompt.clone(),
+                    sampling,
+                    max_tokens,
+                    stop: self.stop.clone(),
+                    stop_token_ids: self.stop_token_ids.clone(),
+                    ignore_eos: self.ignore_eos,
+                    cache_salt: 0,
+                }
+            })
+            .collect())
+    }
+}

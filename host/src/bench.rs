@@ -38,7 +38,10 @@ fn prompt(engine: &Engine, tokens: usize, salt: usize) -> Vec<u32> {
 fn request(prompt: Vec<u32>, max_tokens: usize) -> GenerationRequest {
     GenerationRequest {
         prompt,
-        sampling: SamplingParams { temperature: 0.0, ..Default::default() },
+        sampling: SamplingParams {
+            temperature: 0.0,
+            ..Default::default()
+        },
         max_tokens,
         stop: Vec::new(),
         stop_token_ids: Vec::new(),
@@ -67,7 +70,11 @@ async fn run_one(engine: &Engine, req: GenerationRequest, t0: Instant) -> Run {
             Event::Failed(m) => panic!("bench request failed: {m}"),
         }
     }
-    Run { first: first.unwrap_or_default(), last, tokens }
+    Run {
+        first: first.unwrap_or_default(),
+        last,
+        tokens,
+    }
 }
 
 fn median(mut xs: Vec<f64>) -> f64 {
@@ -78,11 +85,19 @@ fn median(mut xs: Vec<f64>) -> f64 {
 pub async fn run(cfg: &ModelConfig, o: &BenchOptions) -> anyhow::Result<()> {
     let mut cfg = cfg.clone();
     cfg.engine.prefix_caching = false;
-    cfg.engine.max_num_seqs = cfg.engine.max_num_seqs.max(o.concurrency.iter().copied().max().unwrap_or(1));
+    cfg.engine.max_num_seqs = cfg
+        .engine
+        .max_num_seqs
+        .max(o.concurrency.iter().copied().max().unwrap_or(1));
     let metrics = Arc::new(Metrics::new());
     let engine = Arc::new(Engine::start(&cfg, metrics.clone())?);
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    println!("model {} ({}), {} threads", cfg.name, cfg.path.display(), threads);
+    println!(
+        "model {} ({}), {} threads",
+        cfg.name,
+        cfg.path.display(),
+        threads
+    );
     // Warm-up: first-touch of weights and KV pages.
     run_one(&engine, request(prompt(&engine, 32, 0), 8), Instant::now()).await;
 
@@ -91,11 +106,21 @@ pub async fn run(cfg: &ModelConfig, o: &BenchOptions) -> anyhow::Result<()> {
     let mut decode = Vec::new();
     for _ in 0..o.repeat {
         let t0 = Instant::now();
-        let r = run_one(&engine, request(prompt(&engine, o.prompt_tokens, salt), 1), t0).await;
+        let r = run_one(
+            &engine,
+            request(prompt(&engine, o.prompt_tokens, salt), 1),
+            t0,
+        )
+        .await;
         salt += 1;
         prefill.push(o.prompt_tokens as f64 / r.first.as_secs_f64());
         let t0 = Instant::now();
-        let r = run_one(&engine, request(prompt(&engine, 16, salt), o.gen_tokens), t0).await;
+        let r = run_one(
+            &engine,
+            request(prompt(&engine, 16, salt), o.gen_tokens),
+            t0,
+        )
+        .await;
         salt += 1;
         decode.push((r.tokens - 1) as f64 / (r.last - r.first).as_secs_f64());
     }
@@ -103,7 +128,11 @@ pub async fn run(cfg: &ModelConfig, o: &BenchOptions) -> anyhow::Result<()> {
     println!();
     println!("| measurement | value |");
     println!("|---|---|");
-    println!("| prefill, {} prompt tokens | {:.1} tok/s |", o.prompt_tokens, median(prefill));
+    println!(
+        "| prefill, {} prompt tokens | {:.1} tok/s |",
+        o.prompt_tokens,
+        median(prefill)
+    );
     println!("| decode, single stream | {decode1:.1} tok/s |");
     for &c in &o.concurrency {
         let mut agg = Vec::new();
@@ -145,8 +174,14 @@ pub async fn run(cfg: &ModelConfig, o: &BenchOptions) -> anyhow::Result<()> {
             agg.push(tokens as f64 / wall);
         }
         let a = median(agg);
-        println!("| aggregate output, concurrency {c} | {a:.1} tok/s ({:.2}x single stream) |", a / decode1);
+        println!(
+            "| aggregate output, concurrency {c} | {a:.1} tok/s ({:.2}x single stream) |",
+            a / decode1
+        );
     }
-    println!("| KV utilisation at last step (mixed prompt lengths) | {:.1}% |", 100.0 * metrics.kv_utilisation.with_label_values(&[&cfg.name]).get());
+    println!(
+        "| KV utilisation at last step (mixed prompt lengths) | {:.1}% |",
+        100.0 * metrics.kv_utilisation.with_label_values(&[&cfg.name]).get()
+    );
     Ok(())
 }

@@ -91,9 +91,15 @@ impl Default for EngineConfig {
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("cannot read config file {path}: {source}")]
-    Read { path: PathBuf, source: std::io::Error },
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("invalid config file {path}: {source}")]
-    Parse { path: PathBuf, source: toml::de::Error },
+    Parse {
+        path: PathBuf,
+        source: toml::de::Error,
+    },
     #[error("invalid config: {0}")]
     Invalid(String),
 }
@@ -122,7 +128,10 @@ impl Config {
             }
             let e = &m.engine;
             if e.block_size == 0 || !e.block_size.is_power_of_two() {
-                return bad(format!("models.{}: block_size must be a power of two", m.name));
+                return bad(format!(
+                    "models.{}: block_size must be a power of two",
+                    m.name
+                ));
             }
             if e.max_num_seqs == 0 || e.max_num_batched_tokens == 0 {
                 return bad(format!(

@@ -89,11 +89,18 @@ impl EngineArgs {
                         Some((n, p)) => (n.to_string(), PathBuf::from(p)),
                         None => {
                             let p = PathBuf::from(m);
-                            let stem = p.file_stem().map(|s| s.to_string_lossy().to_lowercase()).unwrap_or_else(|| m.clone());
+                            let stem = p
+                                .file_stem()
+                                .map(|s| s.to_string_lossy().to_lowercase())
+                                .unwrap_or_else(|| m.clone());
                             (stem, p)
                         }
                     };
-                    ModelConfig { name, path, ..ModelConfig::default() }
+                    ModelConfig {
+                        name,
+                        path,
+                        ..ModelConfig::default()
+                    }
                 })
                 .collect();
         }
@@ -102,7 +109,9 @@ impl EngineArgs {
             e.kv_cache_bytes = self.kv_cache_bytes.unwrap_or(e.kv_cache_bytes);
             e.block_size = self.block_size.unwrap_or(e.block_size);
             e.max_num_seqs = self.max_num_seqs.unwrap_or(e.max_num_seqs);
-            e.max_num_batched_tokens = self.max_num_batched_tokens.unwrap_or(e.max_num_batched_tokens);
+            e.max_num_batched_tokens = self
+                .max_num_batched_tokens
+                .unwrap_or(e.max_num_batched_tokens);
             e.prefix_caching &= !self.no_prefix_caching;
             m.max_model_len = self.max_model_len.unwrap_or(m.max_model_len);
         }
@@ -113,11 +122,16 @@ impl EngineArgs {
 
 fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let cli = Cli::parse();
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
     match cli.command {
         Command::Serve(args) => rt.block_on(serve(args)),
         Command::Bench(args) => {
@@ -136,14 +150,24 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     for m in &cfg.models {
         tracing::info!(model = %m.name, path = %m.path.display(), "loading model");
         let started = std::time::Instant::now();
-        let engine = tokio::task::block_in_place(|| Engine::start(m, metrics.clone())).with_context(|| format!("loading model {}", m.name))?;
+        let engine = tokio::task::block_in_place(|| Engine::start(m, metrics.clone()))
+            .with_context(|| format!("loading model {}", m.name))?;
         tracing::info!(model = %m.name, seconds = started.elapsed().as_secs_f32(), "model ready");
         engines.insert(m.name.clone(), Arc::new(engine));
     }
-    let listener = tokio::net::TcpListener::bind(cfg.listen).await.with_context(|| format!("binding {}", cfg.listen))?;
+    let listener = tokio::net::TcpListener::bind(cfg.listen)
+        .await
+        .with_context(|| format!("binding {}", cfg.listen))?;
     tracing::info!(addr = %listener.local_addr()?, "serving the OpenAI API");
-    let started = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_secs();
-    let state = Arc::new(AppState { engines, metrics, max_body_bytes: cfg.max_body_bytes, started });
+    let started = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_secs();
+    let state = Arc::new(AppState {
+        engines,
+        metrics,
+        max_body_bytes: cfg.max_body_bytes,
+        started,
+    });
     server::serve(listener, state).await?;
     Ok(())
 }

@@ -1,6 +1,9 @@
 //! One Prometheus registry for the whole gateway.
 
-use prometheus::{Encoder, Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder};
+use prometheus::{
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry,
+    TextEncoder,
+};
 
 pub struct Metrics {
     registry: Registry,
@@ -23,7 +26,8 @@ pub struct Metrics {
 }
 
 fn reg<T: prometheus::core::Collector + Clone + 'static>(r: &Registry, m: T) -> T {
-    r.register(Box::new(m.clone())).expect("metric names are unique");
+    r.register(Box::new(m.clone()))
+        .expect("metric names are unique");
     m
 }
 
@@ -31,42 +35,110 @@ impl Metrics {
     pub fn new() -> Self {
         let r = Registry::new();
         let model = &["model"];
-        let gauge = |n: &str, h: &str| reg(&r, IntGaugeVec::new(Opts::new(n, h), model).expect("valid"));
-        let counter = |n: &str, h: &str, l: &[&str]| reg(&r, IntCounterVec::new(Opts::new(n, h), l).expect("valid"));
-        let hist = |n: &str, h: &str, b: Vec<f64>| reg(&r, HistogramVec::new(HistogramOpts::new(n, h).buckets(b), model).expect("valid"));
-        let secs = vec![0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0];
-        let sizes = vec![1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0];
+        let gauge =
+            |n: &str, h: &str| reg(&r, IntGaugeVec::new(Opts::new(n, h), model).expect("valid"));
+        let counter = |n: &str, h: &str, l: &[&str]| {
+            reg(&r, IntCounterVec::new(Opts::new(n, h), l).expect("valid"))
+        };
+        let hist = |n: &str, h: &str, b: Vec<f64>| {
+            reg(
+                &r,
+                HistogramVec::new(HistogramOpts::new(n, h).buckets(b), model).expect("valid"),
+            )
+        };
+        let secs = vec![
+            0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+        ];
+        let sizes = vec![
+            1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0,
+        ];
         Self {
             queue_depth: gauge("gateway_queue_depth", "Requests waiting for admission"),
-            running_seqs: gauge("gateway_running_sequences", "Sequences in the running batch"),
-            kv_blocks_used: gauge("gateway_kv_blocks_used", "KV cache blocks referenced by sequences"),
+            running_seqs: gauge(
+                "gateway_running_sequences",
+                "Sequences in the running batch",
+            ),
+            kv_blocks_used: gauge(
+                "gateway_kv_blocks_used",
+                "KV cache blocks referenced by sequences",
+            ),
             kv_blocks_total: gauge("gateway_kv_blocks_total", "KV cache blocks in the pool"),
             kv_utilisation: reg(
                 &r,
-                prometheus::GaugeVec::new(Opts::new("gateway_kv_utilisation", "Tokens stored / capacity of allocated blocks"), model).expect("valid"),
+                prometheus::GaugeVec::new(
+                    Opts::new(
+                        "gateway_kv_utilisation",
+                        "Tokens stored / capacity of allocated blocks",
+                    ),
+                    model,
+                )
+                .expect("valid"),
             ),
-            batch_seqs: hist("gateway_batch_sequences", "Sequences per engine step", sizes.clone()),
+            batch_seqs: hist(
+                "gateway_batch_sequences",
+                "Sequences per engine step",
+                sizes.clone(),
+            ),
             batch_tokens: hist("gateway_batch_tokens", "Tokens per engine step", sizes),
-            ttft: hist("gateway_time_to_first_token_seconds", "Arrival to first generated token", secs.clone()),
+            ttft: hist(
+                "gateway_time_to_first_token_seconds",
+                "Arrival to first generated token",
+                secs.clone(),
+            ),
             inter_token: hist(
                 "gateway_inter_token_latency_seconds",
                 "Time between generated tokens",
-                vec![0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 1.0],
+                vec![
+                    0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 1.0,
+                ],
             ),
-            prompt_tokens: counter("gateway_prompt_tokens_total", "Prompt tokens processed", model),
-            generation_tokens: counter("gateway_generation_tokens_total", "Tokens generated", model),
-            prefix_cache_hit_tokens: counter("gateway_prefix_cache_hit_tokens_total", "Prompt tokens served from the prefix cache", model),
-            preemptions: counter("gateway_preemptions_total", "Sequences preempted for KV blocks", model),
-            requests: counter("gateway_requests_total", "Finished generations by reason", &["model", "finish_reason"]),
-            http_requests: counter("gateway_http_requests_total", "HTTP responses by route and status", &["route", "status"]),
-            http_latency: reg(&r, Histogram::with_opts(HistogramOpts::new("gateway_http_request_seconds", "Time to response head").buckets(secs)).expect("valid")),
+            prompt_tokens: counter(
+                "gateway_prompt_tokens_total",
+                "Prompt tokens processed",
+                model,
+            ),
+            generation_tokens: counter(
+                "gateway_generation_tokens_total",
+                "Tokens generated",
+                model,
+            ),
+            prefix_cache_hit_tokens: counter(
+                "gateway_prefix_cache_hit_tokens_total",
+                "Prompt tokens served from the prefix cache",
+                model,
+            ),
+            preemptions: counter(
+                "gateway_preemptions_total",
+                "Sequences preempted for KV blocks",
+                model,
+            ),
+            requests: counter(
+                "gateway_requests_total",
+                "Finished generations by reason",
+                &["model", "finish_reason"],
+            ),
+            http_requests: counter(
+                "gateway_http_requests_total",
+                "HTTP responses by route and status",
+                &["route", "status"],
+            ),
+            http_latency: reg(
+                &r,
+                Histogram::with_opts(
+                    HistogramOpts::new("gateway_http_request_seconds", "Time to response head")
+                        .buckets(secs),
+                )
+                .expect("valid"),
+            ),
             registry: r,
         }
     }
 
     pub fn render(&self) -> String {
         let mut buf = Vec::new();
-        TextEncoder::new().encode(&self.registry.gather(), &mut buf).expect("text encoding cannot fail");
+        TextEncoder::new()
+            .encode(&self.registry.gather(), &mut buf)
+            .expect("text encoding cannot fail");
         String::from_utf8(buf).expect("prometheus text is utf-8")
     }
 }

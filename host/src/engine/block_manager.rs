@@ -165,14 +165,21 @@ mod tests {
         let mut bm = BlockManager::new(4, 16, false);
         let a = bm.allocate(3).unwrap();
         assert_eq!(bm.num_free(), 1);
-        assert!(bm.allocate(2).is_none(), "cannot hand out more than is free");
+        assert!(
+            bm.allocate(2).is_none(),
+            "cannot hand out more than is free"
+        );
         assert_eq!(bm.num_free(), 1, "a failed allocation takes nothing");
         bm.release(&a);
         assert_eq!(bm.num_free(), 4);
         let b = bm.allocate(4).unwrap();
         let mut sorted = b.clone();
         sorted.sort();
-        assert_eq!(sorted, vec![0, 1, 2, 3], "every block comes back exactly once");
+        assert_eq!(
+            sorted,
+            vec![0, 1, 2, 3],
+            "every block comes back exactly once"
+        );
     }
 
     #[test]

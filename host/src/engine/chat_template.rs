@@ -27,14 +27,21 @@ impl ChatTemplate {
         let mut env = Environment::new();
         // Templates written for Python Jinja call str methods like .strip() and .startswith().
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
-        env.add_function("raise_exception", |msg: String| -> Result<String, minijinja::Error> {
-            Err(minijinja::Error::new(ErrorKind::InvalidOperation, msg))
-        });
+        env.add_function(
+            "raise_exception",
+            |msg: String| -> Result<String, minijinja::Error> {
+                Err(minijinja::Error::new(ErrorKind::InvalidOperation, msg))
+            },
+        );
         env.add_template_owned("chat", source.unwrap_or_else(|| CHATML.into()))?;
         Ok(Self { env, bos, eos })
     }
 
-    pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String, minijinja::Error> {
+    pub fn render(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<String, minijinja::Error> {
         self.env.get_template("chat")?.render(context! {
             messages => messages,
             add_generation_prompt => add_generation_prompt,
@@ -49,14 +56,21 @@ mod tests {
     use super::*;
 
     fn msg(role: &str, content: &str) -> ChatMessage {
-        ChatMessage { role: role.into(), content: content.into(), name: None }
+        ChatMessage {
+            role: role.into(),
+            content: content.into(),
+            name: None,
+        }
     }
 
     #[test]
     fn chatml_default_with_generation_prompt() {
         let t = ChatTemplate::new(None, "<s>".into(), "</s>".into()).unwrap();
         let out = t.render(&[msg("user", "Hi")], true).unwrap();
-        assert_eq!(out, "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
+        assert_eq!(
+            out,
+            "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+        );
         let out = t.render(&[msg("user", "Hi")], false).unwrap();
         assert_eq!(out, "<|im_start|>user\nHi<|im_end|>\n");
     }

@@ -46,7 +46,10 @@ mod tests {
             let a: Vec<f32> = (0..n).map(|i| i as f32 * 0.5 - 3.0).collect();
             let b: Vec<f32> = (0..n).map(|i| 1.0 - i as f32 * 0.25).collect();
             let want: f32 = a.iter().zip(&b).map(|(x, y)| x * y).sum();
-            assert!((dot(&a, &b) - want).abs() <= 1e-3 * want.abs().max(1.0), "n={n}");
+            assert!(
+                (dot(&a, &b) - want).abs() <= 1e-3 * want.abs().max(1.0),
+                "n={n}"
+            );
         }
     }
 

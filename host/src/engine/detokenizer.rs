@@ -67,7 +67,12 @@ impl StopMatcher {
     pub fn push(&mut self, delta: &str) -> StopOutcome {
         self.text.push_str(delta);
         let pending = &self.text[self.sent..];
-        if let Some(pos) = self.stops.iter().filter_map(|s| pending.find(s.as_str())).min() {
+        if let Some(pos) = self
+            .stops
+            .iter()
+            .filter_map(|s| pending.find(s.as_str()))
+            .min()
+        {
             let out = pending[..pos].to_string();
             self.sent = self.text.len();
             return StopOutcome::Stopped(out);
@@ -97,7 +102,12 @@ fn longest_suffix_prefix(text: &str, stop: &str) -> usize {
     let max = (stop.len() - 1).min(text.len());
     (1..=max)
         .rev()
-        .find(|&k| text.is_char_boundary(text.len() - k) && stop.as_bytes().starts_with(&text.as_bytes()[text.len() - k..]))
+        .find(|&k| {
+            text.is_char_boundary(text.len() - k)
+                && stop
+                    .as_bytes()
+                    .starts_with(&text.as_bytes()[text.len() - k..])
+        })
         .unwrap_or(0)
 }
 
@@ -128,7 +138,10 @@ mod tests {
 
     #[test]
     fn stop_split_across_tokens_is_not_emitted() {
-        assert_eq!(feed(&["\n\nUser:"], &["Hi", "\n", "\nUs", "er:", " x"]), ("Hi".into(), true));
+        assert_eq!(
+            feed(&["\n\nUser:"], &["Hi", "\n", "\nUs", "er:", " x"]),
+            ("Hi".into(), true)
+        );
     }
 
     #[test]
@@ -136,7 +149,11 @@ mod tests {
         let mut m = StopMatcher::new(vec!["STOP".into()]);
         assert!(matches!(m.push("ab ST"), StopOutcome::Continue(s) if s == "ab "));
         assert!(matches!(m.push("AR"), StopOutcome::Continue(s) if s == "STAR"));
-        assert_eq!(feed(&["STOP"], &["x ST"]), ("x ST".into(), false), "flushed at the end");
+        assert_eq!(
+            feed(&["STOP"], &["x ST"]),
+            ("x ST".into(), false),
+            "flushed at the end"
+        );
     }
 
     #[test]

@@ -57,7 +57,13 @@ impl EngineLoop {
     ) -> Self {
         let s = &loaded.model.shape;
         let e = &cfg.engine;
-        let cache = KvCache::new(s.num_layers, num_blocks, e.block_size, s.num_kv_heads, s.head_dim);
+        let cache = KvCache::new(
+            s.num_layers,
+            num_blocks,
+            e.block_size,
+            s.num_kv_heads,
+            s.head_dim,
+        );
         let sched = Scheduler::new(
             SchedulerConfig {
                 max_num_seqs: e.max_num_seqs,
@@ -66,8 +72,28 @@ impl EngineLoop {
             },
             BlockManager::new(num_blocks, e.block_size, e.prefix_caching),
         );
-        metrics.kv_blocks_total.with_label_values(&[&cfg.name]).set(num_blocks as i64);
-        Self {
+        metrics
+            .kv_blocks_total
+            .with_label_values(&[&cfg.name])
+            .set(num_blocks as i64);
+        // Every per-model series exists from the start, at zero, so dashboards see them.
+        for c in [
+            &metrics.prompt_tokens,
+            &metrics.generation_tokens,
+            &metrics.prefix_cache_hit_tokens,
+            &metrics.preemptions,
+        ] {
+            c.with_label_values(&[&cfg.name]).inc_by(0);
+        }
+        for h in [
+            &metrics.ttft,
+            &metrics.inter_token,
+            &metrics.batch_seqs,
+            &metrics.batch_tokens,
+        ] {
+            h.with_label_values(&[&cfg.name]);
+        }
+        let this = Self {
             name: cfg.name.clone(),
             model: loaded.model,
             tokenizer: loaded.tokenizer,
@@ -77,7 +103,9 @@ impl EngineLoop {
             states: HashMap::new(),
             metrics,
             waiting,
-        }
+        };
+        this.publish_gauges();
+        this
     }
 
     pub(super) fn run(mut self, rx: mpsc::Receiver<Command>) {
@@ -104,7 +132,15 @@ impl EngineLoop {
     }
 
     fn add(&mut self, id: SeqId, req: GenerationRequest, tx: tokio_mpsc::UnboundedSender<Event>) {
-        let GenerationRequest { prompt, sampling, max_tokens, stop, mut stop_token_ids, ignore_eos, cache_salt } = req;
+        let GenerationRequest {
+            prompt,
+            sampling,
+            max_tokens,
+            stop,
+            mut stop_token_ids,
+            ignore_eos,
+            cache_salt,
+        } = req;
         if !ignore_eos {
             stop_token_ids.extend(&self.eos_ids);
         }
@@ -123,7 +159,10 @@ impl EngineLoop {
                 last_token: None,
             },
         );
-        self.metrics.prompt_tokens.with_label_values(&[self.name.as_str()]).inc_by(prompt.len() as u64);
+        self.metrics
+            .prompt_tokens
+            .with_label_values(&[self.name.as_str()])
+            .inc_by(prompt.len() as u64);
         self.sched.add(Sequence::new(id, prompt, cache_salt));
     }
 
@@ -132,7 +171,10 @@ impl EngineLoop {
         let step = self.sched.schedule();
         let model = self.name.as_str();
         if !step.preempted.is_empty() {
-            self.metrics.preemptions.with_label_values(&[model]).inc_by(step.preempted.len() as u64);
+            self.metrics
+                .preemptions
+                .with_label_values(&[model])
+                .inc_by(step.preempted.len() as u64);
         }
         if step.scheduled.is_empty() {
             return;
@@ -143,7 +185,10 @@ impl EngineLoop {
                 if let Some(st) = self.states.get_mut(&sc.id) {
                     if st.cached_tokens == 0 && sc.start > 0 && sc.start <= st.prompt_len {
                         st.cached_tokens = sc.start;
-                        self.metrics.prefix_cache_hit_tokens.with_label_values(&[model]).inc_by(sc.start as u64);
+                        self.metrics
+                            .prefix_cache_hit_tokens
+                            .with_label_values(&[model])
+                            .inc_by(sc.start as u64);
                     }
                 }
             }
@@ -152,7 +197,12 @@ impl EngineLoop {
             .scheduled
             .iter()
             .map(|sc| {
-                let seq = self.sched.running.iter().find(|s| s.id == sc.id).expect("scheduled sequences run");
+                let seq = self
+                    .sched
+                    .running
+                    .iter()
+                    .find(|s| s.id == sc.id)
+                    .expect("scheduled sequences run");
                 BatchSeq {
                     block_table: &seq.blocks,
                     start: sc.start,
@@ -162,8 +212,14 @@ impl EngineLoop {
             })
             .collect();
         let num_tokens: usize = step.scheduled.iter().map(|s| s.len).sum();
-        self.metrics.batch_seqs.with_label_values(&[model]).observe(batch.len() as f64);
-        self.metrics.batch_tokens.with_label_values(&[model]).observe(num_tokens as f64);
+        self.metrics
+            .batch_seqs
+            .with_label_values(&[model])
+            .observe(batch.len() as f64);
+        self.metrics
+            .batch_tokens
+            .with_label_values(&[model])
+            .observe(num_tokens as f64);
         let result = self.model.forward(&batch, &mut self.cache);
         drop(batch);
         let mut logits = match result {
@@ -185,16 +241,29 @@ impl EngineLoop {
     }
 
     fn on_logits(&mut self, id: SeqId, mut row: Vec<f32>) {
-        let Some(st) = self.states.get_mut(&id) else { return };
+        let Some(st) = self.states.get_mut(&id) else {
+            return;
+        };
         let sampled = st.sampler.sample(&mut row);
         let now = Instant::now();
         let model = self.name.as_str();
         match st.last_token {
-            None => self.metrics.ttft.with_label_values(&[model]).observe((now - st.arrived).as_secs_f64()),
-            Some(t) => self.metrics.inter_token.with_label_values(&[model]).observe((now - t).as_secs_f64()),
+            None => self
+                .metrics
+                .ttft
+                .with_label_values(&[model])
+                .observe((now - st.arrived).as_secs_f64()),
+            Some(t) => self
+                .metrics
+                .inter_token
+                .with_label_values(&[model])
+                .observe((now - t).as_secs_f64()),
         }
         st.last_token = Some(now);
-        self.metrics.generation_tokens.with_label_values(&[model]).inc();
+        self.metrics
+            .generation_tokens
+            .with_label_values(&[model])
+            .inc();
         let seq = self.sched.running_mut(id).expect("sampled sequences run");
         seq.tokens.push(sampled.token);
         let generated = seq.generated().len();
@@ -204,11 +273,17 @@ impl EngineLoop {
             let delta = st.decoder.push(&self.tokenizer, sampled.token);
             match st.stop.push(&delta) {
                 StopOutcome::Stopped(t) => (t, Some(FinishReason::Stop)),
-                StopOutcome::Continue(t) if generated >= st.max_tokens => (t + &st.stop.flush(), Some(FinishReason::Length)),
+                StopOutcome::Continue(t) if generated >= st.max_tokens => {
+                    (t + &st.stop.flush(), Some(FinishReason::Length))
+                }
                 StopOutcome::Continue(t) => (t, None),
             }
         };
-        let ev = Event::Token { id: sampled.token, text, logprobs: sampled.logprobs };
+        let ev = Event::Token {
+            id: sampled.token,
+            text,
+            logprobs: sampled.logprobs,
+        };
         if st.tx.send(ev).is_err() {
             // The client went away: free its blocks now rather than generating into the void.
             self.finish(id, None);
@@ -229,10 +304,15 @@ impl EngineLoop {
     /// Removes a sequence and frees its blocks; with a reason, reports usage to the client.
     fn finish(&mut self, id: SeqId, reason: Option<FinishReason>) {
         let seq = self.sched.remove(id);
-        let Some(st) = self.states.remove(&id) else { return };
+        let Some(st) = self.states.remove(&id) else {
+            return;
+        };
         let model = self.name.as_str();
         let label = reason.map_or("cancelled", FinishReason::as_str);
-        self.metrics.requests.with_label_values(&[model, label]).inc();
+        self.metrics
+            .requests
+            .with_label_values(&[model, label])
+            .inc();
         if let (Some(reason), Some(seq)) = (reason, seq) {
             let usage = Usage {
                 prompt_tokens: st.prompt_len,
@@ -246,11 +326,20 @@ impl EngineLoop {
     fn publish_gauges(&self) {
         let m = &self.metrics;
         let model = self.name.as_str();
-        self.waiting.store(self.sched.waiting.len(), Ordering::Relaxed);
-        m.queue_depth.with_label_values(&[model]).set(self.sched.waiting.len() as i64);
-        m.running_seqs.with_label_values(&[model]).set(self.sched.running.len() as i64);
+        self.waiting
+            .store(self.sched.waiting.len(), Ordering::Relaxed);
+        m.queue_depth
+            .with_label_values(&[model])
+            .set(self.sched.waiting.len() as i64);
+        m.running_seqs
+            .with_label_values(&[model])
+            .set(self.sched.running.len() as i64);
         let used = self.sched.blocks.num_blocks() - self.sched.blocks.num_free();
-        m.kv_blocks_used.with_label_values(&[model]).set(used as i64);
-        m.kv_utilisation.with_label_values(&[model]).set(self.sched.kv_utilisation());
+        m.kv_blocks_used
+            .with_label_values(&[model])
+            .set(used as i64);
+        m.kv_utilisation
+            .with_label_values(&[model])
+            .set(self.sched.kv_utilisation());
     }
 }

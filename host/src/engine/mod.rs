@@ -165,13 +165,25 @@ impl Engine {
         let loaded = weights::load(&cfg.path)?;
         let s = &loaded.model.shape;
         let e = &cfg.engine;
-        let block_bytes = paged_attention::KvCache::block_bytes(s.num_layers, e.block_size, s.num_kv_heads, s.head_dim);
+        let block_bytes = paged_attention::KvCache::block_bytes(
+            s.num_layers,
+            e.block_size,
+            s.num_kv_heads,
+            s.head_dim,
+        );
         let num_blocks = e.kv_cache_bytes / block_bytes;
         if num_blocks == 0 {
-            return Err(ModelError::KvBudget { budget: e.kv_cache_bytes, blocks: 0 });
+            return Err(ModelError::KvBudget {
+                budget: e.kv_cache_bytes,
+                blocks: 0,
+            });
         }
         let watermark_blocks = (num_blocks as f32 * e.watermark) as usize;
-        let window = if cfg.max_model_len == 0 { s.context_length } else { cfg.max_model_len.min(s.context_length) };
+        let window = if cfg.max_model_len == 0 {
+            s.context_length
+        } else {
+            cfg.max_model_len.min(s.context_length)
+        };
         // A sequence must fit in the pool on its own, or it could never be scheduled.
         let max_model_len = window.min((num_blocks - watermark_blocks) * e.block_size);
         tracing::info!(
@@ -181,17 +193,29 @@ impl Engine {
             kv_heads = s.num_kv_heads,
             kv_blocks = num_blocks,
             block_size = e.block_size,
-            kv_mib = num_blocks * block_bytes >> 20,
+            kv_mib = (num_blocks * block_bytes) >> 20,
             max_model_len,
             "model loaded"
         );
-        let info = ModelInfo { name: cfg.name.clone(), max_model_len, num_blocks, block_size: e.block_size };
+        let info = ModelInfo {
+            name: cfg.name.clone(),
+            max_model_len,
+            num_blocks,
+            block_size: e.block_size,
+        };
         let (tx, rx) = mpsc::channel();
         let waiting = Arc::new(AtomicUsize::new(0));
         let tokenizer = Arc::new(loaded.tokenizer.clone());
         let template = loaded.template.clone();
         let (bos, add_bos) = (loaded.bos, loaded.add_bos);
-        let runner = engine_loop::EngineLoop::new(loaded, cfg, num_blocks, watermark_blocks, metrics, waiting.clone());
+        let runner = engine_loop::EngineLoop::new(
+            loaded,
+            cfg,
+            num_blocks,
+            watermark_blocks,
+            metrics,
+            waiting.clone(),
+        );
         std::thread::Builder::new()
             .name(format!("engine-{}", cfg.name))
             .spawn(move || runner.run(rx))
@@ -217,14 +241,24 @@ impl Engine {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (etx, erx) = tokio_mpsc::unbounded_channel();
         self.waiting.fetch_add(1, Ordering::Relaxed);
-        self.tx.send(Command::Add(id, req, etx)).map_err(|_| SubmitError::Stopped)?;
-        Ok(EventStream { id, rx: erx, tx: self.tx.clone(), done: false })
+        self.tx
+            .send(Command::Add(id, req, etx))
+            .map_err(|_| SubmitError::Stopped)?;
+        Ok(EventStream {
+            id,
+            rx: erx,
+            tx: self.tx.clone(),
+            done: false,
+        })
     }
 
     /// Token ids of a prompt; with `add_bos`, the model's BOS first when the model asks for one.
     /// Special tokens written in the text (e.g. `<|im_start|>`) are parsed as such.
     pub fn encode(&self, text: &str, add_bos: bool) -> Result<Vec<u32>, ModelError> {
-        let enc = self.tokenizer.encode(text, false).map_err(|e| ModelError::Tokenizer(e.to_string()))?;
+        let enc = self
+            .tokenizer
+            .encode(text, false)
+            .map_err(|e| ModelError::Tokenizer(e.to_string()))?;
         let mut ids = Vec::with_capacity(enc.len() + 1);
         if add_bos && self.add_bos {
             ids.extend(self.bos);

@@ -107,38 +107,70 @@ pub struct BatchSeq<'a> {
 }
 
 impl Model {
-    pub fn new(shape: ModelShape, embed: Embedding, layers: Vec<Layer>, norm: Vec<f32>, lm_head: Linear, device: Device) -> Self {
+    pub fn new(
+        shape: ModelShape,
+        embed: Embedding,
+        layers: Vec<Layer>,
+        norm: Vec<f32>,
+        lm_head: Linear,
+        device: Device,
+    ) -> Self {
         let half = shape.head_dim / 2;
         let mut rope_cos = Vec::with_capacity(shape.context_length * half);
         let mut rope_sin = Vec::with_capacity(shape.context_length * half);
         for p in 0..shape.context_length {
             for i in 0..half {
-                let freq = shape.rope_theta.powf(-((2 * i) as f32) / shape.head_dim as f32);
+                let freq = shape
+                    .rope_theta
+                    .powf(-((2 * i) as f32) / shape.head_dim as f32);
                 let a = p as f32 * freq;
                 rope_cos.push(a.cos());
                 rope_sin.push(a.sin());
             }
         }
-        Self { shape, embed, layers, norm, lm_head, device, rope_cos, rope_sin }
+        Self {
+            shape,
+            embed,
+            layers,
+            norm,
+            lm_head,
+            device,
+            rope_cos,
+            rope_sin,
+        }
     }
 
     /// Runs one step. Writes every row's K/V into `cache` and returns one logits row per
     /// sequence with `want_logits`, in order.
-    pub fn forward(&self, seqs: &[BatchSeq], cache: &mut KvCache) -> Result<Vec<Vec<f32>>, ModelError> {
+    pub fn forward(
+        &self,
+        seqs: &[BatchSeq],
+        cache: &mut KvCache,
+    ) -> Result<Vec<Vec<f32>>, ModelError> {
         let s = &self.shape;
         let (hd, nh, nkv) = (s.head_dim, s.num_heads, s.num_kv_heads);
         let (qdim, kvdim) = (nh * hd, nkv * hd);
         let tokens: Vec<u32> = seqs.iter().flat_map(|q| q.tokens.iter().copied()).collect();
         let rows = tokens.len();
-        let positions: Vec<usize> = seqs.iter().flat_map(|q| q.start..q.start + q.tokens.len()).collect();
+        let positions: Vec<usize> = seqs
+            .iter()
+            .flat_map(|q| q.start..q.start + q.tokens.len())
+            .collect();
         let bs = cache.block_size();
         let slots: Vec<usize> = seqs
             .iter()
-            .flat_map(|q| (q.start..q.start + q.tokens.len()).map(move |p| q.block_table[p / bs] as usize * bs + p % bs))
+            .flat_map(|q| {
+                (q.start..q.start + q.tokens.len())
+                    .map(move |p| q.block_table[p / bs] as usize * bs + p % bs)
+            })
             .collect();
         let attn_seqs: Vec<AttnSeq> = seqs
             .iter()
-            .map(|q| AttnSeq { block_table: q.block_table, start: q.start, len: q.tokens.len() })
+            .map(|q| AttnSeq {
+                block_table: q.block_table,
+                start: q.start,
+                len: q.tokens.len(),
+            })
             .collect();
         let scale = 1.0 / (hd as f32).sqrt();
 
@@ -201,7 +233,10 @@ impl Model {
         let mut normed = vec![0f32; last.len()];
         rms_norm(&last, &self.norm, s.rms_eps, &mut normed);
         let logits = self.lm_head.forward(&normed, n, &self.device)?;
-        Ok(logits.chunks(logits.len() / n).map(<[f32]>::to_vec).collect())
+        Ok(logits
+            .chunks(logits.len() / n)
+            .map(<[f32]>::to_vec)
+            .collect())
     }
 
     fn embed(&self, tokens: &[u32]) -> Result<Vec<f32>, ModelError> {

@@ -30,11 +30,22 @@ pub struct AttnSeq<'a> {
 
 impl KvCache {
     /// Bytes one block takes across all layers, K and V.
-    pub fn block_bytes(num_layers: usize, block_size: usize, num_kv_heads: usize, head_dim: usize) -> usize {
+    pub fn block_bytes(
+        num_layers: usize,
+        block_size: usize,
+        num_kv_heads: usize,
+        head_dim: usize,
+    ) -> usize {
         2 * num_layers * block_size * num_kv_heads * head_dim * std::mem::size_of::<f32>()
     }
 
-    pub fn new(num_layers: usize, num_blocks: usize, block_size: usize, num_kv_heads: usize, head_dim: usize) -> Self {
+    pub fn new(
+        num_layers: usize,
+        num_blocks: usize,
+        block_size: usize,
+        num_kv_heads: usize,
+        head_dim: usize,
+    ) -> Self {
         let per_layer = num_blocks * block_size * num_kv_heads * head_dim;
         Self {
             layers: (0..num_layers)
@@ -68,7 +79,15 @@ impl KvCache {
     /// Causal attention for a batch of new tokens (`q`: `[tokens][num_heads][head_dim]`), each
     /// attending to its own sequence's cached tokens up to and including itself. Query head `h`
     /// reads KV head `h / (num_heads / num_kv_heads)` (GQA/MQA). Writes `[tokens][num_heads][head_dim]`.
-    pub fn attention(&self, layer: usize, q: &[f32], seqs: &[AttnSeq], num_heads: usize, scale: f32, out: &mut [f32]) {
+    pub fn attention(
+        &self,
+        layer: usize,
+        q: &[f32],
+        seqs: &[AttnSeq],
+        num_heads: usize,
+        scale: f32,
+        out: &mut [f32],
+    ) {
         let d = self.head_dim;
         let group = num_heads / self.num_kv_heads;
         // (sequence, absolute position) of every batch row.
@@ -82,7 +101,17 @@ impl KvCache {
             let (t, h) = (idx / num_heads, idx % num_heads);
             let (s, pos) = rows[t];
             let qh = &q[idx * d..(idx + 1) * d];
-            self.attend_one(kc, vc, seqs[s].block_table, pos + 1, h / group, qh, scale, o, scores);
+            self.attend_one(
+                kc,
+                vc,
+                seqs[s].block_table,
+                pos + 1,
+                h / group,
+                qh,
+                scale,
+                o,
+                scores,
+            );
         };
         let total_ctx: usize = rows.iter().map(|r| r.1 + 1).sum::<usize>() * num_heads;
         // Rayon only pays off once there is real work; single short decodes stay on this thread.
@@ -99,7 +128,18 @@ impl KvCache {
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn attend_one(&self, kc: &[f32], vc: &[f32], table: &[u32], ctx: usize, kv_head: usize, q: &[f32], scale: f32, out: &mut [f32], scores: &mut Vec<f32>) {
+    fn attend_one(
+        &self,
+        kc: &[f32],
+        vc: &[f32],
+        table: &[u32],
+        ctx: usize,
+        kv_head: usize,
+        q: &[f32],
+        scale: f32,
+        out: &mut [f32],
+        scores: &mut Vec<f32>,
+    ) {
         let (d, bs) = (self.head_dim, self.block_size);
         let row = self.num_kv_heads * d;
         let base = |j: usize| (table[j / bs] as usize * bs + j % bs) * row + kv_head * d;
@@ -131,7 +171,18 @@ mod tests {
     use rand::{Rng, SeedableRng};
 
     /// Textbook attention over contiguous per-sequence K/V with a causal mask.
-    fn naive(q: &[f32], k: &[f32], v: &[f32], start: usize, len: usize, nh: usize, nkv: usize, d: usize, scale: f32) -> Vec<f32> {
+    #[allow(clippy::too_many_arguments)]
+    fn naive(
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        start: usize,
+        len: usize,
+        nh: usize,
+        nkv: usize,
+        d: usize,
+        scale: f32,
+    ) -> Vec<f32> {
         let mut out = vec![0f32; len * nh * d];
         for t in 0..len {
             let pos = start + t;
@@ -139,7 +190,13 @@ mod tests {
                 let kh = h / (nh / nkv);
                 let qv = &q[(t * nh + h) * d..][..d];
                 let s: Vec<f32> = (0..=pos)
-                    .map(|j| qv.iter().zip(&k[(j * nkv + kh) * d..][..d]).map(|(a, b)| a * b).sum::<f32>() * scale)
+                    .map(|j| {
+                        qv.iter()
+                            .zip(&k[(j * nkv + kh) * d..][..d])
+                            .map(|(a, b)| a * b)
+                            .sum::<f32>()
+                            * scale
+                    })
                     .collect();
                 let m = s.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
                 let z: f32 = s.iter().map(|x| (x - m).exp()).sum();
@@ -168,21 +225,35 @@ mod tests {
             for &(start, len) in &shapes {
                 let total = start + len;
                 // Scattered, non-contiguous physical blocks.
-                let table: Vec<u32> = (0..total.div_ceil(bs)).map(|_| free.remove(rng.random_range(0..free.len()))).collect();
+                let table: Vec<u32> = (0..total.div_ceil(bs))
+                    .map(|_| free.remove(rng.random_range(0..free.len())))
+                    .collect();
                 let row = nkv * d;
-                let k: Vec<f32> = (0..total * row).map(|_| rng.random_range(-1.0..1.0)).collect();
-                let v: Vec<f32> = (0..total * row).map(|_| rng.random_range(-1.0..1.0)).collect();
-                let slots: Vec<usize> = (0..total).map(|p| table[p / bs] as usize * bs + p % bs).collect();
+                let k: Vec<f32> = (0..total * row)
+                    .map(|_| rng.random_range(-1.0..1.0))
+                    .collect();
+                let v: Vec<f32> = (0..total * row)
+                    .map(|_| rng.random_range(-1.0..1.0))
+                    .collect();
+                let slots: Vec<usize> = (0..total)
+                    .map(|p| table[p / bs] as usize * bs + p % bs)
+                    .collect();
                 cache.write(0, &slots, &k, &v);
                 tables.push(table);
                 full_kv.push((k, v));
             }
             let rows: usize = shapes.iter().map(|s| s.1).sum();
-            let q: Vec<f32> = (0..rows * nh * d).map(|_| rng.random_range(-1.0..1.0)).collect();
+            let q: Vec<f32> = (0..rows * nh * d)
+                .map(|_| rng.random_range(-1.0..1.0))
+                .collect();
             let seqs: Vec<AttnSeq> = shapes
                 .iter()
                 .zip(&tables)
-                .map(|(&(start, len), t)| AttnSeq { block_table: t, start, len })
+                .map(|(&(start, len), t)| AttnSeq {
+                    block_table: t,
+                    start,
+                    len,
+                })
                 .collect();
             let scale = 1.0 / (d as f32).sqrt();
             let mut out = vec![0f32; rows * nh * d];
@@ -190,10 +261,27 @@ mod tests {
             let mut row = 0;
             for (i, &(start, len)) in shapes.iter().enumerate() {
                 let qs = &q[row * nh * d..(row + len) * nh * d];
-                let want = naive(qs, &full_kv[i].0, &full_kv[i].1, start, len, nh, nkv, d, scale);
+                let want = naive(
+                    qs,
+                    &full_kv[i].0,
+                    &full_kv[i].1,
+                    start,
+                    len,
+                    nh,
+                    nkv,
+                    d,
+                    scale,
+                );
                 let got = &out[row * nh * d..(row + len) * nh * d];
-                let err = want.iter().zip(got).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
-                assert!(err < 1e-5, "bs={bs} nh={nh} nkv={nkv} d={d} seq {i}: max error {err}");
+                let err = want
+                    .iter()
+                    .zip(got)
+                    .map(|(a, b)| (a - b).abs())
+                    .fold(0f32, f32::max);
+                assert!(
+                    err < 1e-5,
+                    "bs={bs} nh={nh} nkv={nkv} d={d} seq {i}: max error {err}"
+                );
                 row += len;
             }
         }

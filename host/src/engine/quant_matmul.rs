@@ -50,13 +50,22 @@ impl QuantMatrix {
             GgmlDType::Q8_0 => Format::Q8_0,
             _ => return None,
         };
-        let &[rows, cols] = t.shape().dims() else { return None };
+        let &[rows, cols] = t.shape().dims() else {
+            return None;
+        };
         let data = t.data().ok()?.into_owned();
         Self::new(format, rows, cols, data)
     }
 
     pub fn new(format: Format, rows: usize, cols: usize, data: Vec<u8>) -> Option<Self> {
-        (cols % BLOCK == 0 && data.len() == rows * cols / BLOCK * format.block_bytes()).then_some(Self { format, rows, cols, data })
+        (cols.is_multiple_of(BLOCK) && data.len() == rows * cols / BLOCK * format.block_bytes()).then_some(
+            Self {
+                format,
+                rows,
+                cols,
+                data,
+            },
+        )
     }
 
     pub fn rows(&self) -> usize {
@@ -118,7 +127,11 @@ impl QuantMatrix {
         assert_eq!(out.len(), m * n, "output shape");
         // Each task owns TILE weight rows and writes their outputs for all m activation rows,
         // transposed ([rows, m]) so that tasks write disjoint contiguous chunks.
-        let mut out_t = if m == 1 { Vec::new() } else { vec![0f32; n * m] };
+        let mut out_t = if m == 1 {
+            Vec::new()
+        } else {
+            vec![0f32; n * m]
+        };
         let target: &mut [f32] = if m == 1 { out } else { &mut out_t };
         target.par_chunks_mut(TILE * m).enumerate().for_each_init(
             || vec![0f32; TILE * k],
@@ -148,11 +161,19 @@ impl QuantMatrix {
     /// Stacks matrices of the same format and width into one (e.g. Q, K, V into QKV).
     pub fn stack(parts: &[QuantMatrix]) -> Option<QuantMatrix> {
         let first = parts.first()?;
-        if parts.iter().any(|p| p.format != first.format || p.cols != first.cols) {
+        if parts
+            .iter()
+            .any(|p| p.format != first.format || p.cols != first.cols)
+        {
             return None;
         }
         let data = parts.iter().flat_map(|p| p.data.iter().copied()).collect();
-        Self::new(first.format, parts.iter().map(|p| p.rows).sum(), first.cols, data)
+        Self::new(
+            first.format,
+            parts.iter().map(|p| p.rows).sum(),
+            first.cols,
+            data,
+        )
     }
 }
 
@@ -166,11 +187,19 @@ mod tests {
     fn matches_candle_dequantize_and_float_matmul() {
         let dev = Device::Cpu;
         let (n, k) = (37, 96);
-        let w: Vec<f32> = (0..n * k).map(|i| ((i * 7919 % 1013) as f32 / 1013.0 - 0.5) * 0.2).collect();
+        let w: Vec<f32> = (0..n * k)
+            .map(|i| ((i * 7919 % 1013) as f32 / 1013.0 - 0.5) * 0.2)
+            .collect();
         let wt = Tensor::from_vec(w, (n, k), &dev).unwrap();
         for dtype in [GgmlDType::Q4_0, GgmlDType::Q4_1, GgmlDType::Q8_0] {
             let q = QTensor::quantize(&wt, dtype).unwrap();
-            let deq: Vec<f32> = q.dequantize(&dev).unwrap().flatten_all().unwrap().to_vec1().unwrap();
+            let deq: Vec<f32> = q
+                .dequantize(&dev)
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1()
+                .unwrap();
             let qm = QuantMatrix::from_qtensor(&q).unwrap();
             let mut row = vec![0f32; k];
             for r in 0..n {
@@ -184,7 +213,10 @@ mod tests {
                 for i in 0..m {
                     for r in 0..n {
                         let want: f32 = (0..k).map(|c| x[i * k + c] * deq[r * k + c]).sum();
-                        assert!((out[i * n + r] - want).abs() < 1e-3, "{dtype:?} m={m} ({i},{r})");
+                        assert!(
+                            (out[i * n + r] - want).abs() < 1e-3,
+                            "{dtype:?} m={m} ({i},{r})"
+                        );
                     }
                 }
             }
@@ -199,6 +231,9 @@ mod tests {
         assert_eq!((s.rows(), s.cols()), (3, 32));
         let c = QuantMatrix::new(Format::Q4_0, 1, 32, vec![0; 18]).unwrap();
         let d = QuantMatrix::new(Format::Q8_0, 1, 32, vec![0; 34]).unwrap();
-        assert!(QuantMatrix::stack(&[c, d]).is_none(), "mixed formats do not stack");
+        assert!(
+            QuantMatrix::stack(&[c, d]).is_none(),
+            "mixed formats do not stack"
+        );
     }
 }

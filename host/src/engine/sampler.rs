@@ -111,7 +111,11 @@ impl Sampler {
                 .collect::<HashSet<_>>();
             for &t in seen {
                 let l = &mut logits[t as usize];
-                *l = if *l > 0.0 { *l / p.repetition_penalty } else { *l * p.repetition_penalty };
+                *l = if *l > 0.0 {
+                    *l / p.repetition_penalty
+                } else {
+                    *l * p.repetition_penalty
+                };
             }
         }
         if p.presence_penalty != 0.0 || p.frequency_penalty != 0.0 {
@@ -133,7 +137,11 @@ impl Sampler {
             .collect();
         let total: f32 = probs.iter().map(|x| x.1).sum();
         let by_prob = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1);
-        let keep_k = if p.top_k > 0 { p.top_k.min(probs.len()) } else { probs.len() };
+        let keep_k = if p.top_k > 0 {
+            p.top_k.min(probs.len())
+        } else {
+            probs.len()
+        };
         // Grow a sorted head until it covers top_p of the mass; avoids sorting the whole vocab.
         let mut head = 64.min(keep_k);
         loop {
@@ -204,7 +212,10 @@ fn log_softmax_top(logits: &[f32], k: usize) -> (LogSumExp, Vec<(u32, f32)>) {
     }
     idx.truncate(k);
     idx.sort_unstable_by(cmp);
-    let top = idx.into_iter().map(|t| (t, logits[t as usize] - lse)).collect();
+    let top = idx
+        .into_iter()
+        .map(|t| (t, logits[t as usize] - lse))
+        .collect();
     (LogSumExp(lse, logits.to_vec()), top)
 }
 
@@ -213,7 +224,10 @@ mod tests {
     use super::*;
 
     fn params(f: impl FnOnce(&mut SamplingParams)) -> SamplingParams {
-        let mut p = SamplingParams { seed: Some(1), ..Default::default() };
+        let mut p = SamplingParams {
+            seed: Some(1),
+            ..Default::default()
+        };
         f(&mut p);
         p
     }
@@ -229,7 +243,9 @@ mod tests {
         let logits: Vec<f32> = (0..500).map(|i| ((i * 37) % 101) as f32 / 30.0).collect();
         let run = |seed| {
             let mut s = Sampler::new(params(|p| p.seed = Some(seed)), &[]);
-            (0..40).map(|_| s.sample(&mut logits.clone()).token).collect::<Vec<_>>()
+            (0..40)
+                .map(|_| s.sample(&mut logits.clone()).token)
+                .collect::<Vec<_>>()
         };
         assert_eq!(run(11), run(11));
         assert_ne!(run(11), run(12));
@@ -248,7 +264,9 @@ mod tests {
             assert_eq!(s.sample(&mut logits.clone()).token, 0);
         }
         let mut s = Sampler::new(params(|p| p.top_p = 0.95), &[]);
-        let seen: HashSet<u32> = (0..2000).map(|_| s.sample(&mut logits.clone()).token).collect();
+        let seen: HashSet<u32> = (0..2000)
+            .map(|_| s.sample(&mut logits.clone()).token)
+            .collect();
         assert_eq!(seen, HashSet::from([0, 1, 2]));
     }
 
@@ -256,7 +274,9 @@ mod tests {
     fn min_p_drops_unlikely_tokens() {
         let logits = [5.0, 4.9, 0.0];
         let mut s = Sampler::new(params(|p| p.min_p = 0.5), &[]);
-        let seen: HashSet<u32> = (0..500).map(|_| s.sample(&mut logits.clone()).token).collect();
+        let seen: HashSet<u32> = (0..500)
+            .map(|_| s.sample(&mut logits.clone()).token)
+            .collect();
         assert_eq!(seen, HashSet::from([0, 1]));
     }
 

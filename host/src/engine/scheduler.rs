@@ -160,7 +160,9 @@ impl Scheduler {
             return step;
         }
         while self.running.len() < self.cfg.max_num_seqs && budget > 0 {
-            let Some(seq) = self.waiting.front() else { break };
+            let Some(seq) = self.waiting.front() else {
+                break;
+            };
             let hits = self.blocks.lookup_prefix(seq.cache_salt, &seq.tokens);
             let cached_tokens = hits.len() * self.blocks.block_size();
             let want = (seq.tokens.len() - cached_tokens).min(budget);
@@ -267,13 +269,31 @@ mod tests {
         let mut s = sched(16, 8, 64, false);
         s.add(Sequence::new(1, prompt(5, 0), 0));
         let step = run_step(&mut s);
-        assert_eq!(step.scheduled, vec![Scheduled { id: 1, start: 0, len: 5 }]);
+        assert_eq!(
+            step.scheduled,
+            vec![Scheduled {
+                id: 1,
+                start: 0,
+                len: 5
+            }]
+        );
         s.add(Sequence::new(2, prompt(3, 100), 0));
         let step = run_step(&mut s);
         // Sequence 1 decodes its sampled token while sequence 2 prefills, in one step.
         assert_eq!(
             step.scheduled,
-            vec![Scheduled { id: 1, start: 5, len: 1 }, Scheduled { id: 2, start: 0, len: 3 }]
+            vec![
+                Scheduled {
+                    id: 1,
+                    start: 5,
+                    len: 1
+                },
+                Scheduled {
+                    id: 2,
+                    start: 0,
+                    len: 3
+                }
+            ]
         );
     }
 
@@ -283,7 +303,11 @@ mod tests {
         s.add(Sequence::new(1, prompt(20, 0), 0));
         let lens: Vec<usize> = (0..3).map(|_| run_step(&mut s).scheduled[0].len).collect();
         assert_eq!(lens, vec![8, 8, 4]);
-        assert_eq!(s.running[0].generated(), &[7], "sampled only after the last chunk");
+        assert_eq!(
+            s.running[0].generated(),
+            &[7],
+            "sampled only after the last chunk"
+        );
     }
 
     #[test]
@@ -296,13 +320,21 @@ mod tests {
         assert_eq!(s.waiting.len(), 1);
 
         let mut s = Scheduler::new(
-            SchedulerConfig { max_num_seqs: 8, max_num_batched_tokens: 64, watermark_blocks: 2 },
+            SchedulerConfig {
+                max_num_seqs: 8,
+                max_num_batched_tokens: 64,
+                watermark_blocks: 2,
+            },
             BlockManager::new(4, 4, false),
         );
         s.add(Sequence::new(1, prompt(8, 0), 0));
         s.add(Sequence::new(2, prompt(4, 0), 0));
         let step = s.schedule();
-        assert_eq!(step.scheduled.len(), 1, "second would leave fewer than 2 free blocks");
+        assert_eq!(
+            step.scheduled.len(),
+            1,
+            "second would leave fewer than 2 free blocks"
+        );
     }
 
     #[test]
@@ -316,13 +348,31 @@ mod tests {
         assert_eq!(s.blocks.num_free(), 0);
         let step = run_step(&mut s);
         assert_eq!(step.preempted, vec![2]);
-        assert_eq!(step.scheduled, vec![Scheduled { id: 1, start: 8, len: 1 }]);
-        assert_eq!(s.waiting.front().unwrap().tokens.len(), 9, "generated token kept");
+        assert_eq!(
+            step.scheduled,
+            vec![Scheduled {
+                id: 1,
+                start: 8,
+                len: 1
+            }]
+        );
+        assert_eq!(
+            s.waiting.front().unwrap().tokens.len(),
+            9,
+            "generated token kept"
+        );
         assert_eq!(s.waiting.front().unwrap().num_computed, 0);
         // Once sequence 1 finishes, sequence 2 is recomputed from scratch, generated token too.
         s.remove(1);
         let step = run_step(&mut s);
-        assert_eq!(step.scheduled, vec![Scheduled { id: 2, start: 0, len: 9 }]);
+        assert_eq!(
+            step.scheduled,
+            vec![Scheduled {
+                id: 2,
+                start: 0,
+                len: 9
+            }]
+        );
     }
 
     #[test]
@@ -335,7 +385,10 @@ mod tests {
         assert_eq!(s.blocks.num_free(), 8);
         assert!(s.is_idle());
         s.add(Sequence::new(2, prompt(3, 0), 0));
-        assert!(s.remove(2).is_some(), "waiting sequences can be cancelled too");
+        assert!(
+            s.remove(2).is_some(),
+            "waiting sequences can be cancelled too"
+        );
     }
 
     #[test]
@@ -349,7 +402,11 @@ mod tests {
         let two = step.scheduled.iter().find(|x| x.id == 2).unwrap();
         let three = step.scheduled.iter().find(|x| x.id == 3).unwrap();
         assert_eq!((two.start, two.len), (8, 2), "two full blocks reused");
-        assert_eq!((three.start, three.len), (0, 10), "other salt shares nothing");
+        assert_eq!(
+            (three.start, three.len),
+            (0, 10),
+            "other salt shares nothing"
+        );
         let b1 = &s.running.iter().find(|x| x.id == 1).unwrap().blocks;
         let b2 = &s.running.iter().find(|x| x.id == 2).unwrap().blocks;
         assert_eq!(b1[..2], b2[..2]);

@@ -35,6 +35,14 @@ fn strings(v: &gguf_file::Value) -> Result<Vec<String>, ModelError> {
         .collect()
 }
 
+/// The tokenizer of a GGUF file, read from its metadata alone.
+pub fn from_gguf_file(path: &std::path::Path) -> Result<Tokenizer, ModelError> {
+    let mut f = std::fs::File::open(path).map_err(|e| ModelError::Io(path.into(), e))?;
+    let c = gguf_file::Content::read(&mut f)
+        .map_err(|e| ModelError::Format(format!("{}: {e}", path.display())))?;
+    from_gguf(&c)
+}
+
 pub fn from_gguf(c: &gguf_file::Content) -> Result<Tokenizer, ModelError> {
     let model = meta(c, "tokenizer.ggml.model")?.to_string()?.clone();
     if model != "gpt2" {
@@ -53,10 +61,18 @@ pub fn from_gguf(c: &gguf_file::Content) -> Result<Tokenizer, ModelError> {
         })
         .collect::<Result<Vec<_>, _>>()?;
     let types: Vec<i32> = match c.metadata.get("tokenizer.ggml.token_type") {
-        Some(v) => v.to_vec()?.iter().map(|x| x.to_i32()).collect::<Result<_, _>>()?,
+        Some(v) => v
+            .to_vec()?
+            .iter()
+            .map(|x| x.to_i32())
+            .collect::<Result<_, _>>()?,
         None => vec![1; tokens.len()],
     };
-    let vocab: Vocab = tokens.iter().enumerate().map(|(i, t)| (t.clone(), i as u32)).collect();
+    let vocab: Vocab = tokens
+        .iter()
+        .enumerate()
+        .map(|(i, t)| (t.clone(), i as u32))
+        .collect();
     let bpe = BPE::builder()
         .vocab_and_merges(vocab, merges)
         .build()
@@ -75,16 +91,21 @@ pub fn from_gguf(c: &gguf_file::Content) -> Result<Tokenizer, ModelError> {
         .filter(|(_, &t)| t == TOKEN_TYPE_CONTROL || t == TOKEN_TYPE_USER_DEFINED)
         .map(|(s, _)| AddedToken::from(s.clone(), true))
         .collect();
-    tok.add_special_tokens(specials).map_err(|e| ModelError::Tokenizer(e.to_string()))?;
+    tok.add_special_tokens(specials)
+        .map_err(|e| ModelError::Tokenizer(e.to_string()))?;
     Ok(tok)
 }
 
 fn pre_tokenizer(name: &str) -> Result<Sequence, ModelError> {
     let byte_level = |regex| PreTokenizerWrapper::from(ByteLevel::new(false, true, regex));
     let split = |re: &str| -> Result<PreTokenizerWrapper, ModelError> {
-        Ok(Split::new(SplitPattern::Regex(re.into()), SplitDelimiterBehavior::Isolated, false)
-            .map_err(|e| ModelError::Tokenizer(e.to_string()))?
-            .into())
+        Ok(Split::new(
+            SplitPattern::Regex(re.into()),
+            SplitDelimiterBehavior::Isolated,
+            false,
+        )
+        .map_err(|e| ModelError::Tokenizer(e.to_string()))?
+        .into())
     };
     let steps = match name {
         "smollm" => vec![Digits::new(true).into(), byte_level(true)],
@@ -92,7 +113,10 @@ fn pre_tokenizer(name: &str) -> Result<Sequence, ModelError> {
         "qwen2" | "deepseek-r1-qwen" => vec![split(QWEN2_SPLIT)?, byte_level(false)],
         "default" | "gpt-2" | "gpt2" => vec![byte_level(true)],
         other => {
-            tracing::warn!(pre = other, "unknown GGUF pre-tokenizer; using the GPT-2 split");
+            tracing::warn!(
+                pre = other,
+                "unknown GGUF pre-tokenizer; using the GPT-2 split"
+            );
             vec![byte_level(true)]
         }
     };

@@ -30,7 +30,14 @@ pub struct LoadedModel {
 }
 
 /// End-of-turn tokens of common chat formats; any present in the vocabulary stop generation.
-const END_OF_TURN: &[&str] = &["<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end|>", "</s>", "<end_of_turn>"];
+const END_OF_TURN: &[&str] = &[
+    "<|im_end|>",
+    "<|endoftext|>",
+    "<|eot_id|>",
+    "<|end|>",
+    "</s>",
+    "<end_of_turn>",
+];
 
 pub fn load(path: &Path) -> Result<LoadedModel, ModelError> {
     if path.is_dir() {
@@ -61,18 +68,32 @@ fn token_text(tok: &Tokenizer, id: Option<u32>) -> String {
 
 fn load_gguf(path: &Path) -> Result<LoadedModel, ModelError> {
     let mut file = File::open(path).map_err(|e| ModelError::Io(path.into(), e))?;
-    let c = gguf_file::Content::read(&mut file).map_err(|e| ModelError::Format(format!("{}: {e}", path.display())))?;
+    let c = gguf_file::Content::read(&mut file)
+        .map_err(|e| ModelError::Format(format!("{}: {e}", path.display())))?;
     let md = |k: &str| c.metadata.get(k);
-    let arch = md("general.architecture").and_then(|v| v.to_string().ok()).cloned().unwrap_or_default();
+    let arch = md("general.architecture")
+        .and_then(|v| v.to_string().ok())
+        .cloned()
+        .unwrap_or_default();
     let rope_style = match arch.as_str() {
         "llama" | "mistral" => RopeStyle::Interleaved,
         "qwen2" => RopeStyle::Neox,
-        other => return Err(ModelError::Format(format!("GGUF architecture {other:?} is not a supported llama-family decoder"))),
+        other => {
+            return Err(ModelError::Format(format!(
+                "GGUF architecture {other:?} is not a supported llama-family decoder"
+            )))
+        }
     };
     let u = |k: &str| -> Result<usize, ModelError> {
-        Ok(md(&format!("{arch}.{k}")).ok_or_else(|| ModelError::Format(format!("GGUF metadata has no {arch}.{k}")))?.to_u32()? as usize)
+        Ok(md(&format!("{arch}.{k}"))
+            .ok_or_else(|| ModelError::Format(format!("GGUF metadata has no {arch}.{k}")))?
+            .to_u32()? as usize)
     };
-    let f = |k: &str, default: f32| md(&format!("{arch}.{k}")).and_then(|v| v.to_f32().ok()).unwrap_or(default);
+    let f = |k: &str, default: f32| {
+        md(&format!("{arch}.{k}"))
+            .and_then(|v| v.to_f32().ok())
+            .unwrap_or(default)
+    };
     let num_heads = u("attention.head_count")?;
     let hidden = u("embedding_length")?;
     let tok = tokenizer::from_gguf(&c)?;
@@ -90,12 +111,21 @@ fn load_gguf(path: &Path) -> Result<LoadedModel, ModelError> {
         context_length: u("context_length")?,
     };
     let dev = Device::Cpu;
-    let mut qt = |name: &str| c.tensor(&mut file, name, &dev).map_err(|e| ModelError::Format(format!("tensor {name}: {e}")));
-    let vec_f32 = |t: QTensor| -> Result<Vec<f32>, ModelError> { Ok(t.dequantize(&dev)?.flatten_all()?.to_vec1()?) };
+    let mut qt = |name: &str| {
+        c.tensor(&mut file, name, &dev)
+            .map_err(|e| ModelError::Format(format!("tensor {name}: {e}")))
+    };
+    let vec_f32 = |t: QTensor| -> Result<Vec<f32>, ModelError> {
+        Ok(t.dequantize(&dev)?.flatten_all()?.to_vec1()?)
+    };
     let mut layers = Vec::with_capacity(shape.num_layers);
     for i in 0..shape.num_layers {
         let p = format!("blk.{i}");
-        let qkv = fuse(vec![qt(&format!("{p}.attn_q.weight"))?, qt(&format!("{p}.attn_k.weight"))?, qt(&format!("{p}.attn_v.weight"))?])?;
+        let qkv = fuse(vec![
+            qt(&format!("{p}.attn_q.weight"))?,
+            qt(&format!("{p}.attn_k.weight"))?,
+            qt(&format!("{p}.attn_v.weight"))?,
+        ])?;
         let qkv_bias = match c.tensor_infos.contains_key(&format!("{p}.attn_q.bias")) {
             true => {
                 let mut b = vec_f32(qt(&format!("{p}.attn_q.bias"))?)?;
@@ -111,14 +141,22 @@ fn load_gguf(path: &Path) -> Result<LoadedModel, ModelError> {
             qkv_bias,
             o: linear(qt(&format!("{p}.attn_output.weight"))?)?,
             ffn_norm: vec_f32(qt(&format!("{p}.ffn_norm.weight"))?)?,
-            gate_up: fuse(vec![qt(&format!("{p}.ffn_gate.weight"))?, qt(&format!("{p}.ffn_up.weight"))?])?,
+            gate_up: fuse(vec![
+                qt(&format!("{p}.ffn_gate.weight"))?,
+                qt(&format!("{p}.ffn_up.weight"))?,
+            ])?,
             down: linear(qt(&format!("{p}.ffn_down.weight"))?)?,
         });
     }
     let embed_t = qt("token_embd.weight")?;
-    let (embed, lm_head) = match (c.tensor_infos.contains_key("output.weight"), QuantMatrix::from_qtensor(&embed_t)) {
+    let (embed, lm_head) = match (
+        c.tensor_infos.contains_key("output.weight"),
+        QuantMatrix::from_qtensor(&embed_t),
+    ) {
         (true, native) => {
-            let embed = native.map_or(Embedding::Quantized(embed_t), |m| Embedding::Native(Arc::new(m)));
+            let embed = native.map_or(Embedding::Quantized(embed_t), |m| {
+                Embedding::Native(Arc::new(m))
+            });
             (embed, linear(qt("output.weight")?)?)
         }
         // Tied embeddings: the quantized embedding table doubles as the output projection.
@@ -127,14 +165,25 @@ fn load_gguf(path: &Path) -> Result<LoadedModel, ModelError> {
             (Embedding::Native(m.clone()), Linear::Native(m))
         }
         (false, None) => {
-            let head = QTensor::new(QStorage::from_data(embed_t.data()?, &dev, embed_t.dtype())?, embed_t.shape())?;
-            (Embedding::Quantized(embed_t), Linear::Quantized(QMatMul::from_qtensor(head)?))
+            let head = QTensor::new(
+                QStorage::from_data(embed_t.data()?, &dev, embed_t.dtype())?,
+                embed_t.shape(),
+            )?;
+            (
+                Embedding::Quantized(embed_t),
+                Linear::Quantized(QMatMul::from_qtensor(head)?),
+            )
         }
     };
     let norm = vec_f32(qt("output_norm.weight")?)?;
-    let template_src = md("tokenizer.chat_template").and_then(|v| v.to_string().ok()).cloned();
+    let template_src = md("tokenizer.chat_template")
+        .and_then(|v| v.to_string().ok())
+        .cloned();
     let id = |k: &str| md(k).and_then(|v| v.to_u32().ok());
-    let (bos, eos) = (id("tokenizer.ggml.bos_token_id"), id("tokenizer.ggml.eos_token_id"));
+    let (bos, eos) = (
+        id("tokenizer.ggml.bos_token_id"),
+        id("tokenizer.ggml.eos_token_id"),
+    );
     let template = ChatTemplate::new(template_src, token_text(&tok, bos), token_text(&tok, eos))?;
     Ok(LoadedModel {
         model: Model::new(shape, embed, layers, norm, lm_head, dev),
@@ -142,7 +191,9 @@ fn load_gguf(path: &Path) -> Result<LoadedModel, ModelError> {
         tokenizer: tok,
         template,
         bos,
-        add_bos: md("tokenizer.ggml.add_bos_token").and_then(|v| v.to_bool().ok()).unwrap_or(false),
+        add_bos: md("tokenizer.ggml.add_bos_token")
+            .and_then(|v| v.to_bool().ok())
+            .unwrap_or(false),
     })
 }
 
@@ -170,10 +221,16 @@ fn fuse(parts: Vec<QTensor>) -> Result<Linear, ModelError> {
         for p in &parts {
             bytes.extend_from_slice(&p.data()?);
         }
-        let t = QTensor::new(QStorage::from_data(Cow::Owned(bytes), &dev, dtype)?, (rows, cols))?;
+        let t = QTensor::new(
+            QStorage::from_data(Cow::Owned(bytes), &dev, dtype)?,
+            (rows, cols),
+        )?;
         return Ok(Linear::Quantized(QMatMul::from_qtensor(t)?));
     }
-    let dense = parts.iter().map(|p| p.dequantize(&dev)).collect::<Result<Vec<_>, _>>()?;
+    let dense = parts
+        .iter()
+        .map(|p| p.dequantize(&dev))
+        .collect::<Result<Vec<_>, _>>()?;
     Ok(Linear::Dense(Tensor::cat(&dense, 0)?))
 }
 
@@ -208,7 +265,11 @@ struct HfTokenizerConfig {
 fn token_string(v: &Option<serde_json::Value>) -> String {
     match v {
         Some(serde_json::Value::String(s)) => s.clone(),
-        Some(serde_json::Value::Object(o)) => o.get("content").and_then(|c| c.as_str()).unwrap_or_default().into(),
+        Some(serde_json::Value::Object(o)) => o
+            .get("content")
+            .and_then(|c| c.as_str())
+            .unwrap_or_default()
+            .into(),
         _ => String::new(),
     }
 }
@@ -222,10 +283,15 @@ fn load_hf(dir: &Path) -> Result<LoadedModel, ModelError> {
     let cfg: HfConfig = read_json(&dir.join("config.json"))?;
     let rope_style = match cfg.model_type.as_deref() {
         Some("llama" | "mistral" | "qwen2") | None => RopeStyle::Neox,
-        Some(other) => return Err(ModelError::Format(format!("model_type {other:?} is not a supported llama-family decoder"))),
+        Some(other) => {
+            return Err(ModelError::Format(format!(
+                "model_type {other:?} is not a supported llama-family decoder"
+            )))
+        }
     };
     let tok_path = dir.join("tokenizer.json");
-    let tok = Tokenizer::from_file(&tok_path).map_err(|e| ModelError::Tokenizer(format!("{}: {e}", tok_path.display())))?;
+    let tok = Tokenizer::from_file(&tok_path)
+        .map_err(|e| ModelError::Tokenizer(format!("{}: {e}", tok_path.display())))?;
     let tcfg: HfTokenizerConfig = match dir.join("tokenizer_config.json") {
         p if p.exists() => read_json(&p)?,
         _ => HfTokenizerConfig::default(),
@@ -237,12 +303,17 @@ fn load_hf(dir: &Path) -> Result<LoadedModel, ModelError> {
         .collect();
     files.sort();
     if files.is_empty() {
-        return Err(ModelError::Format(format!("{}: no *.safetensors files", dir.display())));
+        return Err(ModelError::Format(format!(
+            "{}: no *.safetensors files",
+            dir.display()
+        )));
     }
     // SAFETY: the weights are mapped read-only; the files must not change while serving.
     let st = unsafe { MmapedSafetensors::multi(&files)? };
     let dev = Device::Cpu;
-    let get = |name: &str| -> Result<Tensor, ModelError> { Ok(st.load(name, &dev)?.to_dtype(DType::F32)?) };
+    let get = |name: &str| -> Result<Tensor, ModelError> {
+        Ok(st.load(name, &dev)?.to_dtype(DType::F32)?)
+    };
     let has = |name: &str| st.get(name).is_ok();
     let vec_f32 = |name: &str| -> Result<Vec<f32>, ModelError> { Ok(get(name)?.to_vec1()?) };
     let num_heads = cfg.num_attention_heads;
@@ -264,7 +335,14 @@ fn load_hf(dir: &Path) -> Result<LoadedModel, ModelError> {
     for i in 0..shape.num_layers {
         let p = format!("model.layers.{i}");
         let w = |n: &str| get(&format!("{p}.{n}.weight"));
-        let qkv = Tensor::cat(&[w("self_attn.q_proj")?, w("self_attn.k_proj")?, w("self_attn.v_proj")?], 0)?;
+        let qkv = Tensor::cat(
+            &[
+                w("self_attn.q_proj")?,
+                w("self_attn.k_proj")?,
+                w("self_attn.v_proj")?,
+            ],
+            0,
+        )?;
         let qkv_bias = match has(&format!("{p}.self_attn.q_proj.bias")) {
             true => Some(
                 ["q", "k", "v"]
@@ -286,11 +364,23 @@ fn load_hf(dir: &Path) -> Result<LoadedModel, ModelError> {
         });
     }
     let embed = get("model.embed_tokens.weight")?;
-    let lm_head = if !cfg.tie_word_embeddings && has("lm_head.weight") { get("lm_head.weight")? } else { embed.clone() };
+    let lm_head = if !cfg.tie_word_embeddings && has("lm_head.weight") {
+        get("lm_head.weight")?
+    } else {
+        embed.clone()
+    };
     let eos: Vec<u32> = match &cfg.eos_token_id {
-        Some(serde_json::Value::Number(n)) => n.as_u64().map(|n| vec![n as u32]).unwrap_or_default(),
-        Some(serde_json::Value::Array(a)) => a.iter().filter_map(|x| x.as_u64().map(|n| n as u32)).collect(),
-        _ => tok.token_to_id(&token_string(&tcfg.eos_token)).into_iter().collect(),
+        Some(serde_json::Value::Number(n)) => {
+            n.as_u64().map(|n| vec![n as u32]).unwrap_or_default()
+        }
+        Some(serde_json::Value::Array(a)) => a
+            .iter()
+            .filter_map(|x| x.as_u64().map(|n| n as u32))
+            .collect(),
+        _ => tok
+            .token_to_id(&token_string(&tcfg.eos_token))
+            .into_iter()
+            .collect(),
     };
     let template_src = match &tcfg.chat_template {
         Some(serde_json::Value::String(s)) => Some(s.clone()),
@@ -301,10 +391,21 @@ fn load_hf(dir: &Path) -> Result<LoadedModel, ModelError> {
             .and_then(|t| t.get("template").and_then(|s| s.as_str()).map(String::from)),
         _ => None,
     };
-    let template = ChatTemplate::new(template_src, token_string(&tcfg.bos_token), token_string(&tcfg.eos_token))?;
+    let template = ChatTemplate::new(
+        template_src,
+        token_string(&tcfg.bos_token),
+        token_string(&tcfg.eos_token),
+    )?;
     let norm = vec_f32("model.norm.weight")?;
     Ok(LoadedModel {
-        model: Model::new(shape, Embedding::Dense(embed), layers, norm, Linear::Dense(lm_head), dev),
+        model: Model::new(
+            shape,
+            Embedding::Dense(embed),
+            layers,
+            norm,
+            Linear::Dense(lm_head),
+            dev,
+        ),
         stop_ids: stop_ids(&tok, &eos),
         tokenizer: tok,
         template,

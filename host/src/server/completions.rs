@@ -39,74 +39,133 @@ pub async fn chat(state: &AppState, body: &[u8]) -> Result<Response, ApiError> {
     let req: ChatCompletionRequest = serde_json::from_slice(body)?;
     let engine = state.engine(&req.model)?;
     if req.messages.is_empty() {
-        return Err(ApiError::invalid("messages", "`messages` must contain at least one message."));
+        return Err(ApiError::invalid(
+            "messages",
+            "`messages` must contain at least one message.",
+        ));
     }
-    let messages = req.messages.into_iter().map(message).collect::<Result<Vec<_>, _>>()?;
+    let messages = req
+        .messages
+        .into_iter()
+        .map(message)
+        .collect::<Result<Vec<_>, _>>()?;
     let logprobs = match (req.logprobs, req.top_logprobs) {
-        (false, Some(_)) => return Err(ApiError::invalid("top_logprobs", "`top_logprobs` requires `logprobs` to be true.")),
+        (false, Some(_)) => {
+            return Err(ApiError::invalid(
+                "top_logprobs",
+                "`top_logprobs` requires `logprobs` to be true.",
+            ))
+        }
         (true, Some(k)) if k > MAX_TOP_LOGPROBS => {
-            return Err(ApiError::invalid("top_logprobs", format!("`top_logprobs` must be at most {MAX_TOP_LOGPROBS}.")))
+            return Err(ApiError::invalid(
+                "top_logprobs",
+                format!("`top_logprobs` must be at most {MAX_TOP_LOGPROBS}."),
+            ))
         }
         (true, k) => Some(k.unwrap_or(0)),
         (false, None) => None,
     };
-    let gen = validation::generation(req.sampling, req.max_completion_tokens.or(req.max_tokens), logprobs)?;
-    let text = engine
-        .template
-        .render(&messages, true)
-        .map_err(|e| ApiError::invalid("messages", format!("The model's chat template rejected the messages: {e}")))?;
+    let gen = validation::generation(
+        req.sampling,
+        req.max_completion_tokens.or(req.max_tokens),
+        logprobs,
+    )?;
+    let text = engine.template.render(&messages, true).map_err(|e| {
+        ApiError::invalid(
+            "messages",
+            format!("The model's chat template rejected the messages: {e}"),
+        )
+    })?;
     // The template already wrote any BOS it wants.
-    let prompt = engine.encode(&text, false).map_err(|e| ApiError::invalid("messages", e.to_string()))?;
+    let prompt = engine
+        .encode(&text, false)
+        .map_err(|e| ApiError::invalid("messages", e.to_string()))?;
     let reqs = gen.requests(&engine, prompt, "messages")?;
     let streams = submit(&engine, vec![reqs])?;
-    Reply::new(Kind::Chat, "chatcmpl", req.model, engine, &gen, None).run(streams, gen.stream).await
+    Reply::new(Kind::Chat, "chatcmpl", req.model, engine, &gen, None)
+        .run(streams, gen.stream)
+        .await
 }
 
 pub async fn completion(state: &AppState, body: &[u8]) -> Result<Response, ApiError> {
     let req: CompletionRequest = serde_json::from_slice(body)?;
     let engine = state.engine(&req.model)?;
     if req.suffix.is_some() {
-        return Err(ApiError::invalid("suffix", "`suffix` is not supported by this model."));
+        return Err(ApiError::invalid(
+            "suffix",
+            "`suffix` is not supported by this model.",
+        ));
     }
-    if req.best_of.is_some_and(|b| b != req.sampling.n.unwrap_or(1)) {
-        return Err(ApiError::invalid("best_of", "`best_of` different from `n` is not supported."));
+    if req
+        .best_of
+        .is_some_and(|b| b != req.sampling.n.unwrap_or(1))
+    {
+        return Err(ApiError::invalid(
+            "best_of",
+            "`best_of` different from `n` is not supported.",
+        ));
     }
     if let Some(k) = req.logprobs.filter(|&k| k > 5) {
-        return Err(ApiError::invalid("logprobs", format!("`logprobs` must be at most 5, got {k}.")));
+        return Err(ApiError::invalid(
+            "logprobs",
+            format!("`logprobs` must be at most 5, got {k}."),
+        ));
     }
     if req.echo && req.logprobs.is_some() {
-        return Err(ApiError::invalid("echo", "`echo` together with `logprobs` is not supported."));
+        return Err(ApiError::invalid(
+            "echo",
+            "`echo` together with `logprobs` is not supported.",
+        ));
     }
-    let gen = validation::generation(req.sampling, Some(req.max_tokens.unwrap_or(16)), req.logprobs)?;
+    let gen = validation::generation(
+        req.sampling,
+        Some(req.max_tokens.unwrap_or(16)),
+        req.logprobs,
+    )?;
     let prompts: Vec<Vec<u32>> = match req.prompt {
         Prompt::Text(t) => vec![encode(&engine, &t)?],
-        Prompt::Texts(ts) => ts.iter().map(|t| encode(&engine, t)).collect::<Result<_, _>>()?,
+        Prompt::Texts(ts) => ts
+            .iter()
+            .map(|t| encode(&engine, t))
+            .collect::<Result<_, _>>()?,
         Prompt::Tokens(ids) => vec![ids],
         Prompt::TokenLists(l) => l,
     };
     if prompts.is_empty() {
         return Err(ApiError::invalid("prompt", "`prompt` must not be empty."));
     }
-    let echo = req.echo.then(|| prompts.iter().map(|p| engine.tokenizer.decode(p, false).unwrap_or_default()).collect());
-    let reqs = prompts.into_iter().map(|p| gen.requests(&engine, p, "prompt")).collect::<Result<Vec<_>, _>>()?;
+    let echo = req.echo.then(|| {
+        prompts
+            .iter()
+            .map(|p| engine.tokenizer.decode(p, false).unwrap_or_default())
+            .collect()
+    });
+    let reqs = prompts
+        .into_iter()
+        .map(|p| gen.requests(&engine, p, "prompt"))
+        .collect::<Result<Vec<_>, _>>()?;
     let streams = submit(&engine, reqs)?;
-    Reply::new(Kind::Completion, "cmpl", req.model, engine, &gen, echo).run(streams, gen.stream).await
+    Reply::new(Kind::Completion, "cmpl", req.model, engine, &gen, echo)
+        .run(streams, gen.stream)
+        .await
 }
 
 fn encode(engine: &Engine, text: &str) -> Result<Vec<u32>, ApiError> {
-    engine.encode(text, true).map_err(|e| ApiError::invalid("prompt", e.to_string()))
+    engine
+        .encode(text, true)
+        .map_err(|e| ApiError::invalid("prompt", e.to_string()))
 }
 
 fn message(m: ChatMessageIn) -> Result<ChatMessage, ApiError> {
     let role = match m.role.as_str() {
         "system" | "user" | "assistant" | "tool" => m.role,
         "developer" => "system".into(),
-        other => {
-            return Err(ApiError::invalid(
-                "messages",
-                format!("Unknown message role {other:?}; use system, developer, user, assistant or tool."),
-            ))
-        }
+        other => return Err(ApiError::invalid(
+            "messages",
+            format!(
+                "Unknown message role {other:?}; use system, developer, user, assistant or tool."
+            ),
+        )),
     };
     let content = match m.content {
         None => String::new(),
@@ -117,25 +176,37 @@ fn message(m: ChatMessageIn) -> Result<ChatMessage, ApiError> {
                 match (p.kind.as_str(), p.text) {
                     ("text", Some(t)) => s.push_str(&t),
                     (kind, _) => {
-                        return Err(ApiError::invalid("messages", format!("Content parts of type {kind:?} are not supported; send text.")))
+                        return Err(ApiError::invalid(
+                            "messages",
+                            format!("Content parts of type {kind:?} are not supported; send text."),
+                        ))
                     }
                 }
             }
             s
         }
     };
-    Ok(ChatMessage { role, content, name: m.name })
+    Ok(ChatMessage {
+        role,
+        content,
+        name: m.name,
+    })
 }
 
 /// Submits every choice of every prompt, in choice-index order. Nothing is left running if one
 /// submission fails: the streams already made are dropped, which cancels them.
-fn submit(engine: &Engine, per_prompt: Vec<Vec<crate::engine::GenerationRequest>>) -> Result<Vec<EventStream>, ApiError> {
+fn submit(
+    engine: &Engine,
+    per_prompt: Vec<Vec<crate::engine::GenerationRequest>>,
+) -> Result<Vec<EventStream>, ApiError> {
     per_prompt
         .into_iter()
         .flatten()
         .map(|r| {
             engine.submit(r).map_err(|e| match e {
-                SubmitError::QueueFull(_) => ApiError::overloaded(format!("The server is overloaded: {e}")),
+                SubmitError::QueueFull(_) => {
+                    ApiError::overloaded(format!("The server is overloaded: {e}"))
+                }
                 SubmitError::Stopped => ApiError::internal(e.to_string()),
             })
         })
@@ -151,8 +222,17 @@ struct Choice {
 }
 
 impl Reply {
-    fn new(kind: Kind, prefix: &str, model: String, engine: Arc<Engine>, gen: &Generation, echo: Option<Vec<String>>) -> Self {
-        let created = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    fn new(
+        kind: Kind,
+        prefix: &str,
+        model: String,
+        engine: Arc<Engine>,
+        gen: &Generation,
+        echo: Option<Vec<String>>,
+    ) -> Self {
+        let created = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
         Self {
             kind,
             id: format!("{prefix}-{:032x}", rand::random::<u128>()),
@@ -252,12 +332,17 @@ impl Reply {
             prompt_tokens: prompt,
             completion_tokens: completion,
             total_tokens: prompt + completion,
-            prompt_tokens_details: CachedTokens { cached_tokens: cached },
+            prompt_tokens_details: CachedTokens {
+                cached_tokens: cached,
+            },
         }
     }
 
     fn token_str(&self, id: u32) -> String {
-        self.engine.tokenizer.decode(&[id], false).unwrap_or_default()
+        self.engine
+            .tokenizer
+            .decode(&[id], false)
+            .unwrap_or_default()
     }
 
     /// Logprobs in the endpoint's own shape; `text_start` is where these tokens' text begins.
@@ -269,7 +354,11 @@ impl Reply {
             Kind::Chat => {
                 let top = |(id, lp): &(u32, f32)| {
                     let t = self.token_str(*id);
-                    TopLogprob { bytes: t.clone().into_bytes(), token: t, logprob: *lp }
+                    TopLogprob {
+                        bytes: t.clone().into_bytes(),
+                        token: t,
+                        logprob: *lp,
+                    }
                 };
                 let content: Vec<ChatTokenLogprob> = tokens
                     .iter()
@@ -287,14 +376,20 @@ impl Reply {
             }
             Kind::Completion => {
                 let mut out = CompletionLogprobs::default();
-                let mut offset = text_start.saturating_sub(tokens.iter().map(|(id, _)| self.token_str(*id).len()).sum());
+                let mut offset = text_start
+                    .saturating_sub(tokens.iter().map(|(id, _)| self.token_str(*id).len()).sum());
                 for (id, l) in tokens {
                     let t = self.token_str(*id);
                     out.text_offset.push(offset);
                     offset += t.len();
                     out.tokens.push(t);
                     out.token_logprobs.push(l.logprob);
-                    out.top_logprobs.push(l.top.iter().map(|(tid, lp)| (self.token_str(*tid), json!(lp))).collect());
+                    out.top_logprobs.push(
+                        l.top
+                            .iter()
+                            .map(|(tid, lp)| (self.token_str(*tid), json!(lp)))
+                            .collect(),
+                    );
                 }
                 serde_json::to_value(out).expect("plain struct")
             }
@@ -320,7 +415,9 @@ impl Reply {
         };
         let total = streams.len();
         let mut merged = stream::select_all(streams.into_iter().enumerate().map(|(i, s)| {
-            stream::unfold(s, |mut s| async move { s.recv().await.map(|e| (e, s)) }).map(move |e| (i, e)).boxed()
+            stream::unfold(s, |mut s| async move { s.recv().await.map(|e| (e, s)) })
+                .map(move |e| (i, e))
+                .boxed()
         }));
         if self.kind == Kind::Chat {
             for i in 0..total {
@@ -338,21 +435,30 @@ impl Reply {
                         continue;
                     }
                     text_len[i] += text.len();
-                    let lp = logprobs.map_or(Value::Null, |l| self.logprobs(&[(id, l)], text_len[i]));
+                    let lp =
+                        logprobs.map_or(Value::Null, |l| self.logprobs(&[(id, l)], text_len[i]));
                     let mut text = text;
                     if let (Some(p), true) = (&self.echo, text_len[i] == text.len()) {
                         text = format!("{}{text}", p[i / self.n]);
                     }
                     match self.kind {
-                        Kind::Chat => json!({"index": i, "delta": {"content": text}, "logprobs": lp, "finish_reason": null}),
-                        Kind::Completion => json!({"index": i, "text": text, "logprobs": lp, "finish_reason": null}),
+                        Kind::Chat => {
+                            json!({"index": i, "delta": {"content": text}, "logprobs": lp, "finish_reason": null})
+                        }
+                        Kind::Completion => {
+                            json!({"index": i, "text": text, "logprobs": lp, "finish_reason": null})
+                        }
                     }
                 }
                 Event::Done(u, f) => {
                     usages.insert(i, u);
                     match self.kind {
-                        Kind::Chat => json!({"index": i, "delta": {}, "logprobs": null, "finish_reason": f.as_str()}),
-                        Kind::Completion => json!({"index": i, "text": "", "logprobs": null, "finish_reason": f.as_str()}),
+                        Kind::Chat => {
+                            json!({"index": i, "delta": {}, "logprobs": null, "finish_reason": f.as_str()})
+                        }
+                        Kind::Completion => {
+                            json!({"index": i, "text": "", "logprobs": null, "finish_reason": f.as_str()})
+                        }
                     }
                 }
                 Event::Failed(m) => {
@@ -367,7 +473,8 @@ impl Reply {
         if self.include_usage {
             let mut c = self.envelope(true);
             c["choices"] = json!([]);
-            c["usage"] = serde_json::to_value(self.usage(usages.iter().map(|(i, u)| (*i, u)))).expect("plain struct");
+            c["usage"] = serde_json::to_value(self.usage(usages.iter().map(|(i, u)| (*i, u))))
+                .expect("plain struct");
             if !send(&c).await {
                 return;
             }

@@ -29,7 +29,10 @@ impl ApiError {
         Self {
             status: StatusCode::NOT_FOUND,
             kind: "invalid_request_error",
-            message: format!("The model `{model}` does not exist. Available models: {}.", available.join(", ")),
+            message: format!(
+                "The model `{model}` does not exist. Available models: {}.",
+                available.join(", ")
+            ),
             param: Some("model".into()),
             code: Some("model_not_found"),
         }
@@ -39,7 +42,9 @@ impl ApiError {
         Self {
             status: StatusCode::NOT_FOUND,
             kind: "invalid_request_error",
-            message: format!("Unknown route {path}. See /v1/models, /v1/chat/completions, /v1/completions."),
+            message: format!(
+                "Unknown route {path}. See /v1/models, /v1/chat/completions, /v1/completions."
+            ),
             param: None,
             code: Some("unknown_url"),
         }
@@ -59,7 +64,9 @@ impl ApiError {
         Self {
             status: StatusCode::PAYLOAD_TOO_LARGE,
             kind: "invalid_request_error",
-            message: format!("Request body is larger than the {limit}-byte limit; send a smaller body."),
+            message: format!(
+                "Request body is larger than the {limit}-byte limit; send a smaller body."
+            ),
             param: None,
             code: Some("request_too_large"),
         }

@@ -40,10 +40,9 @@ pub struct AppState {
 
 impl AppState {
     pub fn engine(&self, model: &str) -> Result<Arc<Engine>, ApiError> {
-        self.engines
-            .get(model)
-            .cloned()
-            .ok_or_else(|| ApiError::model_not_found(model, &self.engines.keys().cloned().collect::<Vec<_>>()))
+        self.engines.get(model).cloned().ok_or_else(|| {
+            ApiError::model_not_found(model, &self.engines.keys().cloned().collect::<Vec<_>>())
+        })
     }
 }
 
@@ -64,7 +63,9 @@ fn text_response(content_type: &'static str, text: String) -> Response {
 
 /// Server-sent events from a channel of already framed `data: ...\n\n` chunks.
 pub fn sse_response(rx: mpsc::Receiver<Bytes>) -> Response {
-    let frames = futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|b| (Ok(Frame::data(b)), rx)) });
+    let frames = futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|b| (Ok(Frame::data(b)), rx))
+    });
     http::Response::builder()
         .header(header::CONTENT_TYPE, "text/event-stream")
         .header(header::CACHE_CONTROL, "no-cache")
@@ -79,7 +80,11 @@ impl From<&ApiError> for Response {
 }
 
 async fn read_body(req: http::Request<Incoming>, limit: usize) -> Result<Bytes, ApiError> {
-    if let Some(len) = req.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<usize>().ok()) {
+    if let Some(len) = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<usize>().ok())
+    {
         if len > limit {
             return Err(ApiError::too_large(limit));
         }
@@ -87,7 +92,10 @@ async fn read_body(req: http::Request<Incoming>, limit: usize) -> Result<Bytes, 
     match Limited::new(req.into_body(), limit).collect().await {
         Ok(b) => Ok(b.to_bytes()),
         Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(ApiError::too_large(limit)),
-        Err(e) => Err(ApiError::invalid(None, format!("Could not read the request body: {e}"))),
+        Err(e) => Err(ApiError::invalid(
+            None,
+            format!("Could not read the request body: {e}"),
+        )),
     }
 }
 
@@ -105,16 +113,30 @@ async fn route(state: Arc<AppState>, req: http::Request<Incoming>) -> Result<Res
             }
         }
         "/v1/models" if method == Method::GET => {
-            let data: Vec<_> = state.engines.values().map(|e| model_card(&state, e)).collect();
-            Ok(json_response(StatusCode::OK, &json!({"object": "list", "data": data})))
+            let data: Vec<_> = state
+                .engines
+                .values()
+                .map(|e| model_card(&state, e))
+                .collect();
+            Ok(json_response(
+                StatusCode::OK,
+                &json!({"object": "list", "data": data}),
+            ))
         }
         p if p.starts_with("/v1/models/") && method == Method::GET => {
             let engine = state.engine(&p["/v1/models/".len()..])?;
             Ok(json_response(StatusCode::OK, &model_card(&state, &engine)))
         }
-        "/health" if method == Method::GET => Ok(json_response(StatusCode::OK, &json!({"status": "ok"}))),
-        "/metrics" if method == Method::GET => Ok(text_response("text/plain; version=0.0.4", state.metrics.render())),
-        "/v1/chat/completions" | "/v1/completions" | "/v1/models" | "/health" | "/metrics" => Err(ApiError::method_not_allowed(&method, &path)),
+        "/health" if method == Method::GET => {
+            Ok(json_response(StatusCode::OK, &json!({"status": "ok"})))
+        }
+        "/metrics" if method == Method::GET => Ok(text_response(
+            "text/plain; version=0.0.4",
+            state.metrics.render(),
+        )),
+        "/v1/chat/completions" | "/v1/completions" | "/v1/models" | "/health" | "/metrics" => {
+            Err(ApiError::method_not_allowed(&method, &path))
+        }
         _ => Err(ApiError::not_found(&path)),
     }
 }
@@ -142,7 +164,10 @@ fn route_label(path: &str) -> &'static str {
     }
 }
 
-async fn handle(state: Arc<AppState>, req: http::Request<Incoming>) -> Result<Response, Infallible> {
+async fn handle(
+    state: Arc<AppState>,
+    req: http::Request<Incoming>,
+) -> Result<Response, Infallible> {
     let start = Instant::now();
     let label = route_label(req.uri().path());
     let resp = match route(state.clone(), req).await {
@@ -154,8 +179,15 @@ async fn handle(state: Arc<AppState>, req: http::Request<Incoming>) -> Result<Re
             Response::from(&e)
         }
     };
-    state.metrics.http_requests.with_label_values(&[label, resp.status().as_str()]).inc();
-    state.metrics.http_latency.observe(start.elapsed().as_secs_f64());
+    state
+        .metrics
+        .http_requests
+        .with_label_values(&[label, resp.status().as_str()])
+        .inc();
+    state
+        .metrics
+        .http_latency
+        .observe(start.elapsed().as_secs_f64());
     Ok(resp)
 }
 
@@ -201,7 +233,8 @@ async fn shutdown_signal() {
     let ctrl_c = tokio::signal::ctrl_c();
     #[cfg(unix)]
     {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("signal handler");
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .expect("signal handler");
         tokio::select! {
             _ = ctrl_c => {}
             _ = term.recv() => {}

@@ -22,38 +22,74 @@ pub struct Generation {
     pub max_tokens: Option<usize>,
 }
 
-fn range(param: &'static str, v: Option<f32>, lo: f32, hi: f32, default: f32) -> Result<f32, ApiError> {
+fn range(
+    param: &'static str,
+    v: Option<f32>,
+    lo: f32,
+    hi: f32,
+    default: f32,
+) -> Result<f32, ApiError> {
     match v {
         None => Ok(default),
         Some(x) if x.is_finite() && x >= lo && x <= hi => Ok(x),
-        Some(x) => Err(ApiError::invalid(param, format!("`{param}` must be between {lo} and {hi}, got {x}."))),
+        Some(x) => Err(ApiError::invalid(
+            param,
+            format!("`{param}` must be between {lo} and {hi}, got {x}."),
+        )),
     }
 }
 
-pub fn generation(f: SamplingFields, max_tokens: Option<usize>, logprobs: Option<usize>) -> Result<Generation, ApiError> {
+pub fn generation(
+    f: SamplingFields,
+    max_tokens: Option<usize>,
+    logprobs: Option<usize>,
+) -> Result<Generation, ApiError> {
     let top_p = range("top_p", f.top_p, 0.0, 1.0, 1.0)?;
     if top_p == 0.0 {
-        return Err(ApiError::invalid("top_p", "`top_p` must be greater than 0."));
+        return Err(ApiError::invalid(
+            "top_p",
+            "`top_p` must be greater than 0.",
+        ));
     }
     let top_k = match f.top_k {
         None | Some(-1) | Some(0) => 0,
         Some(k) if k > 0 => k as usize,
-        Some(k) => return Err(ApiError::invalid("top_k", format!("`top_k` must be -1 (off) or positive, got {k}."))),
+        Some(k) => {
+            return Err(ApiError::invalid(
+                "top_k",
+                format!("`top_k` must be -1 (off) or positive, got {k}."),
+            ))
+        }
     };
     let repetition_penalty = range("repetition_penalty", f.repetition_penalty, 0.01, 10.0, 1.0)?;
     let n = f.n.unwrap_or(1);
     if !(1..=MAX_N).contains(&n) {
-        return Err(ApiError::invalid("n", format!("`n` must be between 1 and {MAX_N}, got {n}.")));
+        return Err(ApiError::invalid(
+            "n",
+            format!("`n` must be between 1 and {MAX_N}, got {n}."),
+        ));
     }
     let stop = f.stop.map(|s| s.into_vec()).unwrap_or_default();
     if stop.len() > MAX_STOP {
-        return Err(ApiError::invalid("stop", format!("At most {MAX_STOP} stop sequences are allowed, got {}.", stop.len())));
+        return Err(ApiError::invalid(
+            "stop",
+            format!(
+                "At most {MAX_STOP} stop sequences are allowed, got {}.",
+                stop.len()
+            ),
+        ));
     }
     if max_tokens == Some(0) {
-        return Err(ApiError::invalid("max_tokens", "`max_tokens` must be at least 1."));
+        return Err(ApiError::invalid(
+            "max_tokens",
+            "`max_tokens` must be at least 1.",
+        ));
     }
     if f.stream_options.is_some() && !f.stream {
-        return Err(ApiError::invalid("stream_options", "`stream_options` is only allowed when `stream` is true."));
+        return Err(ApiError::invalid(
+            "stream_options",
+            "`stream_options` is only allowed when `stream` is true.",
+        ));
     }
     Ok(Generation {
         sampling: SamplingParams {
@@ -80,14 +116,26 @@ pub fn generation(f: SamplingFields, max_tokens: Option<usize>, logprobs: Option
 impl Generation {
     /// The engine requests for one prompt: one per choice, seeds offset so choices differ but
     /// stay reproducible. Fails when the prompt and completion cannot fit the context window.
-    pub fn requests(&self, engine: &Engine, prompt: Vec<u32>, param: &'static str) -> Result<Vec<GenerationRequest>, ApiError> {
+    pub fn requests(
+        &self,
+        engine: &Engine,
+        prompt: Vec<u32>,
+        param: &'static str,
+    ) -> Result<Vec<GenerationRequest>, ApiError> {
         let limit = engine.info.max_model_len;
         let vocab = engine.tokenizer.get_vocab_size(true) as u32;
         if prompt.is_empty() {
             return Err(ApiError::invalid(param, "The prompt is empty."));
         }
-        if let Some(bad) = prompt.iter().chain(&self.stop_token_ids).find(|&&t| t >= vocab) {
-            return Err(ApiError::invalid(param, format!("Token id {bad} is outside the vocabulary (size {vocab}).")));
+        if let Some(bad) = prompt
+            .iter()
+            .chain(&self.stop_token_ids)
+            .find(|&&t| t >= vocab)
+        {
+            return Err(ApiError::invalid(
+                param,
+                format!("Token id {bad} is outside the vocabulary (size {vocab})."),
+            ));
         }
         let max_tokens = match self.max_tokens {
             Some(m) if prompt.len() + m > limit => {

@@ -1,0 +1,161 @@
+//! A real gateway process on a free loopback port, serving the real default model.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use serde_json::Value;
+
+pub const MODEL: &str = "smollm2-135m-instruct";
+
+pub fn model_path() -> String {
+    std::env::var("GATEWAY_TEST_MODEL").unwrap_or_else(|_| {
+        concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../models/SmolLM2-135M-Instruct.Q4_1.gguf"
+        )
+        .into()
+    })
+}
+
+pub struct Server {
+    child: Child,
+    pub base: String,
+    http: reqwest::blocking::Client,
+}
+
+impl Server {
+    pub fn start(extra: &[&str]) -> Self {
+        let model = model_path();
+        assert!(
+            std::path::Path::new(&model).exists(),
+            "{model} is missing: run host/scripts/fetch-models.sh"
+        );
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_gateway"));
+        cmd.args(["serve", "--listen", "127.0.0.1:0"]);
+        // A config file names its own models; otherwise serve the default one.
+        if !extra.contains(&"--config") {
+            cmd.args(["--model", &format!("{MODEL}={model}")]);
+        }
+        let mut child = cmd
+            .args(extra)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("gateway binary starts");
+        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+        let addr = loop {
+            let line = lines
+                .next()
+                .expect("gateway exited before listening")
+                .unwrap();
+            if let Some(i) = line.find("serving the OpenAI API addr=") {
+                break line[i + "serving the OpenAI API addr=".len()..]
+                    .trim()
+                    .to_string();
+            }
+        };
+        // Keep draining stderr so the server never blocks on a full pipe.
+        std::thread::spawn(move || for _ in lines {});
+        let http = reqwest::blocking::Client::builder()
+            .timeout(Duration::from_secs(300))
+            .build()
+            .unwrap();
+        Self {
+            child,
+            base: format!("http://{addr}"),
+            http,
+        }
+    }
+
+    pub fn addr(&self) -> &str {
+        &self.base["http://".len()..]
+    }
+
+    pub fn post(&self, path: &str, body: &Value) -> (u16, Value) {
+        self.post_raw(path, body.to_string())
+    }
+
+    pub fn post_raw(&self, path: &str, body: String) -> (u16, Value) {
+        let r = self
+            .http
+            .post(format!("{}{path}", self.base))
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+            .unwrap();
+        let status = r.status().as_u16();
+        (status, r.json().unwrap_or(Value::Null))
+    }
+
+    pub fn get(&self, path: &str) -> (u16, String) {
+        let r = self
+            .http
+            .get(format!("{}{path}", self.base))
+            .send()
+            .unwrap();
+        (r.status().as_u16(), r.text().unwrap())
+    }
+
+    /// The `data:` payloads of an SSE response, up to and including `[DONE]`.
+    pub fn stream(&self, path: &str, body: &Value) -> Vec<String> {
+        let r = self
+            .http
+            .post(format!("{}{path}", self.base))
+            .json(body)
+            .send()
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 200);
+        assert_eq!(r.headers()["content-type"], "text/event-stream");
+        BufReader::new(r)
+            .lines()
+            .map(Result::unwrap)
+            .filter_map(|l| l.strip_prefix("data: ").map(String::from))
+            .collect()
+    }
+
+    /// One metric's value from `/metrics`, by full series name (with labels).
+    pub fn metric(&self, series: &str) -> f64 {
+        let (_, text) = self.get("/metrics");
+        text.lines()
+            .find_map(|l| {
+                l.strip_prefix(series)
+                    .and_then(|v| v.strip_prefix(' '))
+                    .map(|v| v.trim().parse().unwrap())
+            })
+            .unwrap_or_else(|| panic!("metric {series} missing"))
+    }
+
+    /// Sends a raw HTTP/1.1 streaming request on a fresh socket, reads until the first SSE
+    /// event has arrived (so the request is running), and returns the socket to hang up on.
+    pub fn raw_request(&self, path: &str, body: &str) -> std::net::TcpStream {
+        let mut s = std::net::TcpStream::connect(self.addr()).unwrap();
+        write!(s, "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len()).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+        let mut seen = Vec::new();
+        let mut buf = [0u8; 1024];
+        while !seen.windows(6).any(|w| w == b"data: ") {
+            let n = s.read(&mut buf).unwrap();
+            assert!(
+                n > 0,
+                "connection closed early: {}",
+                String::from_utf8_lossy(&seen)
+            );
+            seen.extend_from_slice(&buf[..n]);
+        }
+        assert!(
+            seen.starts_with(b"HTTP/1.1 200"),
+            "{}",
+            String::from_utf8_lossy(&seen)
+        );
+        s
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

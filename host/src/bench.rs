@@ -1,6 +1,7 @@
 //! `gateway bench`: engine throughput on one model, without HTTP, printed as a table.
 //! Prefix caching is off so every prompt is really prefilled.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -125,6 +126,7 @@ pub async fn run(cfg: &ModelConfig, o: &BenchOptions) -> anyhow::Result<()> {
         decode.push((r.tokens - 1) as f64 / (r.last - r.first).as_secs_f64());
     }
     let decode1 = median(decode);
+    let mut util_all = Vec::new();
     println!();
     println!("| measurement | value |");
     println!("|---|---|");
@@ -146,21 +148,19 @@ pub async fn run(cfg: &ModelConfig, o: &BenchOptions) -> anyhow::Result<()> {
                 tokio::spawn(async move { run_one(&engine, req, t0).await })
             });
             let handles: Vec<_> = runs.collect();
+            // KV utilisation sampled while sequences run: partially filled last blocks are the waste.
+            let done = Arc::new(AtomicBool::new(false));
             let sampler = {
-                let m = metrics.clone();
-                let name = cfg.name.clone();
+                let (m, name, done) = (metrics.clone(), cfg.name.clone(), done.clone());
                 tokio::spawn(async move {
                     let mut v = Vec::new();
-                    loop {
-                        tokio::time::sleep(Duration::from_millis(20)).await;
-                        let u = m.kv_utilisation.with_label_values(&[&name]).get();
+                    while !done.load(Ordering::Relaxed) {
                         if m.running_seqs.with_label_values(&[&name]).get() > 0 {
-                            v.push(u);
+                            v.push(m.kv_utilisation.with_label_values(&[&name]).get());
                         }
-                        if v.len() > 10_000 {
-                            break v;
-                        }
+                        tokio::time::sleep(Duration::from_millis(10)).await;
                     }
+                    v
                 })
             };
             let mut tokens = 0;
@@ -168,12 +168,13 @@ pub async fn run(cfg: &ModelConfig, o: &BenchOptions) -> anyhow::Result<()> {
                 tokens += h.await?.tokens;
             }
             let wall = t0.elapsed().as_secs_f64();
-            sampler.abort();
-            util.push(metrics.kv_utilisation.with_label_values(&[&cfg.name]).get());
+            done.store(true, Ordering::Relaxed);
+            util.extend(sampler.await?);
             salt += c;
             agg.push(tokens as f64 / wall);
         }
         let a = median(agg);
+        util_all.extend(util);
         println!(
             "| aggregate output, concurrency {c} | {a:.1} tok/s ({:.2}x single stream) |",
             a / decode1

@@ -51,6 +51,8 @@ pub struct EngineConfig {
     pub max_waiting: usize,
     /// Reuse KV blocks of identical prompt prefixes across requests.
     pub prefix_caching: bool,
+    /// Compute threads of this model's engine (0 = one per core).
+    pub threads: usize,
 }
 
 impl Default for Config {
@@ -84,6 +86,7 @@ impl Default for EngineConfig {
             watermark: 0.01,
             max_waiting: 256,
             prefix_caching: true,
+            threads: 0,
         }
     }
 }

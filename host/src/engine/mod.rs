@@ -216,9 +216,17 @@ impl Engine {
             metrics,
             waiting.clone(),
         );
+        // The engine loop runs as one of its own compute pool's workers, so it takes part in the
+        // parallel kernels it launches instead of sleeping while others run them.
+        let name = cfg.name.clone();
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(cfg.engine.threads)
+            .thread_name(move |i| format!("engine-{name}-{i}"))
+            .build()
+            .map_err(|e| ModelError::Io("engine thread pool".into(), std::io::Error::other(e)))?;
         std::thread::Builder::new()
             .name(format!("engine-{}", cfg.name))
-            .spawn(move || runner.run(rx))
+            .spawn(move || pool.install(move || runner.run(rx)))
             .map_err(|e| ModelError::Io("engine thread".into(), e))?;
         Ok(Self {
             info,

@@ -11,7 +11,7 @@ use candle_core::quantized::{GgmlDType, QTensor};
 use half::f16;
 use rayon::prelude::*;
 
-#[cfg(not(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma")))]
+#[cfg(not(all(target_arch = "x86_64", any(target_feature = "avx512f", all(target_feature = "avx2", target_feature = "fma")))))]
 use super::cpu_ops::dot;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -144,7 +144,35 @@ impl QuantMatrix {
     }
 
     /// Rows `r0..r0 + nr` against all `m` activation rows, into `dst[row][m]`.
-    #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
+    #[cfg(all(target_arch = "x86_64", target_feature = "avx512f"))]
+    fn tile(&self, r0: usize, nr: usize, x: &[f32], m: usize, dst: &mut [f32]) {
+        use avx512::rows;
+        let mut i0 = 0;
+        while i0 < m {
+            // R weight rows × G activation rows per pass (R·G ≤ 16 accumulators). Decode batches
+            // stream each weight row once; prefill reuses each dequantized block 16 times.
+            let g = match m - i0 {
+                r if r >= 16 => 16,
+                r if r > 8 => 8,
+                r => r,
+            };
+            let args = (self, r0, nr, x, i0, m, &mut *dst);
+            match g {
+                16 => rows::<1, 16>(args),
+                8 => rows::<2, 8>(args),
+                7 => rows::<2, 7>(args),
+                6 => rows::<2, 6>(args),
+                5 => rows::<2, 5>(args),
+                4 => rows::<4, 4>(args),
+                3 => rows::<4, 3>(args),
+                2 => rows::<4, 2>(args),
+                _ => rows::<4, 1>(args),
+            }
+            i0 += g;
+        }
+    }
+
+    #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma", not(target_feature = "avx512f")))]
     fn tile(&self, r0: usize, nr: usize, x: &[f32], m: usize, dst: &mut [f32]) {
         let mut i0 = 0;
         while i0 < m {
@@ -159,7 +187,7 @@ impl QuantMatrix {
     }
 
     /// Portable path: dequantize the tile, then plain dot products (vectorised by LLVM).
-    #[cfg(not(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma")))]
+    #[cfg(not(all(target_arch = "x86_64", any(target_feature = "avx512f", all(target_feature = "avx2", target_feature = "fma")))))]
     fn tile(&self, r0: usize, nr: usize, x: &[f32], m: usize, dst: &mut [f32]) {
         let k = self.cols;
         let mut buf = vec![0f32; nr * k];
@@ -196,7 +224,7 @@ impl QuantMatrix {
 /// AVX2 + FMA kernel: each 32-weight block is dequantized straight into four f32 registers
 /// (`w = q·d + m`; Q4_0 is the case `m = -8d`, Q8_0 `w = q·d`) and multiplied into the
 /// accumulators of up to two activation rows, for four weight rows at a time.
-#[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
+#[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma", not(target_feature = "avx512f")))]
 mod avx2 {
     use std::arch::x86_64::*;
 
@@ -294,6 +322,92 @@ mod avx2 {
     }
 }
 
+/// AVX-512 kernel: a 32-weight block dequantizes into two 16-lane registers and is multiplied
+/// into G activation rows' accumulators, for R weight rows walked together (R·G = 16 of the 32
+/// registers). Small batches walk four weight rows at once so independent weight streams keep
+/// memory requests in flight; large ones reuse each dequantized block across 16 rows.
+#[cfg(all(target_arch = "x86_64", target_feature = "avx512f"))]
+mod avx512 {
+    use std::arch::x86_64::*;
+
+    use half::f16;
+
+    use super::{Format, QuantMatrix, BLOCK};
+
+    #[inline(always)]
+    fn f16_at(b: &[u8], i: usize) -> f32 {
+        f16::from_le_bytes([b[i], b[i + 1]]).to_f32()
+    }
+
+    #[inline(always)]
+    fn dequant(format: Format, b: &[u8]) -> [__m512; 2] {
+        // SAFETY: each load reads 16 bytes inside the block slice.
+        unsafe {
+            match format {
+                Format::Q4_0 | Format::Q4_1 => {
+                    let d = f16_at(b, 0);
+                    let (min, qs) = match format {
+                        Format::Q4_1 => (f16_at(b, 2), &b[4..20]),
+                        _ => (-8.0 * d, &b[2..18]),
+                    };
+                    let q = _mm_loadu_si128(qs.as_ptr() as *const __m128i);
+                    let mask = _mm_set1_epi8(0x0F);
+                    let (vd, vm) = (_mm512_set1_ps(d), _mm512_set1_ps(min));
+                    let f = |v: __m128i| _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(v)), vd, vm);
+                    [f(_mm_and_si128(q, mask)), f(_mm_and_si128(_mm_srli_epi16(q, 4), mask))]
+                }
+                Format::Q8_0 => {
+                    let qs = &b[2..34];
+                    let vd = _mm512_set1_ps(f16_at(b, 0));
+                    let f = |o: usize| {
+                        let v = _mm_loadu_si128(qs[o..o + 16].as_ptr() as *const __m128i);
+                        _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(v)), vd)
+                    };
+                    [f(0), f(16)]
+                }
+            }
+        }
+    }
+
+    /// Weight rows `r0..r0 + nr` times activation rows `i0..i0 + G`, into `dst[row * m + i]`,
+    /// walking R weight rows at a time. The activation rows stay in L1 across the whole tile.
+    pub(super) fn rows<const R: usize, const G: usize>((w, r0, nr, x, i0, m, dst): (&QuantMatrix, usize, usize, &[f32], usize, usize, &mut [f32])) {
+        let k = w.cols;
+        let bb = w.format.block_bytes();
+        let rb = w.row_bytes();
+        let xs: [&[f32]; G] = std::array::from_fn(|j| &x[(i0 + j) * k..(i0 + j + 1) * k]);
+        let mut t = 0;
+        while t < nr {
+            let rr = (nr - t).min(R);
+            let rows: [&[u8]; R] = std::array::from_fn(|q| {
+                let r = r0 + t + q.min(rr - 1);
+                &w.data[r * rb..(r + 1) * rb]
+            });
+            // SAFETY: loads read 16 floats at offsets < k within rows of length k (k % 32 == 0).
+            unsafe {
+                let mut acc = [[_mm512_setzero_ps(); G]; R];
+                for blk in 0..k / BLOCK {
+                    let o = blk * BLOCK;
+                    for q in 0..R {
+                        let v = dequant(w.format, &rows[q][blk * bb..(blk + 1) * bb]);
+                        for j in 0..G {
+                            let p = xs[j][o..o + BLOCK].as_ptr();
+                            acc[q][j] = _mm512_fmadd_ps(v[0], _mm512_loadu_ps(p), acc[q][j]);
+                            acc[q][j] = _mm512_fmadd_ps(v[1], _mm512_loadu_ps(p.add(16)), acc[q][j]);
+                        }
+                    }
+                }
+                for q in 0..rr {
+                    for j in 0..G {
+                        dst[(t + q) * m + i0 + j] = _mm512_reduce_add_ps(acc[q][j]);
+                    }
+                }
+            }
+            t += rr;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -323,7 +437,7 @@ mod tests {
                 qm.dequantize_row(r, &mut row);
                 assert_eq!(row, deq[r * k..(r + 1) * k], "{dtype:?} row {r}");
             }
-            for m in [1, 3, 9] {
+            for m in [1, 3, 6, 9, 21, 40] {
                 let x: Vec<f32> = (0..m * k).map(|i| (i % 13) as f32 - 6.0).collect();
                 let mut out = vec![0f32; m * n];
                 qm.matmul(&x, m, &mut out);

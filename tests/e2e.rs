@@ -344,14 +344,35 @@ fn preempted_sequences_resume_with_identical_output() {
     let body = |p: &str| json!({"model": MODEL, "prompt": p, "max_tokens": 80, "temperature": 0, "ignore_eos": true});
     let alone: Vec<String> = prompts
         .iter()
-        .map(|p| s.post("/v1/completions", &body(p)).1["choices"][0]["text"].as_str().unwrap().to_string())
+        .map(|p| {
+            s.post("/v1/completions", &body(p)).1["choices"][0]["text"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
         .collect();
     let preempt = format!("gateway_preemptions_total{{model=\"{MODEL}\"}}");
     assert_eq!(s.metric(&preempt), 0.0, "one at a time fits");
     let together: Vec<String> = std::thread::scope(|scope| {
-        let hs: Vec<_> = prompts.iter().map(|p| scope.spawn(|| s.post("/v1/completions", &body(p)))).collect();
-        hs.into_iter().map(|h| h.join().unwrap().1["choices"][0]["text"].as_str().unwrap().to_string()).collect()
+        let hs: Vec<_> = prompts
+            .iter()
+            .map(|p| scope.spawn(|| s.post("/v1/completions", &body(p))))
+            .collect();
+        hs.into_iter()
+            .map(|h| {
+                h.join().unwrap().1["choices"][0]["text"]
+                    .as_str()
+                    .unwrap()
+                    .to_string()
+            })
+            .collect()
     });
-    assert!(s.metric(&preempt) > 0.0, "the pool was too small for all four: preemption happened");
-    assert_eq!(together, alone, "preempted and resumed sequences produce the same greedy text");
+    assert!(
+        s.metric(&preempt) > 0.0,
+        "the pool was too small for all four: preemption happened"
+    );
+    assert_eq!(
+        together, alone,
+        "preempted and resumed sequences produce the same greedy text"
+    );
 }

@@ -17,13 +17,24 @@ const HEADS: usize = 9;
 const KV_HEADS: usize = 3;
 
 fn model_path() -> String {
-    std::env::var("GATEWAY_TEST_MODEL").unwrap_or_else(|_| concat!(env!("CARGO_MANIFEST_DIR"), "/../models/SmolLM2-135M-Instruct.Q4_1.gguf").into())
+    std::env::var("GATEWAY_TEST_MODEL").unwrap_or_else(|_| {
+        concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../models/SmolLM2-135M-Instruct.Q4_1.gguf"
+        )
+        .into()
+    })
 }
 
 /// Inverse of llama.cpp's `permute` for Q/K: rows (head, pair, 2) back to (head, 2, pair).
 fn unpermute(t: Tensor, heads: usize) -> Tensor {
     let (out, inp) = t.dims2().unwrap();
-    t.reshape((heads, out / heads / 2, 2, inp)).unwrap().transpose(1, 2).unwrap().reshape((out, inp)).unwrap()
+    t.reshape((heads, out / heads / 2, 2, inp))
+        .unwrap()
+        .transpose(1, 2)
+        .unwrap()
+        .reshape((out, inp))
+        .unwrap()
 }
 
 fn convert(gguf: &Path, dir: &Path) {
@@ -32,7 +43,11 @@ fn convert(gguf: &Path, dir: &Path) {
     let dev = Device::Cpu;
     let mut tensors = HashMap::new();
     for name in c.tensor_infos.keys() {
-        let t = c.tensor(&mut f, name, &dev).unwrap().dequantize(&dev).unwrap();
+        let t = c
+            .tensor(&mut f, name, &dev)
+            .unwrap()
+            .dequantize(&dev)
+            .unwrap();
         let hf = if name == "token_embd.weight" {
             "model.embed_tokens.weight".to_string()
         } else if name == "output_norm.weight" {
@@ -69,17 +84,28 @@ fn convert(gguf: &Path, dir: &Path) {
         "tie_word_embeddings": true, "bos_token_id": 1, "eos_token_id": 2
     });
     std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
-    let template = c.metadata["tokenizer.chat_template"].to_string().unwrap().clone();
+    let template = c.metadata["tokenizer.chat_template"]
+        .to_string()
+        .unwrap()
+        .clone();
     let tcfg = serde_json::json!({"chat_template": template, "bos_token": "<|im_start|>", "eos_token": "<|im_end|>"});
     std::fs::write(dir.join("tokenizer_config.json"), tcfg.to_string()).unwrap();
-    tokenizer::from_gguf_file(gguf).unwrap().save(dir.join("tokenizer.json"), false).unwrap();
+    tokenizer::from_gguf_file(gguf)
+        .unwrap()
+        .save(dir.join("tokenizer.json"), false)
+        .unwrap();
 }
 
 fn logits(model: &Model, tokens: &[u32]) -> Vec<f32> {
     let s = &model.shape;
     let mut cache = KvCache::new(s.num_layers, 8, 16, s.num_kv_heads, s.head_dim);
     let table: Vec<u32> = (0..8).collect();
-    let seq = BatchSeq { block_table: &table, start: 0, tokens, want_logits: true };
+    let seq = BatchSeq {
+        block_table: &table,
+        start: 0,
+        tokens,
+        want_logits: true,
+    };
     model.forward(&[seq], &mut cache).unwrap().remove(0)
 }
 
@@ -104,10 +130,25 @@ fn hf_folder_and_gguf_run_the_same_model() {
     std::fs::remove_dir_all(&dir).unwrap();
 
     assert_eq!(a.stop_ids, b.stop_ids);
-    let prompt = a.tokenizer.encode("The capital of France is", false).unwrap().get_ids().to_vec();
-    assert_eq!(prompt, b.tokenizer.encode("The capital of France is", false).unwrap().get_ids());
+    let prompt = a
+        .tokenizer
+        .encode("The capital of France is", false)
+        .unwrap()
+        .get_ids()
+        .to_vec();
+    assert_eq!(
+        prompt,
+        b.tokenizer
+            .encode("The capital of France is", false)
+            .unwrap()
+            .get_ids()
+    );
     let (la, lb) = (logits(&a.model, &prompt), logits(&b.model, &prompt));
-    let diff = la.iter().zip(&lb).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+    let diff = la
+        .iter()
+        .zip(&lb)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0f32, f32::max);
     assert!(diff < 2e-2, "max logit difference {diff}");
     assert_eq!(greedy(&a.model, &prompt, 8), greedy(&b.model, &prompt, 8));
 }

@@ -25,6 +25,41 @@ pub fn axpy(out: &mut [f32], w: f32, x: &[f32]) {
     }
 }
 
+/// `e^x` from arithmetic and bit operations only, so loops over it vectorise (libm's `expf`
+/// is a call per element). Range reduction to `r ∈ [-ln2/2, ln2/2]`, a degree-6 polynomial,
+/// then scaling by `2^n` through the exponent bits: relative error below 2e-7.
+#[inline(always)]
+pub fn exp(x: f32) -> f32 {
+    let x = x.clamp(-87.0, 88.0);
+    let n = (x * std::f32::consts::LOG2_E).round();
+    // ln 2 split in two so that n·ln2 is subtracted without rounding error.
+    let r = x - n * 0.693_145_75 - n * 1.428_606_8e-6;
+    let p = 1.0
+        + r * (1.0
+            + r * (0.5
+                + r * (1.0 / 6.0 + r * (1.0 / 24.0 + r * (1.0 / 120.0 + r * (1.0 / 720.0))))));
+    p * f32::from_bits(((n as i32 + 127) as u32) << 23)
+}
+
+/// In-place softmax.
+pub fn softmax(xs: &mut [f32]) {
+    let max = xs.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0.0;
+    for x in xs.iter_mut() {
+        *x = exp(*x - max);
+        sum += *x;
+    }
+    let inv = 1.0 / sum;
+    xs.iter_mut().for_each(|x| *x *= inv);
+}
+
+/// `a[i] = silu(a[i]) * b[i]` (SwiGLU).
+pub fn swiglu(a: &mut [f32], b: &[f32]) {
+    for (a, &b) in a.iter_mut().zip(b) {
+        *a = *a / (1.0 + exp(-*a)) * b;
+    }
+}
+
 /// RMSNorm of each `w.len()`-wide row of `x` into `out`.
 pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     let n = w.len();
@@ -51,6 +86,21 @@ mod tests {
                 "n={n}"
             );
         }
+    }
+
+    #[test]
+    fn exp_is_accurate_over_the_useful_range() {
+        let mut worst = 0f32;
+        for i in -8700..=8800 {
+            let x = i as f32 * 0.01;
+            let (got, want) = (exp(x), x.exp());
+            worst = worst.max(((got - want) / want).abs());
+        }
+        assert!(worst < 1e-6, "worst relative error {worst}");
+        let mut s = [1.0, 2.0, 3.0];
+        softmax(&mut s);
+        let z = 1f32.exp() + 2f32.exp() + 3f32.exp();
+        assert!((s[2] - 3f32.exp() / z).abs() < 1e-6 && (s.iter().sum::<f32>() - 1.0).abs() < 1e-6);
     }
 
     #[test]

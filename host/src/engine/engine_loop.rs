@@ -32,6 +32,8 @@ struct SeqState {
     cached_tokens: usize,
     arrived: Instant,
     last_token: Option<Instant>,
+    /// Scheduled at least once; until then it counts against the submission queue.
+    admitted: bool,
 }
 
 pub(super) struct EngineLoop {
@@ -157,6 +159,7 @@ impl EngineLoop {
                 cached_tokens: 0,
                 arrived: Instant::now(),
                 last_token: None,
+                admitted: false,
             },
         );
         self.metrics
@@ -167,7 +170,6 @@ impl EngineLoop {
     }
 
     fn step(&mut self) {
-        let before: Vec<SeqId> = self.sched.waiting.iter().map(|s| s.id).collect();
         let step = self.sched.schedule();
         let model = self.name.as_str();
         if !step.preempted.is_empty() {
@@ -179,18 +181,17 @@ impl EngineLoop {
         if step.scheduled.is_empty() {
             return;
         }
-        // Newly admitted sequences: record how much of the prompt the prefix cache covered.
+        // First admission of a request: it leaves the submission queue, and its first chunk's
+        // start is how much of the prompt the prefix cache covered.
         for sc in &step.scheduled {
-            if before.contains(&sc.id) {
-                if let Some(st) = self.states.get_mut(&sc.id) {
-                    if st.cached_tokens == 0 && sc.start > 0 && sc.start <= st.prompt_len {
-                        st.cached_tokens = sc.start;
-                        self.metrics
-                            .prefix_cache_hit_tokens
-                            .with_label_values(&[model])
-                            .inc_by(sc.start as u64);
-                    }
-                }
+            if let Some(st) = self.states.get_mut(&sc.id).filter(|st| !st.admitted) {
+                st.admitted = true;
+                self.waiting.fetch_sub(1, Ordering::Relaxed);
+                st.cached_tokens = sc.start;
+                self.metrics
+                    .prefix_cache_hit_tokens
+                    .with_label_values(&[model])
+                    .inc_by(sc.start as u64);
             }
         }
         let batch: Vec<BatchSeq> = step
@@ -220,7 +221,14 @@ impl EngineLoop {
             .batch_tokens
             .with_label_values(&[model])
             .observe(num_tokens as f64);
+        let started = Instant::now();
         let result = self.model.forward(&batch, &mut self.cache);
+        tracing::trace!(
+            seqs = batch.len(),
+            tokens = num_tokens,
+            ms = started.elapsed().as_secs_f64() * 1e3,
+            "step"
+        );
         drop(batch);
         let mut logits = match result {
             Ok(l) => l.into_iter(),
@@ -307,6 +315,9 @@ impl EngineLoop {
         let Some(st) = self.states.remove(&id) else {
             return;
         };
+        if !st.admitted {
+            self.waiting.fetch_sub(1, Ordering::Relaxed);
+        }
         let model = self.name.as_str();
         let label = reason.map_or("cancelled", FinishReason::as_str);
         self.metrics
@@ -326,8 +337,6 @@ impl EngineLoop {
     fn publish_gauges(&self) {
         let m = &self.metrics;
         let model = self.name.as_str();
-        self.waiting
-            .store(self.sched.waiting.len(), Ordering::Relaxed);
         m.queue_depth
             .with_label_values(&[model])
             .set(self.sched.waiting.len() as i64);

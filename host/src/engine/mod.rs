@@ -128,6 +128,7 @@ pub struct Engine {
     pub add_bos: bool,
     tx: mpsc::Sender<Command>,
     next_id: AtomicU64,
+    /// Requests submitted and not yet admitted (or cancelled); the engine thread decrements it.
     waiting: Arc<AtomicUsize>,
     max_waiting: usize,
 }
@@ -242,16 +243,17 @@ impl Engine {
     }
 
     pub fn submit(&self, req: GenerationRequest) -> Result<EventStream, SubmitError> {
-        let queued = self.waiting.load(Ordering::Relaxed);
-        if queued >= self.max_waiting {
-            return Err(SubmitError::QueueFull(queued));
-        }
+        self.waiting
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |w| {
+                (w < self.max_waiting).then_some(w + 1)
+            })
+            .map_err(SubmitError::QueueFull)?;
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (etx, erx) = tokio_mpsc::unbounded_channel();
-        self.waiting.fetch_add(1, Ordering::Relaxed);
-        self.tx
-            .send(Command::Add(id, req, etx))
-            .map_err(|_| SubmitError::Stopped)?;
+        if self.tx.send(Command::Add(id, req, etx)).is_err() {
+            self.waiting.fetch_sub(1, Ordering::AcqRel);
+            return Err(SubmitError::Stopped);
+        }
         Ok(EventStream {
             id,
             rx: erx,

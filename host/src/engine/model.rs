@@ -11,7 +11,7 @@ use std::sync::Arc;
 use candle_core::quantized::{QMatMul, QTensor};
 use candle_core::{Device, Tensor};
 
-use super::cpu_ops::rms_norm;
+use super::cpu_ops::{rms_norm, swiglu};
 use super::quant_matmul::QuantMatrix;
 
 use super::paged_attention::{AttnSeq, KvCache};
@@ -207,9 +207,8 @@ impl Model {
             let mut act = vec![0f32; rows * inter];
             for (a, row) in act.chunks_mut(inter).zip(gu.chunks(2 * inter)) {
                 let (g, u) = row.split_at(inter);
-                for ((a, &g), &u) in a.iter_mut().zip(g).zip(u) {
-                    *a = g / (1.0 + (-g).exp()) * u;
-                }
+                a.copy_from_slice(g);
+                swiglu(a, u);
             }
             let d = layer.down.forward(&act, rows, &self.device)?;
             x.iter_mut().zip(&d).for_each(|(x, d)| *x += d);

@@ -8,7 +8,7 @@
 
 use rayon::prelude::*;
 
-use super::cpu_ops::{axpy, dot};
+use super::cpu_ops::{axpy, dot, softmax};
 
 pub struct KvCache {
     layers: Vec<(Vec<f32>, Vec<f32>)>,
@@ -79,6 +79,9 @@ impl KvCache {
     /// Causal attention for a batch of new tokens (`q`: `[tokens][num_heads][head_dim]`), each
     /// attending to its own sequence's cached tokens up to and including itself. Query head `h`
     /// reads KV head `h / (num_heads / num_kv_heads)` (GQA/MQA). Writes `[tokens][num_heads][head_dim]`.
+    ///
+    /// One work item is a (token, KV head) pair: the query heads of its group are scored
+    /// together, so each cached K and V row is read once per group rather than once per head.
     pub fn attention(
         &self,
         layer: usize,
@@ -98,37 +101,39 @@ impl KvCache {
             .collect();
         let (kc, vc) = &self.layers[layer];
         let work = |idx: usize, o: &mut [f32], scores: &mut Vec<f32>| {
-            let (t, h) = (idx / num_heads, idx % num_heads);
+            let (t, kv_head) = (idx / self.num_kv_heads, idx % self.num_kv_heads);
             let (s, pos) = rows[t];
-            let qh = &q[idx * d..(idx + 1) * d];
-            self.attend_one(
+            let qg = &q[idx * group * d..(idx + 1) * group * d];
+            self.attend_group(
                 kc,
                 vc,
                 seqs[s].block_table,
                 pos + 1,
-                h / group,
-                qh,
+                kv_head,
+                qg,
                 scale,
                 o,
                 scores,
             );
         };
-        let total_ctx: usize = rows.iter().map(|r| r.1 + 1).sum::<usize>() * num_heads;
-        // Rayon only pays off once there is real work; single short decodes stay on this thread.
-        if total_ctx < 16 * 1024 {
+        let work_size: usize = rows.iter().map(|r| r.1 + 1).sum::<usize>() * num_heads * d;
+        // Splitting across threads costs a few microseconds; below that, stay on this thread.
+        if work_size < 64 * 1024 {
             let mut scores = Vec::new();
-            for (idx, o) in out.chunks_mut(d).enumerate() {
+            for (idx, o) in out.chunks_mut(group * d).enumerate() {
                 work(idx, o, &mut scores);
             }
         } else {
-            out.par_chunks_mut(d)
+            out.par_chunks_mut(group * d)
                 .enumerate()
                 .for_each_init(Vec::new, |scores, (idx, o)| work(idx, o, scores));
         }
     }
 
+    /// Attention of the `group` query heads in `q` (`[group][head_dim]`) that share `kv_head`,
+    /// over the first `ctx` tokens of a block table.
     #[allow(clippy::too_many_arguments)]
-    fn attend_one(
+    fn attend_group(
         &self,
         kc: &[f32],
         vc: &[f32],
@@ -141,26 +146,30 @@ impl KvCache {
         scores: &mut Vec<f32>,
     ) {
         let (d, bs) = (self.head_dim, self.block_size);
+        let group = q.len() / d;
         let row = self.num_kv_heads * d;
-        let base = |j: usize| (table[j / bs] as usize * bs + j % bs) * row + kv_head * d;
+        // Offsets of each context token's K/V for this head, walking the table block by block.
+        let offsets = table
+            .iter()
+            .flat_map(|&b| (0..bs).map(move |o| (b as usize * bs + o) * row + kv_head * d))
+            .take(ctx);
         scores.clear();
-        let mut max = f32::NEG_INFINITY;
-        for j in 0..ctx {
-            let b = base(j);
-            let s = dot(q, &kc[b..b + d]) * scale;
-            max = max.max(s);
-            scores.push(s);
+        scores.resize(group * ctx, 0.0);
+        for (j, base) in offsets.clone().enumerate() {
+            let k = &kc[base..base + d];
+            for g in 0..group {
+                scores[g * ctx + j] = dot(&q[g * d..(g + 1) * d], k) * scale;
+            }
         }
-        let mut sum = 0.0;
-        for s in scores.iter_mut() {
-            *s = (*s - max).exp();
-            sum += *s;
+        for g in 0..group {
+            softmax(&mut scores[g * ctx..(g + 1) * ctx]);
         }
         out.fill(0.0);
-        let inv = 1.0 / sum;
-        for (j, &w) in scores.iter().enumerate() {
-            let b = base(j);
-            axpy(out, w * inv, &vc[b..b + d]);
+        for (j, base) in offsets.enumerate() {
+            let v = &vc[base..base + d];
+            for g in 0..group {
+                axpy(&mut out[g * d..(g + 1) * d], scores[g * ctx + j], v);
+            }
         }
     }
 }

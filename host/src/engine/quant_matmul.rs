@@ -11,7 +11,13 @@ use candle_core::quantized::{GgmlDType, QTensor};
 use half::f16;
 use rayon::prelude::*;
 
-#[cfg(not(all(target_arch = "x86_64", any(target_feature = "avx512f", all(target_feature = "avx2", target_feature = "fma")))))]
+#[cfg(not(all(
+    target_arch = "x86_64",
+    any(
+        target_feature = "avx512f",
+        all(target_feature = "avx2", target_feature = "fma")
+    )
+)))]
 use super::cpu_ops::dot;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -32,8 +38,11 @@ impl Format {
 }
 
 const BLOCK: usize = 32;
-/// Weight rows per parallel task.
-const TILE: usize = 16;
+/// Weight rows per parallel task; single-row decode takes bigger tasks (less scheduling).
+const TILE: usize = 32;
+const DECODE_TILE: usize = 64;
+/// Activation rows sharing one pass over the weights.
+const GROUP: usize = 8;
 
 pub struct QuantMatrix {
     format: Format,
@@ -59,14 +68,13 @@ impl QuantMatrix {
     }
 
     pub fn new(format: Format, rows: usize, cols: usize, data: Vec<u8>) -> Option<Self> {
-        (cols.is_multiple_of(BLOCK) && data.len() == rows * cols / BLOCK * format.block_bytes()).then_some(
-            Self {
+        (cols.is_multiple_of(BLOCK) && data.len() == rows * cols / BLOCK * format.block_bytes())
+            .then_some(Self {
                 format,
                 rows,
                 cols,
                 data,
-            },
-        )
+            })
     }
 
     pub fn rows(&self) -> usize {
@@ -122,57 +130,76 @@ impl QuantMatrix {
     }
 
     /// `out[m, rows] = x[m, cols] · selfᵀ`.
+    ///
+    /// Activation rows go in groups of up to eight, one parallel pass over the weights per
+    /// group: a group stays in L1 while the weights stream past it (two interleaved groups
+    /// would evict each other and fall back to L2 bandwidth).
     pub fn matmul(&self, x: &[f32], m: usize, out: &mut [f32]) {
         let (n, k) = (self.rows, self.cols);
         assert_eq!(x.len(), m * k, "activation shape");
         assert_eq!(out.len(), m * n, "output shape");
-        // Each task owns TILE weight rows and writes their outputs for all m activation rows,
-        // transposed ([rows, m]) so that tasks write disjoint contiguous chunks.
-        let mut out_t = if m == 1 { Vec::new() } else { vec![0f32; n * m] };
-        let target: &mut [f32] = if m == 1 { out } else { &mut out_t };
-        target.par_chunks_mut(TILE * m).enumerate().for_each(|(tile, dst)| {
-            let r0 = tile * TILE;
-            self.tile(r0, (n - r0).min(TILE), x, m, dst);
-        });
-        if m > 1 {
-            for (r, col) in out_t.chunks_exact(m).enumerate() {
+        if m == 1 {
+            out.par_chunks_mut(DECODE_TILE)
+                .enumerate()
+                .for_each(|(tile, dst)| {
+                    let r0 = tile * DECODE_TILE;
+                    self.tile(r0, (n - r0).min(DECODE_TILE), x, 1, dst);
+                });
+            return;
+        }
+        // Tasks write their outputs transposed ([rows][g]): disjoint contiguous chunks.
+        let mut out_t = vec![0f32; n * GROUP.min(m)];
+        for i0 in (0..m).step_by(GROUP) {
+            let g = (m - i0).min(GROUP);
+            let xg = &x[i0 * k..(i0 + g) * k];
+            out_t[..n * g]
+                .par_chunks_mut(TILE * g)
+                .enumerate()
+                .for_each(|(tile, dst)| {
+                    let r0 = tile * TILE;
+                    self.tile(r0, (n - r0).min(TILE), xg, g, dst);
+                });
+            for (r, col) in out_t[..n * g].chunks_exact(g).enumerate() {
                 for (i, &v) in col.iter().enumerate() {
-                    out[i * n + r] = v;
+                    out[(i0 + i) * n + r] = v;
                 }
             }
         }
     }
 
-    /// Rows `r0..r0 + nr` against all `m` activation rows, into `dst[row][m]`.
+    /// Rows `r0..r0 + nr` against the `g` activation rows of `x`, into `dst[row][g]`.
     #[cfg(all(target_arch = "x86_64", target_feature = "avx512f"))]
-    fn tile(&self, r0: usize, nr: usize, x: &[f32], m: usize, dst: &mut [f32]) {
+    fn tile(&self, r0: usize, nr: usize, x: &[f32], g: usize, dst: &mut [f32]) {
         use avx512::rows;
-        let mut i0 = 0;
-        while i0 < m {
-            // R weight rows × G activation rows per pass (R·G ≤ 16 accumulators). Decode batches
-            // stream each weight row once; prefill reuses each dequantized block 16 times.
-            let g = match m - i0 {
-                r if r >= 16 => 16,
-                r if r > 8 => 8,
-                r => r,
+        // R weight rows × g activation rows per pass, R·g ≤ 16 accumulators.
+        let args = (self, r0, nr, x, 0, g, dst);
+        macro_rules! by_batch {
+            ($f:expr) => {
+                match g {
+                    8 => rows::<{ $f }, 2, 8>(args),
+                    7 => rows::<{ $f }, 2, 7>(args),
+                    6 => rows::<{ $f }, 2, 6>(args),
+                    5 => rows::<{ $f }, 2, 5>(args),
+                    4 => rows::<{ $f }, 4, 4>(args),
+                    3 => rows::<{ $f }, 4, 3>(args),
+                    2 => rows::<{ $f }, 4, 2>(args),
+                    _ => rows::<{ $f }, 4, 1>(args),
+                }
             };
-            let args = (self, r0, nr, x, i0, m, &mut *dst);
-            match g {
-                16 => rows::<1, 16>(args),
-                8 => rows::<2, 8>(args),
-                7 => rows::<2, 7>(args),
-                6 => rows::<2, 6>(args),
-                5 => rows::<2, 5>(args),
-                4 => rows::<4, 4>(args),
-                3 => rows::<4, 3>(args),
-                2 => rows::<4, 2>(args),
-                _ => rows::<4, 1>(args),
-            }
-            i0 += g;
+        }
+        match self.format {
+            Format::Q4_0 => by_batch!(avx512::Q4_0),
+            Format::Q4_1 => by_batch!(avx512::Q4_1),
+            Format::Q8_0 => by_batch!(avx512::Q8_0),
         }
     }
 
-    #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma", not(target_feature = "avx512f")))]
+    #[cfg(all(
+        target_arch = "x86_64",
+        target_feature = "avx2",
+        target_feature = "fma",
+        not(target_feature = "avx512f")
+    ))]
     fn tile(&self, r0: usize, nr: usize, x: &[f32], m: usize, dst: &mut [f32]) {
         let mut i0 = 0;
         while i0 < m {
@@ -187,7 +214,13 @@ impl QuantMatrix {
     }
 
     /// Portable path: dequantize the tile, then plain dot products (vectorised by LLVM).
-    #[cfg(not(all(target_arch = "x86_64", any(target_feature = "avx512f", all(target_feature = "avx2", target_feature = "fma")))))]
+    #[cfg(not(all(
+        target_arch = "x86_64",
+        any(
+            target_feature = "avx512f",
+            all(target_feature = "avx2", target_feature = "fma")
+        )
+    )))]
     fn tile(&self, r0: usize, nr: usize, x: &[f32], m: usize, dst: &mut [f32]) {
         let k = self.cols;
         let mut buf = vec![0f32; nr * k];
@@ -224,7 +257,12 @@ impl QuantMatrix {
 /// AVX2 + FMA kernel: each 32-weight block is dequantized straight into four f32 registers
 /// (`w = q·d + m`; Q4_0 is the case `m = -8d`, Q8_0 `w = q·d`) and multiplied into the
 /// accumulators of up to two activation rows, for four weight rows at a time.
-#[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma", not(target_feature = "avx512f")))]
+#[cfg(all(
+    target_arch = "x86_64",
+    target_feature = "avx2",
+    target_feature = "fma",
+    not(target_feature = "avx512f")
+))]
 mod avx2 {
     use std::arch::x86_64::*;
 
@@ -254,8 +292,15 @@ mod avx2 {
                     let lo = _mm_and_si128(q, mask);
                     let hi = _mm_and_si128(_mm_srli_epi16(q, 4), mask);
                     let (vd, vm) = (_mm256_set1_ps(d), _mm256_set1_ps(min));
-                    let f = |v: __m128i| _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)), vd, vm);
-                    [f(lo), f(_mm_srli_si128(lo, 8)), f(hi), f(_mm_srli_si128(hi, 8))]
+                    let f = |v: __m128i| {
+                        _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)), vd, vm)
+                    };
+                    [
+                        f(lo),
+                        f(_mm_srli_si128(lo, 8)),
+                        f(hi),
+                        f(_mm_srli_si128(hi, 8)),
+                    ]
                 }
                 Format::Q8_0 => {
                     let qs = &b[2..34];
@@ -283,7 +328,15 @@ mod avx2 {
     /// Weight rows `r0..r0 + nr` times activation rows `i0..i0 + G`, into `dst[row * m + i]`.
     /// Four weight rows are walked together: their loads are independent streams, which keeps
     /// enough memory requests in flight for a single decode row to approach bandwidth.
-    pub(super) fn rows<const G: usize>(w: &QuantMatrix, r0: usize, nr: usize, x: &[f32], i0: usize, m: usize, dst: &mut [f32]) {
+    pub(super) fn rows<const G: usize>(
+        w: &QuantMatrix,
+        r0: usize,
+        nr: usize,
+        x: &[f32],
+        i0: usize,
+        m: usize,
+        dst: &mut [f32],
+    ) {
         const R: usize = 4;
         let k = w.cols;
         let bb = w.format.block_bytes();
@@ -305,8 +358,16 @@ mod avx2 {
                         let v = dequant(w.format, &rows[q][blk * bb..(blk + 1) * bb]);
                         for j in 0..G {
                             let p = xs[j][o..o + BLOCK].as_ptr();
-                            let s = _mm256_fmadd_ps(v[1], _mm256_loadu_ps(p.add(8)), _mm256_mul_ps(v[0], _mm256_loadu_ps(p)));
-                            let s = _mm256_fmadd_ps(v[3], _mm256_loadu_ps(p.add(24)), _mm256_fmadd_ps(v[2], _mm256_loadu_ps(p.add(16)), s));
+                            let s = _mm256_fmadd_ps(
+                                v[1],
+                                _mm256_loadu_ps(p.add(8)),
+                                _mm256_mul_ps(v[0], _mm256_loadu_ps(p)),
+                            );
+                            let s = _mm256_fmadd_ps(
+                                v[3],
+                                _mm256_loadu_ps(p.add(24)),
+                                _mm256_fmadd_ps(v[2], _mm256_loadu_ps(p.add(16)), s),
+                            );
                             acc[q][j] = _mm256_add_ps(acc[q][j], s);
                         }
                     }
@@ -325,75 +386,83 @@ mod avx2 {
 /// AVX-512 kernel: a 32-weight block dequantizes into two 16-lane registers and is multiplied
 /// into G activation rows' accumulators, for R weight rows walked together (R·G = 16 of the 32
 /// registers). Small batches walk four weight rows at once so independent weight streams keep
-/// memory requests in flight; large ones reuse each dequantized block across 16 rows.
+/// memory requests in flight; larger ones reuse each dequantized block across 8 rows.
 #[cfg(all(target_arch = "x86_64", target_feature = "avx512f"))]
 mod avx512 {
     use std::arch::x86_64::*;
 
-    use half::f16;
+    use super::{QuantMatrix, BLOCK};
 
-    use super::{Format, QuantMatrix, BLOCK};
+    pub const Q4_0: u8 = 0;
+    pub const Q4_1: u8 = 1;
+    pub const Q8_0: u8 = 2;
 
     #[inline(always)]
-    fn f16_at(b: &[u8], i: usize) -> f32 {
-        f16::from_le_bytes([b[i], b[i + 1]]).to_f32()
+    unsafe fn f16_at(p: *const u8) -> f32 {
+        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(
+            p.cast::<u16>().read_unaligned() as i32,
+        )))
     }
 
+    /// The 32 weights of the block at `b` as two 16-lane vectors. The format is a constant so
+    /// the inner loop carries no branch on it.
     #[inline(always)]
-    fn dequant(format: Format, b: &[u8]) -> [__m512; 2] {
-        // SAFETY: each load reads 16 bytes inside the block slice.
-        unsafe {
-            match format {
-                Format::Q4_0 | Format::Q4_1 => {
-                    let d = f16_at(b, 0);
-                    let (min, qs) = match format {
-                        Format::Q4_1 => (f16_at(b, 2), &b[4..20]),
-                        _ => (-8.0 * d, &b[2..18]),
-                    };
-                    let q = _mm_loadu_si128(qs.as_ptr() as *const __m128i);
-                    let mask = _mm_set1_epi8(0x0F);
-                    let (vd, vm) = (_mm512_set1_ps(d), _mm512_set1_ps(min));
-                    let f = |v: __m128i| _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(v)), vd, vm);
-                    [f(_mm_and_si128(q, mask)), f(_mm_and_si128(_mm_srli_epi16(q, 4), mask))]
-                }
-                Format::Q8_0 => {
-                    let qs = &b[2..34];
-                    let vd = _mm512_set1_ps(f16_at(b, 0));
-                    let f = |o: usize| {
-                        let v = _mm_loadu_si128(qs[o..o + 16].as_ptr() as *const __m128i);
-                        _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(v)), vd)
-                    };
-                    [f(0), f(16)]
-                }
-            }
+    unsafe fn dequant<const F: u8>(b: *const u8) -> [__m512; 2] {
+        if F == Q8_0 {
+            let vd = _mm512_set1_ps(f16_at(b));
+            let f = |o: usize| {
+                _mm512_mul_ps(
+                    _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(b.add(2 + o).cast()))),
+                    vd,
+                )
+            };
+            return [f(0), f(16)];
         }
+        let d = f16_at(b);
+        let (min, qs) = if F == Q4_1 {
+            (f16_at(b.add(2)), b.add(4))
+        } else {
+            (-8.0 * d, b.add(2))
+        };
+        let q = _mm_loadu_si128(qs.cast());
+        let mask = _mm_set1_epi8(0x0F);
+        let (vd, vm) = (_mm512_set1_ps(d), _mm512_set1_ps(min));
+        let f = |v: __m128i| _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(v)), vd, vm);
+        [
+            f(_mm_and_si128(q, mask)),
+            f(_mm_and_si128(_mm_srli_epi16(q, 4), mask)),
+        ]
     }
 
     /// Weight rows `r0..r0 + nr` times activation rows `i0..i0 + G`, into `dst[row * m + i]`,
     /// walking R weight rows at a time. The activation rows stay in L1 across the whole tile.
-    pub(super) fn rows<const R: usize, const G: usize>((w, r0, nr, x, i0, m, dst): (&QuantMatrix, usize, usize, &[f32], usize, usize, &mut [f32])) {
+    #[allow(clippy::type_complexity)]
+    pub(super) fn rows<const F: u8, const R: usize, const G: usize>(
+        (w, r0, nr, x, i0, m, dst): (&QuantMatrix, usize, usize, &[f32], usize, usize, &mut [f32]),
+    ) {
         let k = w.cols;
         let bb = w.format.block_bytes();
         let rb = w.row_bytes();
-        let xs: [&[f32]; G] = std::array::from_fn(|j| &x[(i0 + j) * k..(i0 + j + 1) * k]);
+        assert!(x.len() >= (i0 + G) * k && w.data.len() >= (r0 + nr) * rb && dst.len() >= nr * m);
+        let xp: [*const f32; G] = std::array::from_fn(|j| x[(i0 + j) * k..].as_ptr());
         let mut t = 0;
         while t < nr {
             let rr = (nr - t).min(R);
-            let rows: [&[u8]; R] = std::array::from_fn(|q| {
-                let r = r0 + t + q.min(rr - 1);
-                &w.data[r * rb..(r + 1) * rb]
-            });
-            // SAFETY: loads read 16 floats at offsets < k within rows of length k (k % 32 == 0).
+            // Past the last row, repeat it: the extra results are computed and dropped.
+            let rp: [*const u8; R] =
+                std::array::from_fn(|q| w.data[(r0 + t + q.min(rr - 1)) * rb..].as_ptr());
+            // SAFETY: the assert above bounds every pointer: blocks < k / 32 of rows < r0 + nr,
+            // activation offsets < k of rows < i0 + G.
             unsafe {
                 let mut acc = [[_mm512_setzero_ps(); G]; R];
                 for blk in 0..k / BLOCK {
-                    let o = blk * BLOCK;
                     for q in 0..R {
-                        let v = dequant(w.format, &rows[q][blk * bb..(blk + 1) * bb]);
+                        let v = dequant::<F>(rp[q].add(blk * bb));
                         for j in 0..G {
-                            let p = xs[j][o..o + BLOCK].as_ptr();
+                            let p = xp[j].add(blk * BLOCK);
                             acc[q][j] = _mm512_fmadd_ps(v[0], _mm512_loadu_ps(p), acc[q][j]);
-                            acc[q][j] = _mm512_fmadd_ps(v[1], _mm512_loadu_ps(p.add(16)), acc[q][j]);
+                            acc[q][j] =
+                                _mm512_fmadd_ps(v[1], _mm512_loadu_ps(p.add(16)), acc[q][j]);
                         }
                     }
                 }

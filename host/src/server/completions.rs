@@ -160,12 +160,14 @@ fn message(m: ChatMessageIn) -> Result<ChatMessage, ApiError> {
     let role = match m.role.as_str() {
         "system" | "user" | "assistant" | "tool" => m.role,
         "developer" => "system".into(),
-        other => return Err(ApiError::invalid(
-            "messages",
-            format!(
+        other => {
+            return Err(ApiError::invalid(
+                "messages",
+                format!(
                 "Unknown message role {other:?}; use system, developer, user, assistant or tool."
             ),
-        )),
+            ))
+        }
     };
     let content = match m.content {
         None => String::new(),

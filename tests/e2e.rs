@@ -3,7 +3,6 @@
 mod support;
 
 use std::io::Write;
-use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use support::{Server, MODEL};
@@ -190,7 +189,7 @@ fn concurrent_requests_are_batched() {
         "some steps ran more than one sequence ({single} of {steps} ran one)"
     );
     assert!(s.metric(&format!("gateway_generation_tokens_total{label}")) > 0.0);
-    assert_eq!(s.metric(&format!("gateway_running_sequences{label}")), 0.0);
+    s.wait_metric(&format!("gateway_running_sequences{label}"), 0.0);
 }
 
 #[test]
@@ -204,19 +203,8 @@ fn client_disconnect_frees_kv_blocks() {
         "the stream holds blocks"
     );
     drop(sock);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let used = s.metric(&format!("gateway_kv_blocks_used{label}"));
-        let running = s.metric(&format!("gateway_running_sequences{label}"));
-        if used == 0.0 && running == 0.0 {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "blocks still used after disconnect: {used}, running {running}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    s.wait_metric(&format!("gateway_running_sequences{label}"), 0.0);
+    s.wait_metric(&format!("gateway_kv_blocks_used{label}"), 0.0);
     let cancelled =
         format!("gateway_requests_total{{finish_reason=\"cancelled\",model=\"{MODEL}\"}}");
     assert_eq!(s.metric(&cancelled), 1.0);
@@ -276,11 +264,7 @@ fn overload_is_refused_with_503() {
     // The second request waits in the queue on a socket of its own; the third finds it full.
     let mut queued = std::net::TcpStream::connect(s.addr()).unwrap();
     write!(queued, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{long}", long.len()).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while s.metric(&format!("gateway_queue_depth{{model=\"{MODEL}\"}}")) < 1.0 {
-        assert!(Instant::now() < deadline, "second request never queued");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    s.wait_metric(&format!("gateway_queue_depth{{model=\"{MODEL}\"}}"), 1.0);
     let (status, v) = s.post_raw("/v1/completions", long);
     assert_eq!(status, 503);
     assert_eq!(v["error"]["code"], "server_overloaded");

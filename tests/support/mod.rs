@@ -127,6 +127,23 @@ impl Server {
             .unwrap_or_else(|| panic!("metric {series} missing"))
     }
 
+    /// Waits (up to 20 s) for a gauge to reach `want`: gauges are published once per engine
+    /// step, so they trail the responses a client has already received.
+    pub fn wait_metric(&self, series: &str, want: f64) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            let got = self.metric(series);
+            if got == want {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{series} is {got}, expected {want}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// Sends a raw HTTP/1.1 streaming request on a fresh socket, reads until the first SSE
     /// event has arrived (so the request is running), and returns the socket to hang up on.
     pub fn raw_request(&self, path: &str, body: &str) -> std::net::TcpStream {

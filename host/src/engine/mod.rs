@@ -15,6 +15,7 @@ pub mod paged_attention;
 pub mod quant_matmul;
 pub mod sampler;
 pub mod scheduler;
+mod team;
 pub mod tokenizer;
 pub mod weights;
 
@@ -163,7 +164,8 @@ impl Drop for EventStream {
 impl Engine {
     /// Loads the model and starts its scheduler thread.
     pub fn start(cfg: &ModelConfig, metrics: Arc<Metrics>) -> Result<Self, ModelError> {
-        let loaded = weights::load(&cfg.path)?;
+        let mut loaded = weights::load(&cfg.path)?;
+        loaded.model.set_threads(cfg.engine.threads);
         let s = &loaded.model.shape;
         let e = &cfg.engine;
         let block_bytes = paged_attention::KvCache::block_bytes(
@@ -217,17 +219,9 @@ impl Engine {
             metrics,
             waiting.clone(),
         );
-        // The engine loop runs as one of its own compute pool's workers, so it takes part in the
-        // parallel kernels it launches instead of sleeping while others run them.
-        let name = cfg.name.clone();
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(cfg.engine.threads)
-            .thread_name(move |i| format!("engine-{name}-{i}"))
-            .build()
-            .map_err(|e| ModelError::Io("engine thread pool".into(), std::io::Error::other(e)))?;
         std::thread::Builder::new()
             .name(format!("engine-{}", cfg.name))
-            .spawn(move || pool.install(move || runner.run(rx)))
+            .spawn(move || runner.run(rx))
             .map_err(|e| ModelError::Io("engine thread".into(), e))?;
         Ok(Self {
             info,

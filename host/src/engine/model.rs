@@ -13,6 +13,7 @@ use candle_core::{Device, Tensor};
 
 use super::cpu_ops::{rms_norm, swiglu};
 use super::quant_matmul::QuantMatrix;
+use super::team::Team;
 
 use super::paged_attention::{AttnSeq, KvCache};
 use super::ModelError;
@@ -51,10 +52,16 @@ pub enum Linear {
 
 impl Linear {
     /// `x` is `[rows, in]` row-major; returns `[rows, out]`.
-    fn forward(&self, x: &[f32], rows: usize, dev: &Device) -> Result<Vec<f32>, ModelError> {
+    fn forward(
+        &self,
+        team: &Team,
+        x: &[f32],
+        rows: usize,
+        dev: &Device,
+    ) -> Result<Vec<f32>, ModelError> {
         if let Linear::Native(w) = self {
             let mut out = vec![0f32; rows * w.rows()];
-            w.matmul(x, rows, &mut out);
+            w.matmul(team, x, rows, &mut out);
             return Ok(out);
         }
         let xt = Tensor::from_slice(x, (rows, x.len() / rows), dev)?;
@@ -95,6 +102,8 @@ pub struct Model {
     pub device: Device,
     rope_cos: Vec<f32>,
     rope_sin: Vec<f32>,
+    /// Threads that run this model's kernels.
+    team: Team,
 }
 
 /// One sequence's rows in a step.
@@ -137,7 +146,13 @@ impl Model {
             device,
             rope_cos,
             rope_sin,
+            team: Team::new(0),
         }
+    }
+
+    /// Compute threads for this model's kernels (0 = one per core).
+    pub fn set_threads(&mut self, threads: usize) {
+        self.team = Team::new(threads);
     }
 
     /// Runs one step. Writes every row's K/V into `cache` and returns one logits row per
@@ -182,7 +197,7 @@ impl Model {
         let mut attn = vec![0f32; rows * qdim];
         for (li, layer) in self.layers.iter().enumerate() {
             rms_norm(&x, &layer.attn_norm, s.rms_eps, &mut h);
-            let mut qkv = layer.qkv.forward(&h, rows, &self.device)?;
+            let mut qkv = layer.qkv.forward(&self.team, &h, rows, &self.device)?;
             let width = qdim + 2 * kvdim;
             if let Some(b) = &layer.qkv_bias {
                 for r in qkv.chunks_mut(width) {
@@ -197,12 +212,12 @@ impl Model {
                 self.rope(&mut k[r * kvdim..(r + 1) * kvdim], positions[r]);
             }
             cache.write(li, &slots, &k, &v);
-            cache.attention(li, &q, &attn_seqs, nh, scale, &mut attn);
-            let o = layer.o.forward(&attn, rows, &self.device)?;
+            cache.attention(&self.team, li, &q, &attn_seqs, nh, scale, &mut attn);
+            let o = layer.o.forward(&self.team, &attn, rows, &self.device)?;
             x.iter_mut().zip(&o).for_each(|(x, o)| *x += o);
 
             rms_norm(&x, &layer.ffn_norm, s.rms_eps, &mut h);
-            let gu = layer.gate_up.forward(&h, rows, &self.device)?;
+            let gu = layer.gate_up.forward(&self.team, &h, rows, &self.device)?;
             let inter = s.intermediate;
             let mut act = vec![0f32; rows * inter];
             for (a, row) in act.chunks_mut(inter).zip(gu.chunks(2 * inter)) {
@@ -210,7 +225,7 @@ impl Model {
                 a.copy_from_slice(g);
                 swiglu(a, u);
             }
-            let d = layer.down.forward(&act, rows, &self.device)?;
+            let d = layer.down.forward(&self.team, &act, rows, &self.device)?;
             x.iter_mut().zip(&d).for_each(|(x, d)| *x += d);
         }
 
@@ -231,7 +246,7 @@ impl Model {
         let n = last.len() / hidden;
         let mut normed = vec![0f32; last.len()];
         rms_norm(&last, &self.norm, s.rms_eps, &mut normed);
-        let logits = self.lm_head.forward(&normed, n, &self.device)?;
+        let logits = self.lm_head.forward(&self.team, &normed, n, &self.device)?;
         Ok(logits
             .chunks(logits.len() / n)
             .map(<[f32]>::to_vec)

@@ -6,9 +6,8 @@
 //! prefix blocks, and never need their cache copied or concatenated. The pool is allocated zeroed
 //! up front (the OS hands out pages lazily, so untouched blocks cost no RSS).
 
-use rayon::prelude::*;
-
 use super::cpu_ops::{axpy, dot, softmax};
+use super::team::{split, split_mut, Team};
 
 pub struct KvCache {
     layers: Vec<(Vec<f32>, Vec<f32>)>,
@@ -82,8 +81,10 @@ impl KvCache {
     ///
     /// One work item is a (token, KV head) pair: the query heads of its group are scored
     /// together, so each cached K and V row is read once per group rather than once per head.
+    #[allow(clippy::too_many_arguments)]
     pub fn attention(
         &self,
+        team: &Team,
         layer: usize,
         q: &[f32],
         seqs: &[AttnSeq],
@@ -116,17 +117,27 @@ impl KvCache {
                 scores,
             );
         };
+        let items = rows.len() * self.num_kv_heads;
         let work_size: usize = rows.iter().map(|r| r.1 + 1).sum::<usize>() * num_heads * d;
-        // Splitting across threads costs a few microseconds; below that, stay on this thread.
-        if work_size < 64 * 1024 {
-            let mut scores = Vec::new();
-            for (idx, o) in out.chunks_mut(group * d).enumerate() {
-                work(idx, o, &mut scores);
-            }
+        // Splitting across threads costs a microsecond or two; tiny steps stay on this thread.
+        let parts = if work_size < 16 * 1024 {
+            1
         } else {
-            out.par_chunks_mut(group * d)
-                .enumerate()
-                .for_each_init(Vec::new, |scores, (idx, o)| work(idx, o, scores));
+            team.threads().min(items)
+        };
+        let ranges: Vec<_> = (0..parts).map(|p| split(items, 1, p, parts)).collect();
+        let slices = split_mut(out, ranges.iter().map(|r| r.len() * group * d));
+        let part = |p: usize| {
+            let mut o = slices[p].lock().unwrap_or_else(|e| e.into_inner());
+            let mut scores = Vec::new();
+            for (i, idx) in ranges[p].clone().enumerate() {
+                work(idx, &mut o[i * group * d..(i + 1) * group * d], &mut scores);
+            }
+        };
+        if parts == 1 {
+            part(0);
+        } else {
+            team.run(&|p, _| part(p));
         }
     }
 
@@ -266,7 +277,7 @@ mod tests {
                 .collect();
             let scale = 1.0 / (d as f32).sqrt();
             let mut out = vec![0f32; rows * nh * d];
-            cache.attention(0, &q, &seqs, nh, scale, &mut out);
+            cache.attention(&Team::new(2), 0, &q, &seqs, nh, scale, &mut out);
             let mut row = 0;
             for (i, &(start, len)) in shapes.iter().enumerate() {
                 let qs = &q[row * nh * d..(row + len) * nh * d];

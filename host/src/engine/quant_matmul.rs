@@ -7,9 +7,9 @@
 //! float reference to ~1e-5, every row of a batch reuses the dequantized tile, and the loops
 //! vectorise. Other quantization types fall back to candle's `QMatMul`.
 
+use super::team::{split, split_mut, Team};
 use candle_core::quantized::{GgmlDType, QTensor};
 use half::f16;
-use rayon::prelude::*;
 
 #[cfg(not(all(
     target_arch = "x86_64",
@@ -38,9 +38,8 @@ impl Format {
 }
 
 const BLOCK: usize = 32;
-/// Weight rows per parallel task; single-row decode takes bigger tasks (less scheduling).
+/// Weight rows per kernel call (a unit of the split across threads).
 const TILE: usize = 32;
-const DECODE_TILE: usize = 64;
 /// Activation rows sharing one pass over the weights.
 const GROUP: usize = 8;
 
@@ -131,40 +130,45 @@ impl QuantMatrix {
 
     /// `out[m, rows] = x[m, cols] · selfᵀ`.
     ///
-    /// Activation rows go in groups of up to eight, one parallel pass over the weights per
-    /// group: a group stays in L1 while the weights stream past it (two interleaved groups
+    /// Activation rows go in groups of up to eight, one pass over the weights per group: a group stays in L1 while the weights stream past it (two interleaved groups
     /// would evict each other and fall back to L2 bandwidth).
-    pub fn matmul(&self, x: &[f32], m: usize, out: &mut [f32]) {
+    pub fn matmul(&self, team: &Team, x: &[f32], m: usize, out: &mut [f32]) {
         let (n, k) = (self.rows, self.cols);
         assert_eq!(x.len(), m * k, "activation shape");
         assert_eq!(out.len(), m * n, "output shape");
         if m == 1 {
-            out.par_chunks_mut(DECODE_TILE)
-                .enumerate()
-                .for_each(|(tile, dst)| {
-                    let r0 = tile * DECODE_TILE;
-                    self.tile(r0, (n - r0).min(DECODE_TILE), x, 1, dst);
-                });
+            self.pass(team, x, 1, out);
             return;
         }
-        // Tasks write their outputs transposed ([rows][g]): disjoint contiguous chunks.
+        // Parts write their outputs transposed ([rows][g]): disjoint contiguous chunks.
         let mut out_t = vec![0f32; n * GROUP.min(m)];
         for i0 in (0..m).step_by(GROUP) {
             let g = (m - i0).min(GROUP);
-            let xg = &x[i0 * k..(i0 + g) * k];
-            out_t[..n * g]
-                .par_chunks_mut(TILE * g)
-                .enumerate()
-                .for_each(|(tile, dst)| {
-                    let r0 = tile * TILE;
-                    self.tile(r0, (n - r0).min(TILE), xg, g, dst);
-                });
+            self.pass(team, &x[i0 * k..(i0 + g) * k], g, &mut out_t[..n * g]);
             for (r, col) in out_t[..n * g].chunks_exact(g).enumerate() {
                 for (i, &v) in col.iter().enumerate() {
                     out[(i0 + i) * n + r] = v;
                 }
             }
         }
+    }
+
+    /// One pass over all weight rows for `g` activation rows, rows split evenly across the
+    /// team, into `dst[row][g]`.
+    fn pass(&self, team: &Team, x: &[f32], g: usize, dst: &mut [f32]) {
+        let n = self.rows;
+        let parts = team.threads();
+        let ranges: Vec<_> = (0..parts).map(|p| split(n, TILE, p, parts)).collect();
+        let slices = split_mut(dst, ranges.iter().map(|r| r.len() * g));
+        team.run(&|p, _| {
+            let mut dst = slices[p].lock().unwrap_or_else(|e| e.into_inner());
+            let range = ranges[p].clone();
+            for r0 in range.clone().step_by(TILE) {
+                let nr = (range.end - r0).min(TILE);
+                let o = (r0 - range.start) * g;
+                self.tile(r0, nr, x, g, &mut dst[o..o + nr * g]);
+            }
+        });
     }
 
     /// Rows `r0..r0 + nr` against the `g` activation rows of `x`, into `dst[row][g]`.
@@ -509,7 +513,7 @@ mod tests {
             for m in [1, 3, 6, 9, 21, 40] {
                 let x: Vec<f32> = (0..m * k).map(|i| (i % 13) as f32 - 6.0).collect();
                 let mut out = vec![0f32; m * n];
-                qm.matmul(&x, m, &mut out);
+                qm.matmul(&Team::new(2), &x, m, &mut out);
                 for i in 0..m {
                     for r in 0..n {
                         let want: f32 = (0..k).map(|c| x[i * k + c] * deq[r * k + c]).sum();

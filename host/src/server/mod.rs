@@ -170,6 +170,7 @@ async fn handle(
 ) -> Result<Response, Infallible> {
     let start = Instant::now();
     let label = route_label(req.uri().path());
+    let method = req.method().clone();
     let resp = match route(state.clone(), req).await {
         Ok(r) => r,
         Err(e) => {
@@ -179,15 +180,14 @@ async fn handle(
             Response::from(&e)
         }
     };
+    let elapsed = start.elapsed();
+    tracing::debug!(%method, route = label, status = resp.status().as_u16(), ms = elapsed.as_secs_f64() * 1e3, "response head");
     state
         .metrics
         .http_requests
         .with_label_values(&[label, resp.status().as_str()])
         .inc();
-    state
-        .metrics
-        .http_latency
-        .observe(start.elapsed().as_secs_f64());
+    state.metrics.http_latency.observe(elapsed.as_secs_f64());
     Ok(resp)
 }
 

@@ -16,6 +16,8 @@ use super::{json_response, sse_response, AppState, Response};
 use crate::engine::chat_template::ChatMessage;
 use crate::engine::{Engine, Event, EventStream, FinishReason, SubmitError, TokenLogprobs, Usage};
 
+const DONE: &[u8] = b"data: [DONE]\n\n";
+
 #[derive(Clone, Copy, PartialEq)]
 enum Kind {
     Chat,
@@ -269,6 +271,11 @@ impl Reply {
                     Event::Failed(m) => return Err(ApiError::internal(m)),
                 }
             }
+            if c.finish.is_none() {
+                return Err(ApiError::internal(
+                    "The engine stopped before the generation finished.",
+                ));
+            }
             choices.push(c);
         }
         Ok(json_response(http::StatusCode::OK, &self.body(choices)))
@@ -429,6 +436,7 @@ impl Reply {
             }
         }
         let mut usages = BTreeMap::new();
+        let mut failed = false;
         let mut text_len = vec![0usize; total];
         while let Some((i, ev)) = merged.next().await {
             let choice = match ev {
@@ -465,12 +473,25 @@ impl Reply {
                 }
                 Event::Failed(m) => {
                     send(&ApiError::internal(m).body()).await;
+                    failed = true;
                     break;
                 }
             };
             if !send(&self.chunk(choice)).await {
                 return;
             }
+        }
+        if usages.len() < total {
+            // A choice ended without its finish: say so rather than end as if it were complete.
+            if !failed {
+                send(
+                    &ApiError::internal("The engine stopped before the generation finished.")
+                        .body(),
+                )
+                .await;
+            }
+            let _ = tx.send(Bytes::from_static(DONE)).await;
+            return;
         }
         if self.include_usage {
             let mut c = self.envelope(true);
@@ -481,6 +502,6 @@ impl Reply {
                 return;
             }
         }
-        let _ = tx.send(Bytes::from_static(b"data: [DONE]\n\n")).await;
+        let _ = tx.send(Bytes::from_static(DONE)).await;
     }
 }

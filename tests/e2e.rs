@@ -224,6 +224,9 @@ fn bad_inputs_get_openai_errors() {
         (json!({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 0}).to_string(), 400, Some("max_tokens")),
         (json!({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 100000}).to_string(), 400, Some("messages")),
         (json!({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}).to_string(), 400, Some("top_logprobs")),
+        (json!({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "logit_bias": {"abc": 1}}).to_string(), 400, Some("logit_bias")),
+        (json!({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "logit_bias": {"7": 500}}).to_string(), 400, Some("logit_bias")),
+        (json!({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "logit_bias": {"99999999": 1}}).to_string(), 400, Some("logit_bias")),
         (json!({"model": "gpt-17", "messages": [{"role": "user", "content": "x"}]}).to_string(), 404, Some("model")),
         (json!({"model": MODEL, "messages": [{"role": "user", "content": "x".repeat(5000)}]}).to_string(), 413, None),
     ];

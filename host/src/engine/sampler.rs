@@ -21,6 +21,8 @@ pub struct SamplingParams {
     pub seed: Option<u64>,
     /// Most alternatives to report per position when logprobs are asked for; `None` = no logprobs.
     pub logprobs: Option<usize>,
+    /// Added to the logits of these tokens before sampling (OpenAI `logit_bias`).
+    pub logit_bias: Vec<(u32, f32)>,
 }
 
 impl Default for SamplingParams {
@@ -35,6 +37,7 @@ impl Default for SamplingParams {
             repetition_penalty: 1.0,
             seed: None,
             logprobs: None,
+            logit_bias: Vec::new(),
         }
     }
 }
@@ -122,6 +125,9 @@ impl Sampler {
             for (&t, &c) in &self.output_counts {
                 logits[t as usize] -= p.presence_penalty + p.frequency_penalty * c as f32;
             }
+        }
+        for &(t, b) in &p.logit_bias {
+            logits[t as usize] += b;
         }
     }
 
@@ -313,6 +319,23 @@ mod tests {
         let mut logits = [3.0, 2.0, -1.0, -1.5];
         assert_eq!(s.sample(&mut logits).token, 1);
         assert_eq!(logits, [1.5, 2.0, -2.0, -1.5]);
+    }
+
+    #[test]
+    fn logit_bias_shifts_and_bans_tokens() {
+        let mut s = Sampler::new(
+            params(|p| {
+                p.temperature = 0.0;
+                p.logit_bias = vec![(0, -100.0), (2, 1.5)];
+            }),
+            &[],
+        );
+        assert_eq!(s.sample(&mut [5.0, 1.0, 4.0]).token, 2);
+        let mut s = Sampler::new(params(|p| p.logit_bias = vec![(0, -100.0)]), &[]);
+        assert!(
+            (0..200).all(|_| s.sample(&mut [5.0, 4.0]).token == 1),
+            "-100 bans a token"
+        );
     }
 
     #[test]

@@ -40,6 +40,8 @@ pub struct SamplingFields {
     pub n: Option<usize>,
     pub stop: Option<OneOrMany<String>>,
     pub stop_token_ids: Option<Vec<u32>>,
+    /// Token id (as a string, as OpenAI sends it) to a bias in [-100, 100].
+    pub logit_bias: Option<std::collections::HashMap<String, f32>>,
     #[serde(default)]
     pub ignore_eos: bool,
     #[serde(default)]

@@ -85,6 +85,24 @@ pub fn generation(
             "`max_tokens` must be at least 1.",
         ));
     }
+    let mut logit_bias = Vec::new();
+    for (k, &v) in f.logit_bias.iter().flatten() {
+        let id = k.parse::<u32>().map_err(|_| {
+            ApiError::invalid(
+                "logit_bias",
+                format!("`logit_bias` keys are token ids; {k:?} is not one."),
+            )
+        })?;
+        if !(-100.0..=100.0).contains(&v) {
+            return Err(ApiError::invalid(
+                "logit_bias",
+                format!(
+                    "`logit_bias` values must be between -100 and 100, got {v} for token {id}."
+                ),
+            ));
+        }
+        logit_bias.push((id, v));
+    }
     if f.stream_options.is_some() && !f.stream {
         return Err(ApiError::invalid(
             "stream_options",
@@ -102,6 +120,7 @@ pub fn generation(
             repetition_penalty,
             seed: f.seed.map(|s| s as u64),
             logprobs,
+            logit_bias,
         },
         n,
         stop,
@@ -135,6 +154,12 @@ impl Generation {
             return Err(ApiError::invalid(
                 param,
                 format!("Token id {bad} is outside the vocabulary (size {vocab})."),
+            ));
+        }
+        if let Some((bad, _)) = self.sampling.logit_bias.iter().find(|(t, _)| *t >= vocab) {
+            return Err(ApiError::invalid(
+                "logit_bias",
+                format!("`logit_bias` names token {bad}, outside the vocabulary (size {vocab})."),
             ));
         }
         let max_tokens = match self.max_tokens {

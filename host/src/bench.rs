@@ -23,6 +23,9 @@ pub struct BenchOptions {
     /// Repetitions of each measurement; the median is reported.
     #[arg(long, default_value_t = 3)]
     pub repeat: usize,
+    /// Sequences in the KV-utilisation run (prompts spread over 64..1024 tokens).
+    #[arg(long, default_value_t = 16)]
+    pub kv_seqs: usize,
 }
 
 const TEXT: &str = "The quarterly report shows that customer satisfaction improved across all regions, \
@@ -126,7 +129,6 @@ pub async fn run(cfg: &ModelConfig, o: &BenchOptions) -> anyhow::Result<()> {
         decode.push((r.tokens - 1) as f64 / (r.last - r.first).as_secs_f64());
     }
     let decode1 = median(decode);
-    let mut util_all = Vec::new();
     println!();
     println!("| measurement | value |");
     println!("|---|---|");
@@ -138,53 +140,90 @@ pub async fn run(cfg: &ModelConfig, o: &BenchOptions) -> anyhow::Result<()> {
     println!("| decode, single stream | {decode1:.1} tok/s |");
     for &c in &o.concurrency {
         let mut agg = Vec::new();
-        let mut util = Vec::new();
         for _ in 0..o.repeat {
-            let t0 = Instant::now();
-            // Mixed prompt lengths so partially filled last blocks show up in KV utilisation.
-            let runs = (0..c).map(|i| {
-                let engine = engine.clone();
-                let req = request(prompt(&engine, 16 + 9 * i, salt + i), o.gen_tokens);
-                tokio::spawn(async move { run_one(&engine, req, t0).await })
-            });
-            let handles: Vec<_> = runs.collect();
-            // KV utilisation sampled while sequences run: partially filled last blocks are the waste.
-            let done = Arc::new(AtomicBool::new(false));
-            let sampler = {
-                let (m, name, done) = (metrics.clone(), cfg.name.clone(), done.clone());
-                tokio::spawn(async move {
-                    let mut v = Vec::new();
-                    while !done.load(Ordering::Relaxed) {
-                        if m.running_seqs.with_label_values(&[&name]).get() > 0 {
-                            v.push(m.kv_utilisation.with_label_values(&[&name]).get());
-                        }
-                        tokio::time::sleep(Duration::from_millis(10)).await;
-                    }
-                    v
-                })
-            };
-            let mut tokens = 0;
-            for h in handles {
-                tokens += h.await?.tokens;
-            }
-            let wall = t0.elapsed().as_secs_f64();
-            done.store(true, Ordering::Relaxed);
-            util.extend(sampler.await?);
+            let prompts = (0..c)
+                .map(|i| prompt(&engine, 16 + 9 * i, salt + i))
+                .collect();
             salt += c;
-            agg.push(tokens as f64 / wall);
+            let r = run_batch(&engine, &metrics, &cfg.name, prompts, o.gen_tokens).await?;
+            agg.push(r.tokens as f64 / r.wall);
         }
         let a = median(agg);
-        util_all.extend(util);
         println!(
             "| aggregate output, concurrency {c} | {a:.1} tok/s ({:.2}x single stream) |",
             a / decode1
         );
     }
-    let mean = util_all.iter().sum::<f64>() / util_all.len().max(1) as f64;
+    // KV waste is the unfilled tail of each sequence's last block, so it is measured on
+    // prompts of realistic, mixed lengths.
+    let lens: Vec<usize> = (0..o.kv_seqs)
+        .map(|i| 64 + i * 960 / o.kv_seqs.max(1))
+        .collect();
+    let prompts = lens
+        .iter()
+        .enumerate()
+        .map(|(i, &l)| prompt(&engine, l, salt + i))
+        .collect();
+    let r = run_batch(&engine, &metrics, &cfg.name, prompts, 32).await?;
+    let mean = r.utilisation.iter().sum::<f64>() / r.utilisation.len().max(1) as f64;
     println!(
-        "| KV utilisation while running (mixed prompt lengths, mean of {} samples) | {:.1}% |",
-        util_all.len(),
-        100.0 * mean
+        "| KV utilisation, {} sequences, prompts {}-{} tokens + 32 generated (mean of {} samples) | {:.1}% (waste {:.1}%) |",
+        o.kv_seqs,
+        lens.first().copied().unwrap_or(0),
+        lens.last().copied().unwrap_or(0),
+        r.utilisation.len(),
+        100.0 * mean,
+        100.0 * (1.0 - mean)
     );
     Ok(())
+}
+
+struct Batch {
+    tokens: usize,
+    wall: f64,
+    /// KV utilisation sampled every 10 ms while sequences ran.
+    utilisation: Vec<f64>,
+}
+
+/// Runs all prompts at once, each generating `gen` tokens.
+async fn run_batch(
+    engine: &Arc<Engine>,
+    metrics: &Arc<Metrics>,
+    name: &str,
+    prompts: Vec<Vec<u32>>,
+    gen: usize,
+) -> anyhow::Result<Batch> {
+    let t0 = Instant::now();
+    let handles: Vec<_> = prompts
+        .into_iter()
+        .map(|p| {
+            let engine = engine.clone();
+            tokio::spawn(async move { run_one(&engine, request(p, gen), t0).await })
+        })
+        .collect();
+    let done = Arc::new(AtomicBool::new(false));
+    let sampler = {
+        let (m, name, done) = (metrics.clone(), name.to_string(), done.clone());
+        tokio::spawn(async move {
+            let mut v = Vec::new();
+            while !done.load(Ordering::Relaxed) {
+                if m.running_seqs.with_label_values(&[&name]).get() > 0 {
+                    v.push(m.kv_utilisation.with_label_values(&[&name]).get());
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            v
+        })
+    };
+    let mut tokens = 0;
+    for h in handles {
+        tokens += h.await?.tokens;
+    }
+    let wall = t0.elapsed().as_secs_f64();
+    done.store(true, Ordering::Relaxed);
+    Ok(Batch {
+        tokens,
+        wall,
+        utilisation: sampler.await?,
+    })
 }

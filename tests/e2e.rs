@@ -322,7 +322,7 @@ fn official_openai_python_sdk_works_unchanged() {
 fn preempted_sequences_resume_with_identical_output() {
     // 24 KV blocks of 16 tokens: four concurrent 40-token prompts generating 80 tokens each
     // need ~32, so the newest get preempted and recomputed; greedy output must not change.
-    let block_bytes = 2 * 30 * 16 * 3 * 64 * 4;
+    let block_bytes = 2 * 30 * 16 * 3 * 64 * 2;
     let s = Server::start(&["--kv-cache-bytes", &(24 * block_bytes).to_string()]);
     let prompts: Vec<String> = ["ocean", "forest", "desert", "mountain"]
         .iter()

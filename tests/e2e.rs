@@ -77,6 +77,16 @@ fn greedy_chat_answers_and_stream_matches() {
         usage_chunk["usage"]["completion_tokens"],
         u["completion_tokens"]
     );
+    // The same prompt again: its full KV blocks come from the prefix cache.
+    assert_eq!(u["prompt_tokens_details"]["cached_tokens"], 0);
+    let cached = usage_chunk["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap();
+    let prompt = u["prompt_tokens"].as_u64().unwrap();
+    assert!(
+        cached > 0 && cached < prompt && cached % 16 == 0,
+        "cached {cached} of {prompt}"
+    );
     let finish: Vec<&Value> = chunks
         .iter()
         .map(|c| &c["choices"][0]["finish_reason"])

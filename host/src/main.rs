@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
-use gateway::config::{Config, ModelConfig};
+use gateway::config::{Config, ModelConfig, DEFAULT_MODEL_NAME, DEFAULT_MODEL_PATH};
 use gateway::engine::Engine;
 use gateway::metrics::Metrics;
 use gateway::server::{self, AppState};
@@ -30,8 +30,9 @@ struct EngineArgs {
     /// TOML config file; flags below override it.
     #[arg(long, short)]
     config: Option<PathBuf>,
-    /// Model to serve: a .gguf file or an HF folder, optionally as NAME=PATH. Repeat for
-    /// several models. Replaces the config file's [[models]].
+    /// Model to serve: a .gguf file or an HF folder, optionally as NAME=PATH, or the name of
+    /// the embedded default (smollm2-135m-instruct). Repeat for several models. Replaces the
+    /// config file's [[models]].
     #[arg(long = "model", short)]
     models: Vec<String>,
     /// Bytes of KV cache per model (all layers, K and V).
@@ -87,6 +88,10 @@ impl EngineArgs {
                 .map(|m| {
                     let (name, path) = match m.split_once('=') {
                         Some((n, p)) => (n.to_string(), PathBuf::from(p)),
+                        // The embedded default model by its served name.
+                        None if m == DEFAULT_MODEL_NAME => {
+                            (m.clone(), PathBuf::from(DEFAULT_MODEL_PATH))
+                        }
                         None => {
                             let p = PathBuf::from(m);
                             let stem = p

@@ -84,7 +84,7 @@ fn greedy_chat_answers_and_stream_matches() {
         .unwrap();
     let prompt = u["prompt_tokens"].as_u64().unwrap();
     assert!(
-        cached > 0 && cached < prompt && cached % 16 == 0,
+        cached > 0 && cached < prompt && cached.is_multiple_of(16),
         "cached {cached} of {prompt}"
     );
     let finish: Vec<&Value> = chunks

@@ -79,9 +79,9 @@ pub async fn chat(state: &AppState, body: &[u8]) -> Result<Response, ApiError> {
         )
     })?;
     // The template already wrote any BOS it wants.
-    let prompt = engine
-        .encode(&text, false)
-        .map_err(|e| ApiError::invalid("messages", e.to_string()))?;
+    let prompt = encode(&engine, vec![text], false, "messages")
+        .await?
+        .remove(0);
     let reqs = gen.requests(&engine, prompt, "messages")?;
     let streams = submit(&engine, vec![reqs])?;
     Reply::new(Kind::Chat, "chatcmpl", req.model, engine, &gen, None)
@@ -125,11 +125,8 @@ pub async fn completion(state: &AppState, body: &[u8]) -> Result<Response, ApiEr
         req.logprobs,
     )?;
     let prompts: Vec<Vec<u32>> = match req.prompt {
-        Prompt::Text(t) => vec![encode(&engine, &t)?],
-        Prompt::Texts(ts) => ts
-            .iter()
-            .map(|t| encode(&engine, t))
-            .collect::<Result<_, _>>()?,
+        Prompt::Text(t) => encode(&engine, vec![t], true, "prompt").await?,
+        Prompt::Texts(ts) => encode(&engine, ts, true, "prompt").await?,
         Prompt::Tokens(ids) => vec![ids],
         Prompt::TokenLists(l) => l,
     };
@@ -152,10 +149,24 @@ pub async fn completion(state: &AppState, body: &[u8]) -> Result<Response, ApiEr
         .await
 }
 
-fn encode(engine: &Engine, text: &str) -> Result<Vec<u32>, ApiError> {
-    engine
-        .encode(text, true)
-        .map_err(|e| ApiError::invalid("prompt", e.to_string()))
+/// Tokenizes on the blocking pool: a multi-megabyte prompt takes long enough to stall the
+/// runtime's I/O threads.
+async fn encode(
+    engine: &Arc<Engine>,
+    texts: Vec<String>,
+    add_bos: bool,
+    param: &'static str,
+) -> Result<Vec<Vec<u32>>, ApiError> {
+    let engine = engine.clone();
+    tokio::task::spawn_blocking(move || {
+        texts
+            .iter()
+            .map(|t| engine.encode(t, add_bos))
+            .collect::<Result<Vec<_>, _>>()
+    })
+    .await
+    .map_err(|e| ApiError::internal(format!("tokenizer task failed: {e}")))?
+    .map_err(|e| ApiError::invalid(param, e.to_string()))
 }
 
 fn message(m: ChatMessageIn) -> Result<ChatMessage, ApiError> {

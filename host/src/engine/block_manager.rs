@@ -7,9 +7,9 @@
 //! - only full blocks are ever hashed, and a sequence never writes into a hashed block, so shared
 //!   blocks are read-only and need no copy-on-write.
 
-use std::collections::hash_map::DefaultHasher;
+use std::collections::hash_map::RandomState;
 use std::collections::{HashMap, VecDeque};
-use std::hash::{Hash, Hasher};
+use std::hash::{BuildHasher, Hash, Hasher};
 
 pub type BlockId = u32;
 
@@ -25,6 +25,7 @@ pub struct BlockManager {
     block_hash: Vec<Option<u64>>,
     cached: HashMap<u64, BlockId>,
     prefix_caching: bool,
+    hash_key: RandomState,
 }
 
 impl BlockManager {
@@ -39,6 +40,7 @@ impl BlockManager {
             block_hash: vec![None; num_blocks],
             cached: HashMap::new(),
             prefix_caching,
+            hash_key: RandomState::new(),
         }
     }
 
@@ -120,8 +122,10 @@ impl BlockManager {
     }
 
     /// Hash of a full block given its predecessor's hash (or the salt for the first block).
-    pub fn chain_hash(parent: u64, tokens: &[u32]) -> u64 {
-        let mut h = DefaultHasher::new();
+    /// Keyed with a per-process random key: with a fixed key, a client could search for token
+    /// sequences whose hash collides with another request's prefix and be served its KV.
+    pub fn chain_hash(&self, parent: u64, tokens: &[u32]) -> u64 {
+        let mut h = self.hash_key.build_hasher();
         parent.hash(&mut h);
         tokens.hash(&mut h);
         h.finish()
@@ -137,7 +141,7 @@ impl BlockManager {
         let full = (tokens.len() - 1) / self.block_size;
         let mut parent = salt;
         for chunk in tokens.chunks(self.block_size).take(full) {
-            parent = Self::chain_hash(parent, chunk);
+            parent = self.chain_hash(parent, chunk);
             match self.cached.get(&parent) {
                 Some(&b) => hits.push(b),
                 None => break,
@@ -208,8 +212,8 @@ mod tests {
         let mut bm = BlockManager::new(8, 4, true);
         let tokens: Vec<u32> = (0..10).collect();
         let blocks = bm.allocate(3).unwrap();
-        let h0 = BlockManager::chain_hash(7, &tokens[0..4]);
-        let h1 = BlockManager::chain_hash(h0, &tokens[4..8]);
+        let h0 = bm.chain_hash(7, &tokens[0..4]);
+        let h1 = bm.chain_hash(h0, &tokens[4..8]);
         bm.register(blocks[0], h0);
         bm.register(blocks[1], h1);
         bm.release(&blocks);

@@ -184,7 +184,7 @@ impl Scheduler {
                 .tokens
                 .chunks(self.blocks.block_size())
                 .take(hits.len())
-                .fold(seq.cache_salt, BlockManager::chain_hash);
+                .fold(seq.cache_salt, |h, chunk| self.blocks.chain_hash(h, chunk));
             seq.num_hashed = hits.len();
             seq.blocks = hits;
             seq.blocks.extend(new);
@@ -211,7 +211,7 @@ impl Scheduler {
         seq.num_computed = s.start + s.len;
         while (seq.num_hashed + 1) * bs <= seq.num_computed {
             let range = seq.num_hashed * bs..(seq.num_hashed + 1) * bs;
-            let h = BlockManager::chain_hash(seq.last_hash, &seq.tokens[range]);
+            let h = self.blocks.chain_hash(seq.last_hash, &seq.tokens[range]);
             self.blocks.register(seq.blocks[seq.num_hashed], h);
             seq.last_hash = h;
             seq.num_hashed += 1;

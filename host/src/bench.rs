@@ -102,6 +102,7 @@ pub async fn run(cfg: &ModelConfig, o: &BenchOptions) -> anyhow::Result<()> {
         cfg.path.display(),
         threads
     );
+    let idle_rss = rss_mib();
     // Warm-up: first-touch of weights and KV pages.
     run_one(&engine, request(prompt(&engine, 32, 0), 8), Instant::now()).await;
 
@@ -138,6 +139,9 @@ pub async fn run(cfg: &ModelConfig, o: &BenchOptions) -> anyhow::Result<()> {
         median(prefill)
     );
     println!("| decode, single stream | {decode1:.1} tok/s |");
+    if let Some(mib) = idle_rss {
+        println!("| process RSS after loading, idle | {mib:.0} MiB |");
+    }
     for &c in &o.concurrency {
         let mut agg = Vec::new();
         for _ in 0..o.repeat {
@@ -176,6 +180,20 @@ pub async fn run(cfg: &ModelConfig, o: &BenchOptions) -> anyhow::Result<()> {
         100.0 * (1.0 - mean)
     );
     Ok(())
+}
+
+/// Resident memory of this process (Linux), in MiB.
+fn rss_mib() -> Option<f64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let kb: f64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    Some(kb / 1024.0)
 }
 
 struct Batch {

@@ -10,13 +10,15 @@
 //! up front (the OS hands out pages lazily, so untouched blocks cost no RSS).
 
 use half::f16;
-use half::slice::HalfFloatSliceExt;
+use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
 
 use super::cpu_ops::{axpy, dot, softmax};
 use super::team::{split, split_mut, Team};
 
 pub struct KvCache {
-    layers: Vec<(Vec<f16>, Vec<f16>)>,
+    /// f16 bit patterns, allocated as `u16` zeros: `vec![0u16; n]` comes from `calloc`, whose
+    /// pages the OS maps lazily, while `vec![f16::ZERO; n]` would write (and so commit) every page.
+    layers: Vec<(Vec<u16>, Vec<u16>)>,
     block_size: usize,
     num_kv_heads: usize,
     head_dim: usize,
@@ -54,7 +56,7 @@ impl KvCache {
         let per_layer = num_blocks * block_size * num_kv_heads * head_dim;
         Self {
             layers: (0..num_layers)
-                .map(|_| (vec![f16::ZERO; per_layer], vec![f16::ZERO; per_layer]))
+                .map(|_| (vec![0u16; per_layer], vec![0u16; per_layer]))
                 .collect(),
             block_size,
             num_kv_heads,
@@ -75,6 +77,8 @@ impl KvCache {
     pub fn write(&mut self, layer: usize, slots: &[usize], k: &[f32], v: &[f32]) {
         let row = self.num_kv_heads * self.head_dim;
         let (kc, vc) = &mut self.layers[layer];
+        let (kc, vc): (&mut [f16], &mut [f16]) =
+            (kc.reinterpret_cast_mut(), vc.reinterpret_cast_mut());
         for (i, &slot) in slots.iter().enumerate() {
             kc[slot * row..(slot + 1) * row].convert_from_f32_slice(&k[i * row..(i + 1) * row]);
             vc[slot * row..(slot + 1) * row].convert_from_f32_slice(&v[i * row..(i + 1) * row]);
@@ -107,6 +111,7 @@ impl KvCache {
             .flat_map(|(s, seq)| (seq.start..seq.start + seq.len).map(move |p| (s, p)))
             .collect();
         let (kc, vc) = &self.layers[layer];
+        let (kc, vc): (&[f16], &[f16]) = (kc.reinterpret_cast(), vc.reinterpret_cast());
         let work = |idx: usize, o: &mut [f32], scores: &mut Vec<f32>| {
             let (t, kv_head) = (idx / self.num_kv_heads, idx % self.num_kv_heads);
             let (s, pos) = rows[t];

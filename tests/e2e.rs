@@ -208,9 +208,10 @@ fn client_disconnect_frees_kv_blocks() {
     let body = json!({"model": MODEL, "prompt": "Count: one, two,", "max_tokens": 2000, "ignore_eos": true, "stream": true}).to_string();
     let sock = s.raw_request("/v1/completions", &body);
     let label = format!("{{model=\"{MODEL}\"}}");
-    assert!(
-        s.metric(&format!("gateway_kv_blocks_used{label}")) > 0.0,
-        "the stream holds blocks"
+    s.wait_until(
+        &format!("gateway_kv_blocks_used{label}"),
+        |v| v > 0.0,
+        "> 0 while the stream runs",
     );
     drop(sock);
     s.wait_metric(&format!("gateway_running_sequences{label}"), 0.0);

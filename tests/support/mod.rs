@@ -130,15 +130,20 @@ impl Server {
     /// Waits (up to 20 s) for a gauge to reach `want`: gauges are published once per engine
     /// step, so they trail the responses a client has already received.
     pub fn wait_metric(&self, series: &str, want: f64) {
+        self.wait_until(series, |v| v == want, &format!("= {want}"));
+    }
+
+    /// Like `wait_metric`, for any condition on the value.
+    pub fn wait_until(&self, series: &str, ok: impl Fn(f64) -> bool, what: &str) {
         let deadline = std::time::Instant::now() + Duration::from_secs(20);
         loop {
             let got = self.metric(series);
-            if got == want {
+            if ok(got) {
                 return;
             }
             assert!(
                 std::time::Instant::now() < deadline,
-                "{series} is {got}, expected {want}"
+                "{series} is {got}, expected {what}"
             );
             std::thread::sleep(Duration::from_millis(20));
         }

@@ -248,6 +248,10 @@ fn bad_inputs_get_openai_errors() {
         assert_eq!(kind, "invalid_request_error");
         assert_eq!(p, param, "param for {body:.80}");
     }
+    // max_tokens near usize::MAX must not wrap around the context check.
+    let huge = json!({"model": MODEL, "prompt": "hi", "max_tokens": u64::MAX, "ignore_eos": true});
+    let (status, v) = s.post("/v1/completions", &huge);
+    assert_eq!((status, error_of(&v).1), (400, Some("prompt")), "{v}");
     let (status, v) = s.post(
         "/v1/completions",
         &json!({"model": MODEL, "prompt": [999999]}),

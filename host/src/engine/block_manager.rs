@@ -44,6 +44,11 @@ impl BlockManager {
         }
     }
 
+    /// Every block free and nothing cached, as when new.
+    pub fn reset(&mut self) {
+        *self = Self::new(self.num_blocks(), self.block_size, self.prefix_caching);
+    }
+
     pub fn block_size(&self) -> usize {
         self.block_size
     }
@@ -92,12 +97,17 @@ impl BlockManager {
     /// Adds a reference to a block found in the prefix cache, taking it off the free queue if
     /// nobody held it.
     pub fn acquire(&mut self, block: BlockId) {
-        let rc = &mut self.ref_counts[block as usize];
-        if *rc == 0 {
+        self.ref_counts[block as usize] += 1;
+        if self.ref_counts[block as usize] == 1 {
             self.free_gen[block as usize] = self.free_gen[block as usize].wrapping_add(1);
             self.num_free -= 1;
+            // Cache hits leave stale entries behind; drop them before the queue outgrows the pool.
+            if self.free_queue.len() > 2 * self.ref_counts.len() {
+                let (gens, rcs) = (&self.free_gen, &self.ref_counts);
+                self.free_queue
+                    .retain(|&(b, g)| gens[b as usize] == g && rcs[b as usize] == 0);
+            }
         }
-        *rc += 1;
     }
 
     /// Drops one reference to each block. Blocks that reach zero go back to the free queue; the
@@ -234,6 +244,28 @@ mod tests {
         let rest = bm.allocate(7).unwrap();
         assert!(!rest.contains(&blocks[0]));
         assert_eq!(bm.lookup_prefix(7, &tokens), vec![blocks[0]]);
+    }
+
+    #[test]
+    fn repeated_cache_hits_do_not_grow_the_free_queue() {
+        let mut bm = BlockManager::new(4, 4, true);
+        let a = bm.allocate(1).unwrap();
+        bm.register(a[0], 9);
+        bm.release(&a);
+        for _ in 0..1000 {
+            bm.acquire(a[0]);
+            bm.release(&a);
+        }
+        assert!(
+            bm.free_queue.len() <= 2 * 4 + 1,
+            "queue holds {}",
+            bm.free_queue.len()
+        );
+        assert_eq!(
+            bm.allocate(4).unwrap().len(),
+            4,
+            "every block is still handed out once"
+        );
     }
 
     #[test]

@@ -13,9 +13,18 @@ pub struct IncrementalDecoder {
 
 impl IncrementalDecoder {
     /// `context` is the tail of the prompt, so the first generated token decodes as it would
-    /// mid-text (a leading space stays a space).
-    pub fn new(context: &[u32]) -> Self {
-        let tail = &context[context.len().saturating_sub(4)..];
+    /// mid-text (a leading space stays a space). A tail that ends inside a UTF-8 character
+    /// (possible with token-id prompts) is not used: its text would not line up with the
+    /// generated text's.
+    pub fn new(tok: &Tokenizer, context: &[u32]) -> Self {
+        let mut tail = &context[context.len().saturating_sub(4)..];
+        if tok
+            .decode(tail, true)
+            .unwrap_or_default()
+            .ends_with('\u{FFFD}')
+        {
+            tail = &[];
+        }
         Self {
             ids: tail.to_vec(),
             prefix_offset: 0,

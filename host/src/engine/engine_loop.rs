@@ -3,6 +3,7 @@
 //! there is nothing to do.
 
 use std::collections::HashMap;
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::Instant;
@@ -46,6 +47,8 @@ pub(super) struct EngineLoop {
     states: HashMap<SeqId, SeqState>,
     metrics: Arc<Metrics>,
     waiting: Arc<AtomicUsize>,
+    /// No sequence grows past this, whatever its request asked for.
+    max_model_len: usize,
 }
 
 impl EngineLoop {
@@ -54,6 +57,7 @@ impl EngineLoop {
         cfg: &ModelConfig,
         num_blocks: usize,
         watermark_blocks: usize,
+        max_model_len: usize,
         metrics: Arc<Metrics>,
         waiting: Arc<AtomicUsize>,
     ) -> Self {
@@ -105,6 +109,7 @@ impl EngineLoop {
             states: HashMap::new(),
             metrics,
             waiting,
+            max_model_len,
         };
         this.publish_gauges();
         this
@@ -121,7 +126,17 @@ impl EngineLoop {
             while let Ok(cmd) = rx.try_recv() {
                 self.handle(cmd);
             }
-            self.step();
+            // A bug anywhere in a step must not take the model down for every later request:
+            // fail what was in flight, start from an empty pool, keep serving.
+            if let Err(panic) = catch_unwind(AssertUnwindSafe(|| self.step())) {
+                let msg = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "unknown panic".into());
+                tracing::error!(panic = %msg, "engine step panicked; failing in-flight requests and resetting the KV pool");
+                self.reset(&msg);
+            }
             self.publish_gauges();
         }
     }
@@ -151,7 +166,7 @@ impl EngineLoop {
             SeqState {
                 tx,
                 sampler: Sampler::new(sampling, &prompt),
-                decoder: IncrementalDecoder::new(&prompt),
+                decoder: IncrementalDecoder::new(&self.tokenizer, &prompt),
                 stop: StopMatcher::new(stop),
                 stop_ids: stop_token_ids,
                 max_tokens,
@@ -275,13 +290,14 @@ impl EngineLoop {
         let seq = self.sched.running_mut(id).expect("sampled sequences run");
         seq.tokens.push(sampled.token);
         let generated = seq.generated().len();
+        let at_window = seq.tokens.len() >= self.max_model_len;
         let (text, finish) = if st.stop_ids.contains(&sampled.token) {
             (st.stop.flush(), Some(FinishReason::Stop))
         } else {
             let delta = st.decoder.push(&self.tokenizer, sampled.token);
             match st.stop.push(&delta) {
                 StopOutcome::Stopped(t) => (t, Some(FinishReason::Stop)),
-                StopOutcome::Continue(t) if generated >= st.max_tokens => {
+                StopOutcome::Continue(t) if generated >= st.max_tokens || at_window => {
                     (t + &st.stop.flush(), Some(FinishReason::Length))
                 }
                 StopOutcome::Continue(t) => (t, None),
@@ -300,6 +316,18 @@ impl EngineLoop {
         if let Some(reason) = finish {
             self.finish(id, Some(reason));
         }
+    }
+
+    fn reset(&mut self, msg: &str) {
+        for (_, st) in self.states.drain() {
+            if !st.admitted {
+                self.waiting.fetch_sub(1, Ordering::Relaxed);
+            }
+            let _ = st
+                .tx
+                .send(Event::Failed(format!("internal engine error: {msg}")));
+        }
+        self.sched.reset();
     }
 
     fn fail(&mut self, id: SeqId, msg: String) {

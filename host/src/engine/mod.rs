@@ -118,6 +118,8 @@ pub struct ModelInfo {
     pub max_model_len: usize,
     pub num_blocks: usize,
     pub block_size: usize,
+    /// Rows of the embedding / width of the logits.
+    pub vocab_size: usize,
 }
 
 /// Handle to a running engine thread; cheap to share behind an `Arc`.
@@ -205,6 +207,7 @@ impl Engine {
             max_model_len,
             num_blocks,
             block_size: e.block_size,
+            vocab_size: s.vocab_size,
         };
         let (tx, rx) = mpsc::channel();
         let waiting = Arc::new(AtomicUsize::new(0));
@@ -216,6 +219,7 @@ impl Engine {
             cfg,
             num_blocks,
             watermark_blocks,
+            max_model_len,
             metrics,
             waiting.clone(),
         );

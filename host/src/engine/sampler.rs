@@ -91,7 +91,8 @@ impl Sampler {
     pub fn sample(&mut self, logits: &mut [f32]) -> Sampled {
         let logprobs = self.params.logprobs.map(|k| log_softmax_top(logits, k));
         self.apply_penalties(logits);
-        let token = if self.params.temperature <= 0.0 {
+        // Below this, 1/temperature overflows the softmax; such temperatures mean greedy anyway.
+        let token = if self.params.temperature < 1e-5 {
             argmax(logits)
         } else {
             self.sample_random(logits)
@@ -242,6 +243,12 @@ mod tests {
     fn greedy_picks_argmax() {
         let mut s = Sampler::new(params(|p| p.temperature = 0.0), &[]);
         assert_eq!(s.sample(&mut [0.1, 3.0, 2.0]).token, 1);
+        let mut s = Sampler::new(params(|p| p.temperature = 1e-45), &[]);
+        assert_eq!(
+            s.sample(&mut [0.1, 3.0, 2.0]).token,
+            1,
+            "a subnormal temperature is greedy"
+        );
     }
 
     #[test]

@@ -99,6 +99,13 @@ impl Scheduler {
         self.running.iter_mut().find(|s| s.id == id)
     }
 
+    /// Drops every sequence and starts over with an empty block pool.
+    pub fn reset(&mut self) {
+        self.waiting.clear();
+        self.running.clear();
+        self.blocks.reset();
+    }
+
     /// Removes a sequence wherever it is and frees its blocks at once.
     pub fn remove(&mut self, id: SeqId) -> Option<Sequence> {
         let seq = if let Some(i) = self.running.iter().position(|s| s.id == id) {

@@ -105,10 +105,11 @@ impl Team {
         while s.pending.load(SeqCst) != 0 {
             std::hint::spin_loop();
         }
+        let worker_panicked = s.panicked.swap(false, SeqCst);
         if let Err(p) = mine {
             std::panic::resume_unwind(p);
         }
-        if s.panicked.swap(false, SeqCst) {
+        if worker_panicked {
             panic!("a compute thread panicked");
         }
     }

@@ -98,7 +98,11 @@ fn load_gguf(path: &Path) -> Result<LoadedModel, ModelError> {
     let hidden = u("embedding_length")?;
     let tok = tokenizer::from_gguf(&c)?;
     let shape = ModelShape {
-        vocab_size: tok.get_vocab_size(true),
+        vocab_size: c
+            .tensor_infos
+            .get("token_embd.weight")
+            .map(|t| t.shape.dims()[0])
+            .ok_or_else(|| ModelError::Format("GGUF has no token_embd.weight".into()))?,
         hidden,
         intermediate: u("feed_forward_length")?,
         num_layers: u("block_count")?,

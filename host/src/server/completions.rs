@@ -124,20 +124,26 @@ pub async fn completion(state: &AppState, body: &[u8]) -> Result<Response, ApiEr
         Some(req.max_tokens.unwrap_or(16)),
         req.logprobs,
     )?;
-    let prompts: Vec<Vec<u32>> = match req.prompt {
-        Prompt::Text(t) => encode(&engine, vec![t], true, "prompt").await?,
-        Prompt::Texts(ts) => encode(&engine, ts, true, "prompt").await?,
-        Prompt::Tokens(ids) => vec![ids],
-        Prompt::TokenLists(l) => l,
+    // Echo gives back the prompt as sent: the text itself, or the decoded token ids.
+    let (prompts, texts): (Vec<Vec<u32>>, Option<Vec<String>>) = match req.prompt {
+        Prompt::Text(t) => (
+            encode(&engine, vec![t.clone()], true, "prompt").await?,
+            Some(vec![t]),
+        ),
+        Prompt::Texts(ts) => (encode(&engine, ts.clone(), true, "prompt").await?, Some(ts)),
+        Prompt::Tokens(ids) => (vec![ids], None),
+        Prompt::TokenLists(l) => (l, None),
     };
     if prompts.is_empty() {
         return Err(ApiError::invalid("prompt", "`prompt` must not be empty."));
     }
     let echo = req.echo.then(|| {
-        prompts
-            .iter()
-            .map(|p| engine.tokenizer.decode(p, false).unwrap_or_default())
-            .collect()
+        texts.unwrap_or_else(|| {
+            prompts
+                .iter()
+                .map(|p| engine.tokenizer.decode(p, false).unwrap_or_default())
+                .collect()
+        })
     });
     let reqs = prompts
         .into_iter()
@@ -416,6 +422,14 @@ impl Reply {
         }
     }
 
+    /// The prompt text for choice `i`'s first streamed text, once.
+    fn take_echo(&self, pending: &mut bool, i: usize) -> String {
+        match (&self.echo, std::mem::take(pending)) {
+            (Some(p), true) => p[i / self.n].clone(),
+            _ => String::new(),
+        }
+    }
+
     fn chunk(&self, choice: Value) -> Value {
         let mut c = self.envelope(true);
         c["choices"] = json!([choice]);
@@ -449,6 +463,7 @@ impl Reply {
         let mut usages = BTreeMap::new();
         let mut failed = false;
         let mut text_len = vec![0usize; total];
+        let mut echo_pending = vec![self.echo.is_some(); total];
         while let Some((i, ev)) = merged.next().await {
             let choice = match ev {
                 Event::Token { id, text, logprobs } => {
@@ -458,10 +473,7 @@ impl Reply {
                     text_len[i] += text.len();
                     let lp =
                         logprobs.map_or(Value::Null, |l| self.logprobs(&[(id, l)], text_len[i]));
-                    let mut text = text;
-                    if let (Some(p), true) = (&self.echo, text_len[i] == text.len()) {
-                        text = format!("{}{text}", p[i / self.n]);
-                    }
+                    let text = self.take_echo(&mut echo_pending[i], i) + &text;
                     match self.kind {
                         Kind::Chat => {
                             json!({"index": i, "delta": {"content": text}, "logprobs": lp, "finish_reason": null})
@@ -478,7 +490,9 @@ impl Reply {
                             json!({"index": i, "delta": {}, "logprobs": null, "finish_reason": f.as_str()})
                         }
                         Kind::Completion => {
-                            json!({"index": i, "text": "", "logprobs": null, "finish_reason": f.as_str()})
+                            // A choice that produced no text still echoes its prompt.
+                            let text = self.take_echo(&mut echo_pending[i], i);
+                            json!({"index": i, "text": text, "logprobs": null, "finish_reason": f.as_str()})
                         }
                     }
                 }

@@ -142,7 +142,8 @@ impl Generation {
         param: &'static str,
     ) -> Result<Vec<GenerationRequest>, ApiError> {
         let limit = engine.info.max_model_len;
-        let vocab = engine.tokenizer.get_vocab_size(true) as u32;
+        // Ids index the embedding and the logits, so the model's vocabulary is the bound.
+        let vocab = engine.info.vocab_size as u32;
         if prompt.is_empty() {
             return Err(ApiError::invalid(param, "The prompt is empty."));
         }
@@ -163,13 +164,13 @@ impl Generation {
             ));
         }
         let max_tokens = match self.max_tokens {
-            Some(m) if prompt.len() + m > limit => {
+            Some(m) if m > limit.saturating_sub(prompt.len()) => {
                 return Err(ApiError::invalid(
                     param,
                     format!(
                         "This model's maximum context length is {limit} tokens. However, you requested {} tokens \
                          ({} in the prompt, {m} for the completion). Please reduce the prompt or `max_tokens`.",
-                        prompt.len() + m,
+                        prompt.len().saturating_add(m),
                         prompt.len()
                     ),
                 ))

@@ -50,6 +50,30 @@ fn greedy_chat_answers_and_stream_matches() {
         u["prompt_tokens"].as_u64().unwrap() + u["completion_tokens"].as_u64().unwrap()
     );
 
+    // Logprobs cover exactly the content: their bytes concatenate to it, no stop token.
+    let mut lp_req = chat("What is the capital of France?");
+    lp_req["logprobs"] = json!(true);
+    lp_req["top_logprobs"] = json!(3);
+    let (_, lp_body) = s.post("/v1/chat/completions", &lp_req);
+    let entries = lp_body["choices"][0]["logprobs"]["content"]
+        .as_array()
+        .unwrap()
+        .clone();
+    let bytes: Vec<u8> = entries
+        .iter()
+        .flat_map(|e| {
+            e["bytes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|b| b.as_u64().unwrap() as u8)
+        })
+        .collect();
+    assert_eq!(String::from_utf8(bytes).unwrap(), text);
+    assert!(entries
+        .iter()
+        .all(|e| e["top_logprobs"].as_array().unwrap().len() == 3));
+
     let mut req = chat("What is the capital of France?");
     req["stream"] = json!(true);
     req["stream_options"] = json!({"include_usage": true});

@@ -291,7 +291,8 @@ impl EngineLoop {
         seq.tokens.push(sampled.token);
         let generated = seq.generated().len();
         let at_window = seq.tokens.len() >= self.max_model_len;
-        let (text, finish) = if st.stop_ids.contains(&sampled.token) {
+        let hit_stop_token = st.stop_ids.contains(&sampled.token);
+        let (text, finish) = if hit_stop_token {
             (st.stop.flush(), Some(FinishReason::Stop))
         } else {
             let delta = st.decoder.push(&self.tokenizer, sampled.token);
@@ -306,7 +307,8 @@ impl EngineLoop {
         let ev = Event::Token {
             id: sampled.token,
             text,
-            logprobs: sampled.logprobs,
+            // A stop token is not part of the content, so it gets no logprobs entry (as OpenAI).
+            logprobs: sampled.logprobs.filter(|_| !hit_stop_token),
         };
         if st.tx.send(ev).is_err() {
             // The client went away: free its blocks now rather than generating into the void.

@@ -123,9 +123,62 @@ fn pre_tokenizer(name: &str) -> Result<Sequence, ModelError> {
     Ok(Sequence::new(steps))
 }
 
+/// The raw bytes a token stands for. Byte-level BPE vocabularies spell bytes as printable
+/// characters (GPT-2's `bytes_to_unicode`); a token may hold part of a UTF-8 character, so
+/// decoding it alone would give U+FFFD instead of its bytes.
+pub fn token_bytes(tok: &Tokenizer, id: u32) -> Vec<u8> {
+    let byte_level = matches!(
+        tok.get_decoder(),
+        Some(tokenizers::DecoderWrapper::ByteLevel(_))
+    );
+    match tok.id_to_token(id) {
+        Some(raw) if byte_level && !tok.get_added_vocabulary().is_special_token(&raw) => raw
+            .chars()
+            .map(|c| byte_of_char(c).unwrap_or(b'?'))
+            .collect(),
+        _ => tok.decode(&[id], false).unwrap_or_default().into_bytes(),
+    }
+}
+
+/// Inverse of GPT-2's `bytes_to_unicode`: printable bytes stand for themselves, the other 68
+/// byte values are spelled with code points from U+0100 on, in byte order.
+fn byte_of_char(c: char) -> Option<u8> {
+    let printable =
+        |b: u32| (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
+    let cp = c as u32;
+    if printable(cp) {
+        return Some(cp as u8);
+    }
+    let n = cp.checked_sub(256)?;
+    (0u32..=255)
+        .filter(|&b| !printable(b))
+        .nth(n as usize)
+        .map(|b| b as u8)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn byte_level_characters_map_back_to_bytes() {
+        assert_eq!(byte_of_char('a'), Some(b'a'));
+        assert_eq!(byte_of_char('Ġ'), Some(b' '));
+        assert_eq!(byte_of_char('Ċ'), Some(b'\n'));
+        assert_eq!(
+            byte_of_char('Ã'),
+            Some(0xC3),
+            "printable Latin-1 stands for itself"
+        );
+        assert_eq!(byte_of_char('ł'), Some(0xA0));
+        assert_eq!(
+            byte_of_char('Ń'),
+            Some(0xAD),
+            "the last spelled byte (soft hyphen)"
+        );
+        assert_eq!(byte_of_char('\u{0100}'), Some(0x00));
+        assert_eq!(byte_of_char('中'), None);
+    }
 
     #[test]
     fn pre_tokenizers_build_for_every_known_name() {

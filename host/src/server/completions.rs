@@ -14,6 +14,7 @@ use super::openai::*;
 use super::validation::{self, Generation, MAX_TOP_LOGPROBS};
 use super::{json_response, sse_response, AppState, Response};
 use crate::engine::chat_template::ChatMessage;
+use crate::engine::tokenizer::token_bytes;
 use crate::engine::{Engine, Event, EventStream, FinishReason, SubmitError, TokenLogprobs, Usage};
 
 const DONE: &[u8] = b"data: [DONE]\n\n";
@@ -378,24 +379,18 @@ impl Reply {
         }
         match self.kind {
             Kind::Chat => {
-                let top = |(id, lp): &(u32, f32)| {
-                    let t = self.token_str(*id);
-                    TopLogprob {
-                        bytes: t.clone().into_bytes(),
-                        token: t,
-                        logprob: *lp,
-                    }
+                let top = |(id, lp): &(u32, f32)| TopLogprob {
+                    bytes: token_bytes(&self.engine.tokenizer, *id),
+                    token: self.token_str(*id),
+                    logprob: *lp,
                 };
                 let content: Vec<ChatTokenLogprob> = tokens
                     .iter()
-                    .map(|(id, l)| {
-                        let t = self.token_str(*id);
-                        ChatTokenLogprob {
-                            bytes: t.clone().into_bytes(),
-                            token: t,
-                            logprob: l.logprob,
-                            top_logprobs: l.top.iter().map(top).collect(),
-                        }
+                    .map(|(id, l)| ChatTokenLogprob {
+                        bytes: token_bytes(&self.engine.tokenizer, *id),
+                        token: self.token_str(*id),
+                        logprob: l.logprob,
+                        top_logprobs: l.top.iter().map(top).collect(),
                     })
                     .collect();
                 json!({ "content": content })

@@ -13,6 +13,14 @@ use std::hash::{BuildHasher, Hash, Hasher};
 
 pub type BlockId = u32;
 
+/// Cached blocks covering a prompt's prefix, and the hash of the last one (the salt when
+/// none), from which the sequence's hash chain continues.
+#[derive(Debug, PartialEq, Eq)]
+pub struct PrefixHit {
+    pub blocks: Vec<BlockId>,
+    pub last_hash: u64,
+}
+
 pub struct BlockManager {
     block_size: usize,
     ref_counts: Vec<u32>,
@@ -143,21 +151,26 @@ impl BlockManager {
 
     /// Cached blocks holding a prefix of `tokens`. The last token is never covered, so the
     /// caller always computes at least one token (it needs that token's logits).
-    pub fn lookup_prefix(&self, salt: u64, tokens: &[u32]) -> Vec<BlockId> {
-        let mut hits = Vec::new();
+    pub fn lookup_prefix(&self, salt: u64, tokens: &[u32]) -> PrefixHit {
+        let mut hit = PrefixHit {
+            blocks: Vec::new(),
+            last_hash: salt,
+        };
         if !self.prefix_caching || tokens.is_empty() {
-            return hits;
+            return hit;
         }
         let full = (tokens.len() - 1) / self.block_size;
-        let mut parent = salt;
         for chunk in tokens.chunks(self.block_size).take(full) {
-            parent = self.chain_hash(parent, chunk);
-            match self.cached.get(&parent) {
-                Some(&b) => hits.push(b),
+            let h = self.chain_hash(hit.last_hash, chunk);
+            match self.cached.get(&h) {
+                Some(&b) => {
+                    hit.blocks.push(b);
+                    hit.last_hash = h;
+                }
                 None => break,
             }
         }
-        hits
+        hit
     }
 
     /// Records that `block` now holds the full block whose chained hash is `hash`.
@@ -228,22 +241,30 @@ mod tests {
         bm.register(blocks[1], h1);
         bm.release(&blocks);
         // Same salt and prefix: both full blocks hit even though nobody holds them.
-        assert_eq!(bm.lookup_prefix(7, &tokens), vec![blocks[0], blocks[1]]);
+        assert_eq!(
+            bm.lookup_prefix(7, &tokens).blocks,
+            vec![blocks[0], blocks[1]]
+        );
+        assert_eq!(
+            bm.lookup_prefix(7, &tokens).last_hash,
+            h1,
+            "the chain continues from the last hit"
+        );
         // Another salt (another tenant) never sees them.
-        assert!(bm.lookup_prefix(8, &tokens).is_empty());
+        assert!(bm.lookup_prefix(8, &tokens).blocks.is_empty());
         // A prompt that is exactly the cached tokens leaves its last block to be computed.
-        assert_eq!(bm.lookup_prefix(7, &tokens[..8]), vec![blocks[0]]);
+        assert_eq!(bm.lookup_prefix(7, &tokens[..8]).blocks, vec![blocks[0]]);
         // Diverging second block: only the first hits.
         let mut other = tokens.clone();
         other[5] = 99;
-        assert_eq!(bm.lookup_prefix(7, &other), vec![blocks[0]]);
+        assert_eq!(bm.lookup_prefix(7, &other).blocks, vec![blocks[0]]);
         // Acquiring a cached free block takes it off the free queue.
         bm.acquire(blocks[0]);
         assert_eq!(bm.num_free(), 7);
         // Allocating everything else evicts the unheld cached block but not the held one.
         let rest = bm.allocate(7).unwrap();
         assert!(!rest.contains(&blocks[0]));
-        assert_eq!(bm.lookup_prefix(7, &tokens), vec![blocks[0]]);
+        assert_eq!(bm.lookup_prefix(7, &tokens).blocks, vec![blocks[0]]);
     }
 
     #[test]

@@ -84,14 +84,6 @@ impl QuantMatrix {
         self.cols
     }
 
-    pub fn format(&self) -> Format {
-        self.format
-    }
-
-    pub fn raw(&self) -> &[u8] {
-        &self.data
-    }
-
     fn row_bytes(&self) -> usize {
         self.cols / BLOCK * self.format.block_bytes()
     }

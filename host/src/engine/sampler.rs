@@ -82,10 +82,6 @@ impl Sampler {
         }
     }
 
-    pub fn params(&self) -> &SamplingParams {
-        &self.params
-    }
-
     /// Picks the next token from one row of logits (modified in place) and records it for the
     /// penalties of later steps.
     pub fn sample(&mut self, logits: &mut [f32]) -> Sampled {

@@ -170,7 +170,8 @@ impl Scheduler {
             let Some(seq) = self.waiting.front() else {
                 break;
             };
-            let hits = self.blocks.lookup_prefix(seq.cache_salt, &seq.tokens);
+            let hit = self.blocks.lookup_prefix(seq.cache_salt, &seq.tokens);
+            let hits = hit.blocks;
             let cached_tokens = hits.len() * self.blocks.block_size();
             let want = (seq.tokens.len() - cached_tokens).min(budget);
             let need = self.blocks.blocks_for(cached_tokens + want) - hits.len();
@@ -186,12 +187,7 @@ impl Scheduler {
                 self.blocks.acquire(b);
             }
             let new = self.blocks.allocate(need).expect("checked free blocks");
-            // The hash chain continues from the last hit.
-            seq.last_hash = seq
-                .tokens
-                .chunks(self.blocks.block_size())
-                .take(hits.len())
-                .fold(seq.cache_salt, |h, chunk| self.blocks.chain_hash(h, chunk));
+            seq.last_hash = hit.last_hash;
             seq.num_hashed = hits.len();
             seq.blocks = hits;
             seq.blocks.extend(new);

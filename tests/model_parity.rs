@@ -13,18 +13,11 @@ use gateway::engine::model::{BatchSeq, Model};
 use gateway::engine::paged_attention::KvCache;
 use gateway::engine::{tokenizer, weights};
 
+#[path = "support/model.rs"]
+mod model;
+
 const HEADS: usize = 9;
 const KV_HEADS: usize = 3;
-
-fn model_path() -> String {
-    std::env::var("GATEWAY_TEST_MODEL").unwrap_or_else(|_| {
-        concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../models/SmolLM2-135M-Instruct.Q4_1.gguf"
-        )
-        .into()
-    })
-}
 
 /// Inverse of llama.cpp's `permute` for Q/K: rows (head, pair, 2) back to (head, 2, pair).
 fn unpermute(t: Tensor, heads: usize) -> Tensor {
@@ -121,7 +114,7 @@ fn greedy(model: &Model, prompt: &[u32], n: usize) -> Vec<u32> {
 
 #[test]
 fn hf_folder_and_gguf_run_the_same_model() {
-    let gguf = model_path();
+    let gguf = model::model_path();
     let dir = std::env::temp_dir().join(format!("gateway-hf-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     convert(Path::new(&gguf), &dir);

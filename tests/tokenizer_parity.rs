@@ -9,6 +9,9 @@
 
 use gateway::engine::tokenizer;
 
+#[path = "support/model.rs"]
+mod model;
+
 const CASES: &[(&str, &[u32])] = &[
     (
         "What is the capital of France?",
@@ -72,13 +75,7 @@ const CASES: &[(&str, &[u32])] = &[
 
 #[test]
 fn gguf_tokenizer_matches_reference_ids() {
-    let path = std::env::var("GATEWAY_TEST_MODEL").unwrap_or_else(|_| {
-        concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../models/SmolLM2-135M-Instruct.Q4_1.gguf"
-        )
-        .into()
-    });
+    let path = model::model_path();
     let tok = tokenizer::from_gguf_file(std::path::Path::new(&path))
         .unwrap_or_else(|e| panic!("cannot load {path}: {e} (run host/scripts/fetch-models.sh)"));
     for (text, want) in CASES {

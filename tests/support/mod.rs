@@ -6,17 +6,10 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-pub const MODEL: &str = "smollm2-135m-instruct";
+mod model;
+pub use model::model_path;
 
-pub fn model_path() -> String {
-    std::env::var("GATEWAY_TEST_MODEL").unwrap_or_else(|_| {
-        concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../models/SmolLM2-135M-Instruct.Q4_1.gguf"
-        )
-        .into()
-    })
-}
+pub const MODEL: &str = "smollm2-135m-instruct";
 
 pub struct Server {
     child: Child,

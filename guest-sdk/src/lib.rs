@@ -1,0 +1,157 @@
+//! Write plugins for the gateway: prompt templates, rerankers and output parsers that run
+//! inside the gateway's request path as sandboxed WebAssembly components.
+//!
+//! A plugin is a `cdylib` crate that depends on this one, implements the `Guest` trait of one
+//! world and exports it with that world's macro. Build it with
+//! `cargo build --target wasm32-wasip2 --release`; the `.wasm` file is the component to
+//! deploy. See the crate README for the ten-minute walkthrough.
+//!
+//! | kind | module | trait to implement | export macro |
+//! |------|--------|--------------------|--------------|
+//! | prompt template | [`prompt_template`] | `prompt_template::Guest` | [`export_prompt_template!`] |
+//! | reranker | [`reranker`] | `reranker::Guest` | [`export_reranker!`] |
+//! | output parser | [`output_parser`] | `output_parser::Guest` | [`export_output_parser!`] |
+//!
+//! # A prompt template
+//! ```no_run
+//! use guest_sdk::prompt_template::{ChatRequest, Guest, Message, PluginError, RenderedPrompt};
+//!
+//! struct Persona;
+//!
+//! impl Guest for Persona {
+//!     fn render(request: ChatRequest) -> Result<RenderedPrompt, PluginError> {
+//!         let persona = guest_sdk::prompt_template::config("persona")
+//!             .unwrap_or_else(|| "You are a helpful CRM assistant.".into());
+//!         let mut messages = vec![Message { role: "system".into(), content: persona, name: None }];
+//!         messages.extend(request.messages.into_iter().filter(|m| m.role != "system"));
+//!         Ok(RenderedPrompt::Messages(messages))
+//!     }
+//! }
+//!
+//! guest_sdk::export_prompt_template!(Persona);
+//! ```
+//!
+//! # A reranker
+//! ```no_run
+//! use guest_sdk::reranker::{Candidate, Guest, PluginError, Scored};
+//!
+//! struct ByLength;
+//!
+//! impl Guest for ByLength {
+//!     fn rerank(_query: String, candidates: Vec<Candidate>) -> Result<Vec<Scored>, PluginError> {
+//!         // Shorter passages first: a toy policy to show the shape.
+//!         Ok(candidates
+//!             .into_iter()
+//!             .map(|c| Scored { score: 1.0 / (1.0 + c.text.len() as f32), id: c.id })
+//!             .collect())
+//!     }
+//! }
+//!
+//! guest_sdk::export_reranker!(ByLength);
+//! ```
+//!
+//! # An output parser
+//! ```no_run
+//! use guest_sdk::output_parser::{Guest, Parsed, PluginError};
+//!
+//! struct Strict;
+//!
+//! impl Guest for Strict {
+//!     fn parse(text: String, _schema: Option<String>) -> Result<Parsed, PluginError> {
+//!         let value: serde_json::Value = guest_sdk::output_parser::from_json(text.trim())?;
+//!         Ok(Parsed { json: value.to_string(), repairs: Vec::new() })
+//!     }
+//! }
+//!
+//! guest_sdk::export_output_parser!(Strict);
+//! ```
+
+/// Helpers every world module gets, bound to that world's own generated `host` import.
+macro_rules! helpers {
+    () => {
+        pub use self::gateway::plugins::host::LogLevel;
+
+        /// The tenant's configuration value for `key`, as set by the platform admin.
+        pub fn config(key: &str) -> Option<String> {
+            self::gateway::plugins::host::config_get(key)
+        }
+
+        /// Writes `message` to the gateway log, tagged with tenant and plugin.
+        pub fn log(level: LogLevel, message: &str) {
+            self::gateway::plugins::host::log(level, message)
+        }
+
+        /// A plugin error with a machine-readable `code` and a message for the client.
+        pub fn error(code: &str, message: impl Into<String>) -> PluginError {
+            PluginError {
+                code: code.into(),
+                message: message.into(),
+            }
+        }
+
+        /// Parses JSON text, mapping failures to an `invalid-json` plugin error.
+        pub fn from_json<T: ::serde::de::DeserializeOwned>(text: &str) -> Result<T, PluginError> {
+            ::serde_json::from_str(text).map_err(|e| error("invalid-json", e.to_string()))
+        }
+    };
+}
+
+/// The `prompt-template` world: turn a chat request into the model's prompt.
+pub mod prompt_template {
+    wit_bindgen::generate!({
+        world: "prompt-template",
+        path: "../wit",
+        default_bindings_module: "guest_sdk::prompt_template",
+        pub_export_macro: true,
+        export_macro_name: "export_prompt_template_inner",
+    });
+    helpers!();
+}
+
+/// The `reranker` world: reorder candidate passages for a query.
+pub mod reranker {
+    wit_bindgen::generate!({
+        world: "reranker",
+        path: "../wit",
+        default_bindings_module: "guest_sdk::reranker",
+        pub_export_macro: true,
+        export_macro_name: "export_reranker_inner",
+    });
+    helpers!();
+}
+
+/// The `output-parser` world: extract and validate structured output from model text.
+pub mod output_parser {
+    wit_bindgen::generate!({
+        world: "output-parser",
+        path: "../wit",
+        default_bindings_module: "guest_sdk::output_parser",
+        pub_export_macro: true,
+        export_macro_name: "export_output_parser_inner",
+    });
+    helpers!();
+}
+
+/// Exports a type implementing [`prompt_template::Guest`] as the plugin's entry point.
+#[macro_export]
+macro_rules! export_prompt_template {
+    ($ty:ident) => {
+        $crate::prompt_template::export_prompt_template_inner!($ty with_types_in $crate::prompt_template);
+    };
+}
+
+/// Exports a type implementing [`reranker::Guest`] as the plugin's entry point.
+#[macro_export]
+macro_rules! export_reranker {
+    ($ty:ident) => {
+        $crate::reranker::export_reranker_inner!($ty with_types_in $crate::reranker);
+    };
+}
+
+/// Exports a type implementing [`output_parser::Guest`] as the plugin's entry point.
+#[macro_export]
+macro_rules! export_output_parser {
+    ($ty:ident) => {
+        $crate::output_parser::export_output_parser_inner!($ty with_types_in $crate::output_parser);
+    };
+}

@@ -19,6 +19,53 @@ pub struct Config {
     pub max_body_bytes: usize,
     /// Models to serve; each has its own engine thread and KV pool.
     pub models: Vec<ModelConfig>,
+    /// Bearer token for `/admin/*`; without it the admin API is off.
+    pub admin_token: Option<String>,
+    pub plugins: PluginsConfig,
+    /// Tenants and the API keys that select them. A request with no key, or a key not listed,
+    /// belongs to the tenant `default`.
+    pub tenants: Vec<TenantConfig>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PluginsConfig {
+    /// Plugin folder: `<dir>/<tenant>/<name>.wasm` (+ optional `<name>.toml` with `kind`),
+    /// watched for changes. Unset: plugins come only through the admin API and live in memory.
+    pub dir: Option<PathBuf>,
+    /// Compiled components, keyed by the wasm's SHA-256. Default: `<dir>/.compiled`.
+    pub cache_dir: Option<PathBuf>,
+    /// Wall-clock deadline of one plugin call, in milliseconds.
+    pub timeout_ms: u64,
+    /// Linear-memory cap of one plugin call, in MiB.
+    pub memory_mb: usize,
+    /// Plugin instances alive at once (the pooling allocator's slots); calls beyond fail fast.
+    pub max_instances: u32,
+    /// Largest component accepted by the admin upload, in bytes.
+    pub max_upload_bytes: usize,
+    /// Let plugins write to the gateway's stdout/stderr (for debugging plugins only).
+    pub debug_stdio: bool,
+    /// Reuse a plugin's instances across calls (never across plugins or tenants); off gives
+    /// every call a fresh instance, at several times the cost per call.
+    pub reuse_instances: bool,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TenantConfig {
+    pub name: String,
+    /// API keys (`Authorization: Bearer <key>`) that identify this tenant.
+    pub api_keys: Vec<String>,
+    /// Plugin (by name, in this tenant's plugin folder) that renders chat prompts.
+    pub prompt_template: Option<String>,
+    /// Plugin that parses output when a request sets `response_format` (or `parse_output`).
+    pub output_parser: Option<String>,
+    /// Run the output parser on every chat completion, not only with `response_format`.
+    pub parse_output: bool,
+    /// Plugin that serves `/v1/rerank` when the request names none.
+    pub reranker: Option<String>,
+    /// Values plugins read with `config-get`.
+    pub config: std::collections::BTreeMap<String, String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -61,6 +108,24 @@ impl Default for Config {
             listen: "127.0.0.1:8080".parse().expect("static address"),
             max_body_bytes: 4 << 20,
             models: vec![ModelConfig::default()],
+            admin_token: None,
+            plugins: PluginsConfig::default(),
+            tenants: Vec::new(),
+        }
+    }
+}
+
+impl Default for PluginsConfig {
+    fn default() -> Self {
+        Self {
+            dir: None,
+            cache_dir: None,
+            timeout_ms: 50,
+            memory_mb: 64,
+            max_instances: 256,
+            max_upload_bytes: 32 << 20,
+            debug_stdio: false,
+            reuse_instances: true,
         }
     }
 }
@@ -145,6 +210,45 @@ impl Config {
             if !(0.0..0.5).contains(&e.watermark) {
                 return bad(format!("models.{}: watermark must be in [0, 0.5)", m.name));
             }
+        }
+        let p = &self.plugins;
+        if p.timeout_ms == 0 || p.memory_mb == 0 || p.max_instances == 0 {
+            return bad("plugins: timeout_ms, memory_mb and max_instances must be > 0".into());
+        }
+        let mut tenants = std::collections::HashSet::new();
+        let mut keys = std::collections::HashSet::new();
+        for t in &self.tenants {
+            if !crate::plugins::valid_name(&t.name) {
+                return bad(format!(
+                    "tenants: {:?} is not a valid tenant name (a-z, 0-9, '-', '_')",
+                    t.name
+                ));
+            }
+            if !tenants.insert(&t.name) {
+                return bad(format!("tenants: {:?} is configured twice", t.name));
+            }
+            for k in &t.api_keys {
+                if !keys.insert(k) {
+                    return bad(format!(
+                        "tenants.{}: an API key is listed for two tenants",
+                        t.name
+                    ));
+                }
+            }
+            for p in [&t.prompt_template, &t.output_parser, &t.reranker]
+                .into_iter()
+                .flatten()
+            {
+                if !crate::plugins::valid_name(p) {
+                    return bad(format!(
+                        "tenants.{}: {p:?} is not a valid plugin name",
+                        t.name
+                    ));
+                }
+            }
+        }
+        if self.admin_token.as_ref().is_some_and(|t| t.len() < 16) {
+            return bad("admin_token must be at least 16 characters".into());
         }
         Ok(())
     }

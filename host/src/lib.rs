@@ -5,4 +5,5 @@ pub mod bench;
 pub mod config;
 pub mod engine;
 pub mod metrics;
+pub mod plugins;
 pub mod server;

@@ -23,6 +23,9 @@ pub struct Metrics {
     pub requests: IntCounterVec,
     pub http_requests: IntCounterVec,
     pub http_latency: Histogram,
+    pub plugin_calls: IntCounterVec,
+    pub plugin_failures: IntCounterVec,
+    pub plugin_seconds: HistogramVec,
 }
 
 fn reg<T: prometheus::core::Collector + Clone + 'static>(r: &Registry, m: T) -> T {
@@ -127,6 +130,25 @@ impl Metrics {
                 Histogram::with_opts(
                     HistogramOpts::new("gateway_http_request_seconds", "Time to response head")
                         .buckets(secs),
+                )
+                .expect("valid"),
+            ),
+            plugin_calls: counter(
+                "gateway_plugin_calls_total",
+                "Plugin calls by tenant and plugin",
+                &["tenant", "plugin"],
+            ),
+            plugin_failures: counter(
+                "plugin_failures_total",
+                "Failed plugin calls by cause (trap, panic, timeout, memory, invalid_output, rejected, busy, missing)",
+                &["tenant", "plugin", "cause"],
+            ),
+            plugin_seconds: reg(
+                &r,
+                HistogramVec::new(
+                    HistogramOpts::new("gateway_plugin_call_seconds", "Plugin call time, instantiation included")
+                        .buckets(vec![1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 5e-3, 0.02, 0.05, 0.1]),
+                    &["kind"],
                 )
                 .expect("valid"),
             ),

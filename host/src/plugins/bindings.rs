@@ -1,0 +1,132 @@
+//! Host-side bindings generated from `wit/plugins.wit`, and the `host` interface every plugin
+//! imports. The `types` and `host` interfaces are generated once (with the prompt-template
+//! world) and shared by the other worlds, so one linker serves every plugin kind.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use wasmtime::component::ResourceTable;
+use wasmtime::{ResourceLimiter, StoreLimits};
+use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
+
+pub mod prompt_template {
+    wasmtime::component::bindgen!({ world: "prompt-template", path: "../wit" });
+}
+
+pub mod reranker {
+    wasmtime::component::bindgen!({
+        world: "reranker",
+        path: "../wit",
+        with: { "gateway:plugins": super::prompt_template::gateway::plugins },
+    });
+}
+
+pub mod output_parser {
+    wasmtime::component::bindgen!({
+        world: "output-parser",
+        path: "../wit",
+        with: { "gateway:plugins": super::prompt_template::gateway::plugins },
+    });
+}
+
+use prompt_template::gateway::plugins::{host, types};
+
+/// At most this many log lines per call, each cut to `MAX_LOG_BYTES`: a plugin cannot flood
+/// the gateway's log.
+const MAX_LOGS_PER_CALL: u32 = 32;
+const MAX_LOG_BYTES: usize = 1024;
+
+/// Everything one call's `Store` holds.
+pub struct CallState {
+    pub wasi: WasiCtx,
+    pub table: ResourceTable,
+    pub limiter: Limiter,
+    pub tenant: Arc<str>,
+    pub plugin: Arc<str>,
+    pub config: Arc<BTreeMap<String, String>>,
+    pub logs: u32,
+}
+
+impl WasiView for CallState {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView {
+            ctx: &mut self.wasi,
+            table: &mut self.table,
+        }
+    }
+}
+
+impl types::Host for CallState {}
+
+impl host::Host for CallState {
+    fn log(&mut self, level: host::LogLevel, message: String) {
+        if self.logs >= MAX_LOGS_PER_CALL {
+            return;
+        }
+        self.logs += 1;
+        let mut end = message.len().min(MAX_LOG_BYTES);
+        while !message.is_char_boundary(end) {
+            end -= 1;
+        }
+        let message = &message[..end];
+        let (tenant, plugin) = (&*self.tenant, &*self.plugin);
+        match level {
+            host::LogLevel::Trace => tracing::trace!(tenant, plugin, "{message}"),
+            host::LogLevel::Debug => tracing::debug!(tenant, plugin, "{message}"),
+            host::LogLevel::Info => tracing::info!(tenant, plugin, "{message}"),
+            host::LogLevel::Warn => tracing::warn!(tenant, plugin, "{message}"),
+            host::LogLevel::Error => tracing::error!(tenant, plugin, "{message}"),
+        }
+    }
+
+    fn config_get(&mut self, key: String) -> Option<String> {
+        self.config.get(&key).cloned()
+    }
+}
+
+/// `StoreLimits` plus a record of whether a memory limit was hit, so a trap caused by the
+/// cap is reported as "memory limit" rather than as an anonymous trap.
+pub struct Limiter {
+    pub limits: StoreLimits,
+    pub memory_cap: usize,
+    pub hit_memory_cap: bool,
+}
+
+impl ResourceLimiter for Limiter {
+    fn memory_growing(
+        &mut self,
+        current: usize,
+        desired: usize,
+        maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        if desired > self.memory_cap {
+            self.hit_memory_cap = true;
+            wasmtime::bail!(
+                "plugin memory would grow past its {}-byte cap",
+                self.memory_cap
+            );
+        }
+        self.limits.memory_growing(current, desired, maximum)
+    }
+
+    fn table_growing(
+        &mut self,
+        current: usize,
+        desired: usize,
+        maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        self.limits.table_growing(current, desired, maximum)
+    }
+
+    fn instances(&self) -> usize {
+        self.limits.instances()
+    }
+
+    fn tables(&self) -> usize {
+        self.limits.tables()
+    }
+
+    fn memories(&self) -> usize {
+        self.limits.memories()
+    }
+}

@@ -1,0 +1,264 @@
+//! Installed plugins per tenant, swapped atomically. Readers take an `Arc<Plugin>` and keep it
+//! for the whole call, so replacing or removing a plugin never disturbs a call in flight.
+//! Writers (directory sync, admin API) are serialised by one mutex and never block readers.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::SystemTime;
+
+use arc_swap::ArcSwap;
+use sha2::{Digest, Sha256};
+
+use super::runtime::{hex, write_atomically};
+use super::{valid_name, LoadError, Plugin, PluginKind, Runtime};
+
+type Key = (String, String);
+
+pub struct Registry {
+    runtime: Arc<Runtime>,
+    /// `<dir>/<tenant>/<name>.wasm`, with an optional `<name>.toml` manifest beside it.
+    dir: Option<PathBuf>,
+    plugins: ArcSwap<BTreeMap<Key, Arc<Plugin>>>,
+    /// Serialises writers; remembers each rejected file (by content and manifest), so an
+    /// unchanged bad file is not recompiled (and re-logged) on every directory event.
+    writer: Mutex<HashMap<PathBuf, String>>,
+}
+
+/// What one directory sync did.
+#[derive(Debug, Default, PartialEq)]
+pub struct SyncReport {
+    pub loaded: Vec<String>,
+    pub removed: Vec<String>,
+    pub rejected: Vec<String>,
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Manifest {
+    kind: PluginKind,
+}
+
+impl Registry {
+    pub fn new(runtime: Arc<Runtime>, dir: Option<PathBuf>) -> Self {
+        Self {
+            runtime,
+            dir,
+            plugins: ArcSwap::default(),
+            writer: Mutex::default(),
+        }
+    }
+
+    pub fn runtime(&self) -> &Arc<Runtime> {
+        &self.runtime
+    }
+
+    pub fn dir(&self) -> Option<&Path> {
+        self.dir.as_deref()
+    }
+
+    pub fn get(&self, tenant: &str, name: &str) -> Option<Arc<Plugin>> {
+        self.plugins
+            .load()
+            .get(&(tenant.to_string(), name.to_string()))
+            .cloned()
+    }
+
+    pub fn list(&self) -> Vec<Arc<Plugin>> {
+        self.plugins.load().values().cloned().collect()
+    }
+
+    /// Compiles and checks `wasm`, then makes it the tenant's plugin `name`. With a plugin
+    /// directory the file (and a manifest naming the kind) is written there first, so the
+    /// upload survives a restart. On error nothing changes.
+    pub fn install(
+        &self,
+        tenant: &str,
+        name: &str,
+        wasm: &[u8],
+        kind: Option<PluginKind>,
+    ) -> Result<Arc<Plugin>, LoadError> {
+        check_names(tenant, name)?;
+        let _writer = self.writer.lock().unwrap_or_else(|e| e.into_inner());
+        let plugin = self.build(tenant, name, wasm, kind)?;
+        if let Some(dir) = &self.dir {
+            let base = dir.join(tenant);
+            write_atomically(
+                &base.join(format!("{name}.toml")),
+                format!("kind = \"{}\"\n", plugin.kind()).as_bytes(),
+            )?;
+            write_atomically(&base.join(format!("{name}.wasm")), wasm)?;
+        }
+        self.swap(|m| {
+            m.insert(key(tenant, name), plugin.clone());
+        });
+        Ok(plugin)
+    }
+
+    /// Removes the tenant's plugin `name` (and its files). Calls in flight finish on it.
+    pub fn remove(&self, tenant: &str, name: &str) -> Result<bool, LoadError> {
+        check_names(tenant, name)?;
+        let _writer = self.writer.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(dir) = &self.dir {
+            for ext in ["wasm", "toml"] {
+                match std::fs::remove_file(dir.join(tenant).join(format!("{name}.{ext}"))) {
+                    Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e.into()),
+                    _ => {}
+                }
+            }
+        }
+        let mut existed = false;
+        self.swap(|m| existed = m.remove(&key(tenant, name)).is_some());
+        Ok(existed)
+    }
+
+    /// Brings the registry in line with the plugin directory: new and changed files are
+    /// compiled and swapped in, files that are gone are removed, and a file that fails to
+    /// load leaves the previous version serving.
+    pub fn sync_dir(&self) -> SyncReport {
+        let mut report = SyncReport::default();
+        let Some(dir) = &self.dir else { return report };
+        let mut rejected = self.writer.lock().unwrap_or_else(|e| e.into_inner());
+        let found = scan(dir);
+        let current = self.plugins.load_full();
+        let mut next = (*current).clone();
+        for ((tenant, name), path) in &found {
+            let label = format!("{tenant}/{name}");
+            let wasm = match std::fs::read(path) {
+                Ok(b) => b,
+                Err(e) => {
+                    tracing::warn!(plugin = %label, error = %e, "could not read plugin file");
+                    continue;
+                }
+            };
+            let sha = hex(&Sha256::digest(&wasm));
+            let manifest_path = path.with_extension("toml");
+            // A rejection is remembered per (component, manifest) pair: fixing either retries.
+            let manifest = std::fs::read_to_string(&manifest_path).unwrap_or_default();
+            let attempt = format!("{sha}:{manifest}");
+            if current
+                .get(&key(tenant, name))
+                .is_some_and(|p| p.sha256 == sha)
+                || rejected.get(path) == Some(&attempt)
+            {
+                continue;
+            }
+            let built = manifest_kind(&manifest_path)
+                .and_then(|kind| self.build(tenant, name, &wasm, kind));
+            match built {
+                Ok(plugin) => {
+                    tracing::info!(plugin = %label, kind = %plugin.kind(), sha256 = %&sha[..12], "plugin loaded");
+                    rejected.remove(path);
+                    next.insert(key(tenant, name), plugin);
+                    report.loaded.push(label);
+                }
+                Err(e) => {
+                    let kept = if current.contains_key(&key(tenant, name)) {
+                        "; the previous version stays"
+                    } else {
+                        ""
+                    };
+                    tracing::warn!(plugin = %label, error = %e, "plugin rejected{kept}");
+                    rejected.insert(path.clone(), attempt);
+                    report.rejected.push(label);
+                }
+            }
+        }
+        next.retain(|k, _| {
+            let keep = found.contains_key(k);
+            if !keep {
+                tracing::info!(plugin = %format!("{}/{}", k.0, k.1), "plugin removed");
+                report.removed.push(format!("{}/{}", k.0, k.1));
+            }
+            keep
+        });
+        rejected.retain(|p, _| p.exists());
+        if !report.loaded.is_empty() || !report.removed.is_empty() {
+            self.plugins.store(Arc::new(next));
+        }
+        report
+    }
+
+    fn build(
+        &self,
+        tenant: &str,
+        name: &str,
+        wasm: &[u8],
+        kind: Option<PluginKind>,
+    ) -> Result<Arc<Plugin>, LoadError> {
+        let prepared = self.runtime.prepare(wasm, kind)?;
+        Ok(Arc::new(Plugin {
+            tenant: tenant.into(),
+            name: name.into(),
+            sha256: hex(&Sha256::digest(wasm)),
+            size: wasm.len(),
+            loaded_at: SystemTime::now(),
+            pool: super::warm::Pool::new(&self.runtime),
+            prepared,
+        }))
+    }
+
+    fn swap(&self, f: impl FnOnce(&mut BTreeMap<Key, Arc<Plugin>>)) {
+        let mut next = (**self.plugins.load()).clone();
+        f(&mut next);
+        self.plugins.store(Arc::new(next));
+    }
+}
+
+fn key(tenant: &str, name: &str) -> Key {
+    (tenant.to_string(), name.to_string())
+}
+
+fn check_names(tenant: &str, name: &str) -> Result<(), LoadError> {
+    if !valid_name(tenant) {
+        return Err(LoadError::BadName {
+            what: "tenant",
+            name: tenant.into(),
+        });
+    }
+    if !valid_name(name) {
+        return Err(LoadError::BadName {
+            what: "plugin name",
+            name: name.into(),
+        });
+    }
+    Ok(())
+}
+
+/// Every `<tenant>/<name>.wasm` with valid names; anything else (hidden folders such as the
+/// compile cache, temporary files) is skipped.
+fn scan(dir: &Path) -> BTreeMap<Key, PathBuf> {
+    let mut out = BTreeMap::new();
+    let Ok(tenants) = std::fs::read_dir(dir) else {
+        return out;
+    };
+    for t in tenants.flatten() {
+        let tenant = t.file_name().to_string_lossy().into_owned();
+        if !valid_name(&tenant) || !t.path().is_dir() {
+            continue;
+        }
+        let Ok(files) = std::fs::read_dir(t.path()) else {
+            continue;
+        };
+        for f in files.flatten() {
+            let path = f.path();
+            let Some(name) = path.file_stem().map(|s| s.to_string_lossy().into_owned()) else {
+                continue;
+            };
+            if path.extension().is_some_and(|e| e == "wasm") && valid_name(&name) {
+                out.insert((tenant.clone(), name), path);
+            }
+        }
+    }
+    out
+}
+
+fn manifest_kind(path: &Path) -> Result<Option<PluginKind>, LoadError> {
+    match std::fs::read_to_string(path) {
+        Ok(text) => toml::from_str::<Manifest>(&text)
+            .map(|m| Some(m.kind))
+            .map_err(|e| LoadError::Manifest(format!("{}: {e}", path.display()))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}

@@ -1,0 +1,301 @@
+//! The wasmtime side: one `Engine` with a pooling allocator and an epoch ticker, compilation
+//! with an on-disk cache keyed by the component's hash, and one call = one fresh `Store`.
+
+use std::collections::BTreeMap;
+use std::hash::{Hash, Hasher};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use sha2::{Digest, Sha256};
+use wasmtime::component::{Component, Linker, ResourceTable};
+use wasmtime::{
+    Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Store, StoreLimitsBuilder,
+    Trap,
+};
+use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
+use wasmtime_wasi::WasiCtxBuilder;
+
+use super::bindings::{
+    output_parser::OutputParserPre, prompt_template::PromptTemplatePre, reranker::RerankerPre,
+    CallState, Limiter,
+};
+use super::{CallError, LoadError, PluginKind};
+use crate::config::PluginsConfig;
+
+/// How often the epoch advances; deadlines are rounded up to whole ticks.
+const EPOCH_TICK: Duration = Duration::from_millis(2);
+/// Guest stderr kept per call: enough for a panic message.
+const STDERR_BYTES: usize = 4096;
+
+pub struct Runtime {
+    engine: Engine,
+    linker: Linker<CallState>,
+    cache_dir: Option<PathBuf>,
+    deadline_ticks: u64,
+    pub timeout: Duration,
+    /// Keep instances warm between calls (see `warm`); off = a fresh instance per call.
+    pub reuse_instances: bool,
+    /// Idle instances now, over all plugins, and the most allowed.
+    pub idle: Arc<std::sync::atomic::AtomicUsize>,
+    pub max_idle: usize,
+    pub memory_cap: usize,
+    inherit_stdio: bool,
+}
+
+/// A compiled, linked and world-checked plugin, ready to instantiate.
+pub enum Prepared {
+    PromptTemplate(PromptTemplatePre<CallState>),
+    Reranker(RerankerPre<CallState>),
+    OutputParser(OutputParserPre<CallState>),
+}
+
+impl Prepared {
+    pub fn kind(&self) -> PluginKind {
+        match self {
+            Prepared::PromptTemplate(_) => PluginKind::PromptTemplate,
+            Prepared::Reranker(_) => PluginKind::Reranker,
+            Prepared::OutputParser(_) => PluginKind::OutputParser,
+        }
+    }
+}
+
+impl Runtime {
+    pub fn new(cfg: &PluginsConfig) -> Result<Arc<Self>, StartError> {
+        let fail = |e: &dyn std::fmt::Display| StartError(e.to_string());
+        let memory_cap = cfg.memory_mb * (1 << 20);
+        let mut pool = PoolingAllocationConfig::default();
+        // A Rust wasip2 component is one main module plus the small shim modules
+        // wit-component adds for its imports; these bounds leave room for that.
+        pool.total_component_instances(cfg.max_instances)
+            .total_core_instances(cfg.max_instances * 4)
+            .total_memories(cfg.max_instances * 2)
+            .total_tables(cfg.max_instances * 4)
+            .max_memory_size(memory_cap)
+            .max_memories_per_component(2);
+        let mut config = Config::new();
+        config
+            .allocation_strategy(InstanceAllocationStrategy::Pooling(pool))
+            .epoch_interruption(true)
+            // Linear memories never outgrow the cap, so reserve only that much address space
+            // per pool slot instead of the default 4 GiB.
+            .memory_reservation(memory_cap as u64)
+            .memory_guard_size(1 << 16)
+            .memory_reservation_for_growth(0);
+        let engine = Engine::new(&config).map_err(|e| fail(&e))?;
+        let mut linker = Linker::new(&engine);
+        wasmtime_wasi::p2::add_to_linker_sync(&mut linker).map_err(|e| fail(&e))?;
+        super::bindings::prompt_template::gateway::plugins::host::add_to_linker::<
+            _,
+            wasmtime::component::HasSelf<_>,
+        >(&mut linker, |s| s)
+        .map_err(|e| fail(&e))?;
+        super::bindings::prompt_template::gateway::plugins::types::add_to_linker::<
+            _,
+            wasmtime::component::HasSelf<_>,
+        >(&mut linker, |s| s)
+        .map_err(|e| fail(&e))?;
+
+        // The ticker holds only a weak handle: it ends when the runtime is dropped.
+        let weak = engine.weak();
+        std::thread::Builder::new()
+            .name("plugin-epoch".into())
+            .spawn(move || {
+                while let Some(engine) = weak.upgrade() {
+                    engine.increment_epoch();
+                    drop(engine);
+                    std::thread::sleep(EPOCH_TICK);
+                }
+            })
+            .map_err(|e| fail(&e))?;
+        let timeout = Duration::from_millis(cfg.timeout_ms);
+        let ticks = timeout.as_micros().div_ceil(EPOCH_TICK.as_micros()) as u64;
+        Ok(Arc::new(Self {
+            engine,
+            linker,
+            cache_dir: cfg.cache_dir.clone(),
+            // +1: the current tick may be about to end.
+            deadline_ticks: ticks + 1,
+            timeout,
+            reuse_instances: cfg.reuse_instances,
+            idle: Arc::default(),
+            max_idle: cfg.max_instances as usize / 2,
+            memory_cap,
+            inherit_stdio: cfg.debug_stdio,
+        }))
+    }
+
+    /// Compiles (or loads from the cache), links and checks `wasm` against the plugin worlds.
+    /// With `expected`, the component must implement that world.
+    pub fn prepare(
+        &self,
+        wasm: &[u8],
+        expected: Option<PluginKind>,
+    ) -> Result<Prepared, LoadError> {
+        let component = self.compile(wasm)?;
+        let pre = self
+            .linker
+            .instantiate_pre(&component)
+            .map_err(|e| LoadError::Link(format!("{e:#}")))?;
+        let kinds = [
+            PluginKind::PromptTemplate,
+            PluginKind::Reranker,
+            PluginKind::OutputParser,
+        ];
+        let mut problems = Vec::new();
+        for kind in kinds
+            .into_iter()
+            .filter(|k| expected.is_none_or(|e| e == *k))
+        {
+            let prepared = match kind {
+                PluginKind::PromptTemplate => {
+                    PromptTemplatePre::new(pre.clone()).map(Prepared::PromptTemplate)
+                }
+                PluginKind::Reranker => RerankerPre::new(pre.clone()).map(Prepared::Reranker),
+                PluginKind::OutputParser => {
+                    OutputParserPre::new(pre.clone()).map(Prepared::OutputParser)
+                }
+            };
+            match prepared {
+                Ok(p) => return Ok(p),
+                Err(e) => problems.push(format!("not a {kind}: {e:#}")),
+            }
+        }
+        Err(LoadError::NoWorld(problems.join("; ")))
+    }
+
+    fn compile(&self, wasm: &[u8]) -> Result<Component, LoadError> {
+        let Some(dir) = &self.cache_dir else {
+            return Component::new(&self.engine, wasm)
+                .map_err(|e| LoadError::Compile(format!("{e:#}")));
+        };
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        self.engine.precompile_compatibility_hash().hash(&mut h);
+        let path = dir.join(format!(
+            "{}-{:016x}.cwasm",
+            hex(&Sha256::digest(wasm)),
+            h.finish()
+        ));
+        if path.exists() {
+            // SAFETY: files in the cache directory are only ever written by `precompile_component`
+            // below, for this engine configuration (its compatibility hash is in the name).
+            match unsafe { Component::deserialize_file(&self.engine, &path) } {
+                Ok(c) => return Ok(c),
+                Err(e) => {
+                    tracing::warn!(path = %path.display(), error = %e, "discarding unreadable compiled plugin")
+                }
+            }
+        }
+        let start = Instant::now();
+        let bytes = self
+            .engine
+            .precompile_component(wasm)
+            .map_err(|e| LoadError::Compile(format!("{e:#}")))?;
+        tracing::info!(
+            ms = start.elapsed().as_millis() as u64,
+            bytes = wasm.len(),
+            "compiled plugin"
+        );
+        if let Err(e) = write_atomically(&path, &bytes) {
+            tracing::warn!(path = %path.display(), error = %e, "could not cache the compiled plugin");
+        }
+        // SAFETY: `bytes` was produced by `precompile_component` on this very engine.
+        unsafe { Component::deserialize(&self.engine, &bytes) }
+            .map_err(|e| LoadError::Compile(format!("{e:#}")))
+    }
+
+    /// A fresh store for one call: no filesystem, network, environment or arguments; stderr
+    /// captured (for panic messages) unless stdio debugging is on.
+    pub fn store(
+        &self,
+        tenant: &Arc<str>,
+        plugin: &Arc<str>,
+        config: &Arc<BTreeMap<String, String>>,
+    ) -> (Store<CallState>, Option<MemoryOutputPipe>) {
+        let mut wasi = WasiCtxBuilder::new();
+        let stderr = if self.inherit_stdio {
+            wasi.inherit_stdout().inherit_stderr();
+            None
+        } else {
+            let pipe = MemoryOutputPipe::new(STDERR_BYTES);
+            wasi.stderr(pipe.clone());
+            Some(pipe)
+        };
+        let state = CallState {
+            wasi: wasi.build(),
+            table: ResourceTable::new(),
+            limiter: Limiter {
+                limits: StoreLimitsBuilder::new()
+                    .memory_size(self.memory_cap)
+                    .build(),
+                memory_cap: self.memory_cap,
+                hit_memory_cap: false,
+            },
+            tenant: tenant.clone(),
+            plugin: plugin.clone(),
+            config: config.clone(),
+            logs: 0,
+        };
+        let mut store = Store::new(&self.engine, state);
+        store.limiter(|s| &mut s.limiter);
+        store.epoch_deadline_trap();
+        (store, stderr)
+    }
+
+    /// Starts a call's deadline.
+    pub fn arm(&self, store: &mut Store<CallState>) {
+        store.set_epoch_deadline(self.deadline_ticks);
+    }
+
+    /// Turns a failed call into its cause.
+    pub fn classify(
+        &self,
+        store: &Store<CallState>,
+        stderr: Option<&MemoryOutputPipe>,
+        err: wasmtime::Error,
+    ) -> CallError {
+        if store.data().limiter.hit_memory_cap {
+            return CallError::Memory {
+                limit_mb: self.memory_cap >> 20,
+            };
+        }
+        if err.downcast_ref::<Trap>() == Some(&Trap::Interrupt) {
+            return CallError::Timeout {
+                ms: self.timeout.as_millis() as u64,
+            };
+        }
+        let text = stderr
+            .map(|p| String::from_utf8_lossy(&p.contents()).into_owned())
+            .unwrap_or_default();
+        if let Some(at) = text.find("panicked at") {
+            let msg: String = text[at..].lines().take(2).collect::<Vec<_>>().join(": ");
+            return CallError::Panic(msg);
+        }
+        if err.to_string().contains("instance count") || format!("{err:#}").contains("concurrent") {
+            return CallError::Busy(format!("{err:#}"));
+        }
+        let trap = err
+            .downcast_ref::<Trap>()
+            .map_or_else(|| format!("{err:#}"), |t| t.to_string());
+        CallError::Trap(trap)
+    }
+}
+
+/// The plugin runtime could not start (an engine setting the platform cannot honour).
+#[derive(Debug, thiserror::Error)]
+#[error("cannot start the plugin runtime: {0}")]
+pub struct StartError(String);
+
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Writes via a temporary file and a rename, so readers never see half a file.
+pub fn write_atomically(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent)?;
+    }
+    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    std::fs::write(&tmp, bytes)?;
+    std::fs::rename(&tmp, path)
+}

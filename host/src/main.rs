@@ -7,6 +7,7 @@ use clap::{Args, Parser, Subcommand};
 use gateway::config::{Config, ModelConfig, DEFAULT_MODEL_NAME, DEFAULT_MODEL_PATH};
 use gateway::engine::Engine;
 use gateway::metrics::Metrics;
+use gateway::plugins::{Registry, Runtime};
 use gateway::server::{self, AppState};
 
 /// WebAssembly-pluggable AI gateway: an OpenAI-compatible API over a native paged-attention engine.
@@ -65,6 +66,12 @@ struct ServeArgs {
     /// Largest request body in bytes (bigger ones get 413).
     #[arg(long)]
     max_body_bytes: Option<usize>,
+    /// Tenant plugin folder (`<dir>/<tenant>/<name>.wasm`), watched for changes.
+    #[arg(long)]
+    plugins_dir: Option<PathBuf>,
+    /// Bearer token for the admin API (`/admin/*`); off when unset.
+    #[arg(long, env = "GATEWAY_ADMIN_TOKEN", hide_env_values = true)]
+    admin_token: Option<String>,
 }
 
 #[derive(Args)]
@@ -160,6 +167,10 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         tracing::info!(model = %m.name, seconds = started.elapsed().as_secs_f32(), "model ready");
         engines.insert(m.name.clone(), Arc::new(engine));
     }
+    cfg.plugins.dir = args.plugins_dir.or(cfg.plugins.dir);
+    cfg.admin_token = args.admin_token.or(cfg.admin_token);
+    cfg.validate()?;
+    let (plugins, _watcher) = load_plugins(&cfg)?;
     let listener = tokio::net::TcpListener::bind(cfg.listen)
         .await
         .with_context(|| format!("binding {}", cfg.listen))?;
@@ -172,7 +183,40 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         metrics,
         max_body_bytes: cfg.max_body_bytes,
         started,
+        plugins,
+        tenants: server::tenants::Tenants::new(&cfg.tenants),
+        admin_token: cfg.admin_token.clone(),
+        max_upload_bytes: cfg.plugins.max_upload_bytes,
     });
     server::serve(listener, state).await?;
     Ok(())
+}
+
+/// The plugin runtime and registry, filled from the plugin folder (watched for changes) when
+/// one is configured. The watcher lives as long as the returned handle.
+fn load_plugins(
+    cfg: &Config,
+) -> anyhow::Result<(Arc<Registry>, Option<notify::RecommendedWatcher>)> {
+    let mut pc = cfg.plugins.clone();
+    if pc.cache_dir.is_none() {
+        pc.cache_dir = pc.dir.as_ref().map(|d| d.join(".compiled"));
+    }
+    let runtime = Runtime::new(&pc).context("starting the plugin runtime")?;
+    let registry = Arc::new(Registry::new(runtime, pc.dir.clone()));
+    let Some(dir) = &pc.dir else {
+        return Ok((registry, None));
+    };
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let started = std::time::Instant::now();
+    let report = tokio::task::block_in_place(|| registry.sync_dir());
+    tracing::info!(
+        dir = %dir.display(),
+        loaded = report.loaded.len(),
+        rejected = report.rejected.len(),
+        seconds = started.elapsed().as_secs_f32(),
+        "plugins loaded"
+    );
+    let watcher = gateway::plugins::watch::watch(registry.clone())
+        .with_context(|| format!("watching {}", dir.display()))?;
+    Ok((registry, Some(watcher)))
 }

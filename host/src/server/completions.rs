@@ -11,11 +11,14 @@ use tokio::sync::mpsc;
 
 use super::error::ApiError;
 use super::openai::*;
+use super::plugins::{bound, call};
+use super::tenants::Tenant;
 use super::validation::{self, Generation, MAX_TOP_LOGPROBS};
 use super::{json_response, sse_response, AppState, Response};
 use crate::engine::chat_template::ChatMessage;
 use crate::engine::tokenizer::token_bytes;
 use crate::engine::{Engine, Event, EventStream, FinishReason, SubmitError, TokenLogprobs, Usage};
+use crate::plugins::{ContextChunk, Message, Plugin, PluginKind, RenderedPrompt};
 
 const DONE: &[u8] = b"data: [DONE]\n\n";
 
@@ -36,9 +39,35 @@ struct Reply {
     include_usage: bool,
     /// Completion `echo`: each prompt's text, put in front of its choices' text.
     echo: Option<Vec<String>>,
+    /// Chat with structured output: the tenant's output parser runs on each choice's text.
+    output: Option<OutputStage>,
 }
 
-pub async fn chat(state: &AppState, body: &[u8]) -> Result<Response, ApiError> {
+struct OutputStage {
+    state: Arc<AppState>,
+    tenant: Arc<Tenant>,
+    plugin: Arc<Plugin>,
+    schema: Option<String>,
+}
+
+impl OutputStage {
+    async fn parse(&self, text: String) -> Result<crate::plugins::Parsed, ApiError> {
+        let schema = self.schema.clone();
+        call(
+            &self.state,
+            &self.tenant,
+            self.plugin.clone(),
+            move |p, rt, v| p.parse(rt, v, &text, schema.as_deref()),
+        )
+        .await
+    }
+}
+
+pub async fn chat(
+    state: &Arc<AppState>,
+    tenant: &Arc<Tenant>,
+    body: &[u8],
+) -> Result<Response, ApiError> {
     let req: ChatCompletionRequest = serde_json::from_slice(body)?;
     let engine = state.engine(&req.model)?;
     if req.messages.is_empty() {
@@ -68,29 +97,132 @@ pub async fn chat(state: &AppState, body: &[u8]) -> Result<Response, ApiError> {
         (true, k) => Some(k.unwrap_or(0)),
         (false, None) => None,
     };
-    let gen = validation::generation(
+    let mut gen = validation::generation(
         req.sampling,
         req.max_completion_tokens.or(req.max_tokens),
         logprobs,
     )?;
-    let text = engine.template.render(&messages, true).map_err(|e| {
-        ApiError::invalid(
-            "messages",
-            format!("The model's chat template rejected the messages: {e}"),
-        )
-    })?;
+    gen.cache_salt = tenant.cache_salt;
+    let output = output_stage(state, tenant, req.response_format)?;
+    let text = prompt_stage(state, tenant, &engine, &req.model, messages, req.documents).await?;
     // The template already wrote any BOS it wants.
     let prompt = encode(&engine, vec![text], false, "messages")
         .await?
         .remove(0);
     let reqs = gen.requests(&engine, prompt, "messages")?;
     let streams = submit(&engine, vec![reqs])?;
-    Reply::new(Kind::Chat, "chatcmpl", req.model, engine, &gen, None)
-        .run(streams, gen.stream)
-        .await
+    let mut reply = Reply::new(Kind::Chat, "chatcmpl", req.model, engine, &gen, None);
+    reply.output = output;
+    reply.run(streams, gen.stream).await
 }
 
-pub async fn completion(state: &AppState, body: &[u8]) -> Result<Response, ApiError> {
+/// The prompt text: the tenant's prompt-template plugin when one is bound, else the model's
+/// own chat template. A plugin may return the final text or rewritten messages, which then go
+/// through the model's template.
+async fn prompt_stage(
+    state: &Arc<AppState>,
+    tenant: &Arc<Tenant>,
+    engine: &Engine,
+    model: &str,
+    messages: Vec<ChatMessage>,
+    documents: Option<Vec<Document>>,
+) -> Result<String, ApiError> {
+    let messages = match &tenant.cfg.prompt_template {
+        Some(name) => {
+            let plugin = bound(&state.plugins, tenant, name, PluginKind::PromptTemplate)?;
+            let request = crate::plugins::ChatRequest {
+                model: model.to_string(),
+                messages: messages
+                    .into_iter()
+                    .map(|m| Message {
+                        role: m.role,
+                        content: m.content,
+                        name: m.name,
+                    })
+                    .collect(),
+                context: documents
+                    .unwrap_or_default()
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, d)| ContextChunk {
+                        id: d.id.unwrap_or_else(|| i.to_string()),
+                        text: d.text,
+                        title: d.title,
+                    })
+                    .collect(),
+            };
+            match call(state, tenant, plugin, move |p, rt, v| {
+                p.render(rt, v, &request)
+            })
+            .await?
+            {
+                RenderedPrompt::Prompt(text) => return Ok(text),
+                RenderedPrompt::Messages(ms) => ms
+                    .into_iter()
+                    .map(|m| ChatMessage {
+                        role: m.role,
+                        content: m.content,
+                        name: m.name,
+                    })
+                    .collect(),
+            }
+        }
+        None if documents.is_some() => {
+            return Err(ApiError::invalid(
+                "documents",
+                format!(
+                "`documents` need a prompt-template plugin, and tenant `{}` has none configured.",
+                tenant.name
+            ),
+            ))
+        }
+        None => messages,
+    };
+    engine.template.render(&messages, true).map_err(|e| {
+        ApiError::invalid(
+            "messages",
+            format!("The model's chat template rejected the messages: {e}"),
+        )
+    })
+}
+
+/// The output parser to run, if the request asks for JSON (or the tenant always parses) and
+/// the tenant has a parser bound. Without a parser, `response_format` passes through.
+fn output_stage(
+    state: &Arc<AppState>,
+    tenant: &Arc<Tenant>,
+    format: Option<ResponseFormat>,
+) -> Result<Option<OutputStage>, ApiError> {
+    let schema = match format {
+        Some(ResponseFormat::JsonObject) => None,
+        Some(ResponseFormat::JsonSchema { json_schema }) => match json_schema.schema {
+            Some(schema) => Some(schema.to_string()),
+            None => {
+                return Err(ApiError::invalid(
+                    "response_format",
+                    "`response_format.json_schema.schema` is required for type json_schema.",
+                ))
+            }
+        },
+        Some(ResponseFormat::Text) | None if tenant.cfg.parse_output => None,
+        Some(ResponseFormat::Text) | None => return Ok(None),
+    };
+    let Some(name) = &tenant.cfg.output_parser else {
+        return Ok(None);
+    };
+    Ok(Some(OutputStage {
+        state: state.clone(),
+        tenant: tenant.clone(),
+        plugin: bound(&state.plugins, tenant, name, PluginKind::OutputParser)?,
+        schema,
+    }))
+}
+
+pub async fn completion(
+    state: &AppState,
+    tenant: &Tenant,
+    body: &[u8],
+) -> Result<Response, ApiError> {
     let req: CompletionRequest = serde_json::from_slice(body)?;
     let engine = state.engine(&req.model)?;
     if req.suffix.is_some() {
@@ -120,11 +252,12 @@ pub async fn completion(state: &AppState, body: &[u8]) -> Result<Response, ApiEr
             "`echo` together with `logprobs` is not supported.",
         ));
     }
-    let gen = validation::generation(
+    let mut gen = validation::generation(
         req.sampling,
         Some(req.max_tokens.unwrap_or(16)),
         req.logprobs,
     )?;
+    gen.cache_salt = tenant.cache_salt;
     // Echo gives back the prompt as sent: the text itself, or the decoded token ids.
     let (prompts, texts): (Vec<Vec<u32>>, Option<Vec<String>>) = match req.prompt {
         Prompt::Text(t) => (
@@ -241,6 +374,8 @@ struct Choice {
     tokens: Vec<(u32, TokenLogprobs)>,
     finish: Option<FinishReason>,
     usage: Usage,
+    /// Fixes the output parser applied, when one ran.
+    repairs: Option<Vec<String>>,
 }
 
 impl Reply {
@@ -264,6 +399,7 @@ impl Reply {
             n: gen.n,
             include_usage: gen.include_usage,
             echo,
+            output: None,
         }
     }
 
@@ -294,6 +430,11 @@ impl Reply {
                     "The engine stopped before the generation finished.",
                 ));
             }
+            if let Some(out) = &self.output {
+                let parsed = out.parse(std::mem::take(&mut c.text)).await?;
+                c.text = parsed.json;
+                c.repairs = Some(parsed.repairs);
+            }
             choices.push(c);
         }
         Ok(json_response(http::StatusCode::OK, &self.body(choices)))
@@ -308,12 +449,18 @@ impl Reply {
                 let logprobs = self.logprobs(&c.tokens, c.text.len());
                 let finish = c.finish.map(FinishReason::as_str);
                 match self.kind {
-                    Kind::Chat => json!({
-                        "index": i,
-                        "message": {"role": "assistant", "content": c.text},
-                        "logprobs": logprobs,
-                        "finish_reason": finish,
-                    }),
+                    Kind::Chat => {
+                        let mut choice = json!({
+                            "index": i,
+                            "message": {"role": "assistant", "content": c.text},
+                            "logprobs": logprobs,
+                            "finish_reason": finish,
+                        });
+                        if let Some(repairs) = c.repairs {
+                            choice["repairs"] = json!(repairs);
+                        }
+                        choice
+                    }
                     Kind::Completion => {
                         let text = match &self.echo {
                             Some(p) => format!("{}{}", p[i / self.n], c.text),
@@ -458,6 +605,8 @@ impl Reply {
         let mut usages = BTreeMap::new();
         let mut failed = false;
         let mut text_len = vec![0usize; total];
+        // The whole text of each choice, kept only when the output parser needs it at the end.
+        let mut texts = vec![String::new(); if self.output.is_some() { total } else { 0 }];
         let mut echo_pending = vec![self.echo.is_some(); total];
         while let Some((i, ev)) = merged.next().await {
             let choice = match ev {
@@ -466,6 +615,9 @@ impl Reply {
                         continue;
                     }
                     text_len[i] += text.len();
+                    if let Some(t) = texts.get_mut(i) {
+                        t.push_str(&text);
+                    }
                     let lp =
                         logprobs.map_or(Value::Null, |l| self.logprobs(&[(id, l)], text_len[i]));
                     let text = self.take_echo(&mut echo_pending[i], i) + &text;
@@ -482,7 +634,22 @@ impl Reply {
                     usages.insert(i, u);
                     match self.kind {
                         Kind::Chat => {
-                            json!({"index": i, "delta": {}, "logprobs": null, "finish_reason": f.as_str()})
+                            let mut choice = json!({"index": i, "delta": {}, "logprobs": null, "finish_reason": f.as_str()});
+                            if let Some(out) = &self.output {
+                                match out.parse(std::mem::take(&mut texts[i])).await {
+                                    Ok(p) => {
+                                        choice["parsed"] =
+                                            serde_json::from_str(&p.json).unwrap_or(Value::Null);
+                                        choice["repairs"] = json!(p.repairs);
+                                    }
+                                    Err(e) => {
+                                        send(&e.body()).await;
+                                        let _ = tx.send(Bytes::from_static(DONE)).await;
+                                        return;
+                                    }
+                                }
+                            }
+                            choice
                         }
                         Kind::Completion => {
                             // A choice that produced no text still echoes its prompt.

@@ -107,3 +107,50 @@ impl From<serde_json::Error> for ApiError {
         ApiError::invalid(None, msg)
     }
 }
+
+impl ApiError {
+    /// A plugin call failed. Faults of the plugin (trap, panic, deadline, memory, bad output)
+    /// are the gateway's 500s; a plugin refusing its input is the request's 422.
+    pub fn plugin(tenant: &str, plugin: &str, e: &crate::plugins::CallError) -> Self {
+        use crate::plugins::CallError;
+        let (status, code) = match e {
+            CallError::Rejected { .. } => (StatusCode::UNPROCESSABLE_ENTITY, "plugin_rejected"),
+            CallError::Trap(_) => (StatusCode::INTERNAL_SERVER_ERROR, "plugin_trap"),
+            CallError::Panic(_) => (StatusCode::INTERNAL_SERVER_ERROR, "plugin_panic"),
+            CallError::Timeout { .. } => (StatusCode::INTERNAL_SERVER_ERROR, "plugin_timeout"),
+            CallError::Memory { .. } => (StatusCode::INTERNAL_SERVER_ERROR, "plugin_memory_limit"),
+            CallError::InvalidOutput(_) => {
+                (StatusCode::INTERNAL_SERVER_ERROR, "plugin_invalid_output")
+            }
+            CallError::Busy(_) => (StatusCode::SERVICE_UNAVAILABLE, "plugin_busy"),
+        };
+        Self {
+            status,
+            kind: "plugin_error",
+            message: format!("Plugin `{plugin}` of tenant `{tenant}` {e}"),
+            param: None,
+            code: Some(code),
+        }
+    }
+
+    /// The tenant's policy names a plugin that is not installed (or is of another kind).
+    pub fn plugin_missing(tenant: &str, message: String) -> Self {
+        Self {
+            status: StatusCode::INTERNAL_SERVER_ERROR,
+            kind: "plugin_error",
+            message: format!("Tenant `{tenant}`: {message}"),
+            param: None,
+            code: Some("plugin_not_installed"),
+        }
+    }
+
+    pub fn unauthorized(message: impl Into<String>) -> Self {
+        Self {
+            status: StatusCode::UNAUTHORIZED,
+            kind: "invalid_request_error",
+            message: message.into(),
+            param: None,
+            code: Some("invalid_api_key"),
+        }
+    }
+}

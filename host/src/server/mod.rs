@@ -5,6 +5,8 @@
 mod completions;
 pub mod error;
 pub mod openai;
+mod plugins;
+pub mod tenants;
 mod validation;
 
 use std::collections::BTreeMap;
@@ -36,6 +38,10 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     pub max_body_bytes: usize,
     pub started: u64,
+    pub plugins: Arc<crate::plugins::Registry>,
+    pub tenants: tenants::Tenants,
+    pub admin_token: Option<String>,
+    pub max_upload_bytes: usize,
 }
 
 impl AppState {
@@ -104,12 +110,13 @@ async fn route(state: Arc<AppState>, req: http::Request<Incoming>) -> Result<Res
     let method = req.method().clone();
     let post = |m: &Method| m == Method::POST;
     match path.as_str() {
-        "/v1/chat/completions" | "/v1/completions" if post(&method) => {
+        "/v1/chat/completions" | "/v1/completions" | "/v1/rerank" if post(&method) => {
+            let tenant = state.tenants.resolve(req.headers());
             let body = read_body(req, state.max_body_bytes).await?;
-            if path == "/v1/chat/completions" {
-                completions::chat(&state, &body).await
-            } else {
-                completions::completion(&state, &body).await
+            match path.as_str() {
+                "/v1/chat/completions" => completions::chat(&state, &tenant, &body).await,
+                "/v1/completions" => completions::completion(&state, &tenant, &body).await,
+                _ => plugins::rerank(&state, &tenant, &body).await,
             }
         }
         "/v1/models" if method == Method::GET => {
@@ -134,9 +141,22 @@ async fn route(state: Arc<AppState>, req: http::Request<Incoming>) -> Result<Res
             "text/plain; version=0.0.4",
             state.metrics.render(),
         )),
-        "/v1/chat/completions" | "/v1/completions" | "/v1/models" | "/health" | "/metrics" => {
-            Err(ApiError::method_not_allowed(&method, &path))
+        p if p == "/admin/plugins" || p.starts_with("/admin/plugins/") => {
+            plugins::admin_authorized(&state, req.headers())?;
+            let query = req.uri().query().map(str::to_string);
+            let body = if method == Method::PUT {
+                Some(read_body(req, state.max_upload_bytes).await?)
+            } else {
+                None
+            };
+            plugins::admin(&state, &method, &path, query.as_deref(), body).await
         }
+        "/v1/chat/completions"
+        | "/v1/completions"
+        | "/v1/rerank"
+        | "/v1/models"
+        | "/health"
+        | "/metrics" => Err(ApiError::method_not_allowed(&method, &path)),
         _ => Err(ApiError::not_found(&path)),
     }
 }
@@ -159,7 +179,9 @@ fn route_label(path: &str) -> &'static str {
         "/v1/completions" => "completions",
         "/health" => "health",
         "/metrics" => "metrics",
+        "/v1/rerank" => "rerank",
         p if p.starts_with("/v1/models") => "models",
+        p if p.starts_with("/admin/") => "admin",
         _ => "other",
     }
 }

@@ -58,8 +58,34 @@ pub struct ChatCompletionRequest {
     #[serde(default)]
     pub logprobs: bool,
     pub top_logprobs: Option<usize>,
+    pub response_format: Option<ResponseFormat>,
+    /// Passages to ground the answer in (vLLM's extension), handed to the tenant's
+    /// prompt-template plugin as context chunks.
+    pub documents: Option<Vec<Document>>,
     #[serde(flatten)]
     pub sampling: SamplingFields,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ResponseFormat {
+    Text,
+    JsonObject,
+    JsonSchema { json_schema: JsonSchemaFormat },
+}
+
+#[derive(Debug, Deserialize)]
+pub struct JsonSchemaFormat {
+    pub name: Option<String>,
+    pub schema: Option<serde_json::Value>,
+    pub strict: Option<bool>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct Document {
+    pub id: Option<String>,
+    pub title: Option<String>,
+    pub text: String,
 }
 
 #[derive(Debug, Deserialize)]

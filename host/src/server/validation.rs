@@ -20,6 +20,8 @@ pub struct Generation {
     pub stream: bool,
     pub include_usage: bool,
     pub max_tokens: Option<usize>,
+    /// Prefix-cache namespace: the tenant's, so no tenant ever reuses (or times) another's KV.
+    pub cache_salt: u64,
 }
 
 fn range(
@@ -129,6 +131,7 @@ pub fn generation(
         stream: f.stream,
         include_usage: f.stream_options.is_some_and(|o| o.include_usage),
         max_tokens,
+        cache_salt: 0,
     })
 }
 
@@ -195,7 +198,7 @@ impl Generation {
                     stop: self.stop.clone(),
                     stop_token_ids: self.stop_token_ids.clone(),
                     ignore_eos: self.ignore_eos,
-                    cache_salt: 0,
+                    cache_salt: self.cache_salt,
                 }
             })
             .collect())

@@ -1,0 +1,317 @@
+//! The plugin stages of a request (prompt template, output parser, `/v1/rerank`) and the
+//! admin API that installs plugins. Calls run on the blocking pool: a plugin may run up to its
+//! deadline, and that must not stall the runtime's I/O threads.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use http::StatusCode;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::error::ApiError;
+use super::tenants::Tenant;
+use super::{json_response, AppState, Response};
+use crate::plugins::{CallError, Candidate, Plugin, PluginKind, Registry};
+
+/// The tenant's plugin bound to `kind` under `name`.
+pub fn bound(
+    registry: &Registry,
+    tenant: &Tenant,
+    name: &str,
+    kind: PluginKind,
+) -> Result<Arc<Plugin>, ApiError> {
+    let plugin = registry.get(&tenant.name, name).ok_or_else(|| {
+        ApiError::plugin_missing(
+            &tenant.name,
+            format!("the {kind} plugin `{name}` is not installed"),
+        )
+    })?;
+    if plugin.kind() != kind {
+        return Err(ApiError::plugin_missing(
+            &tenant.name,
+            format!("plugin `{name}` is a {}, not a {kind}", plugin.kind()),
+        ));
+    }
+    Ok(plugin)
+}
+
+/// Runs `f` against `plugin` on the blocking pool, with metrics and error mapping.
+pub async fn call<T: Send + 'static>(
+    state: &Arc<AppState>,
+    tenant: &Arc<Tenant>,
+    plugin: Arc<Plugin>,
+    f: impl FnOnce(
+            &Plugin,
+            &crate::plugins::Runtime,
+            &crate::plugins::TenantValues,
+        ) -> Result<T, CallError>
+        + Send
+        + 'static,
+) -> Result<T, ApiError> {
+    let (st, t) = (state.clone(), tenant.clone());
+    let p = plugin.clone();
+    let (result, elapsed) = tokio::task::spawn_blocking(move || {
+        let start = Instant::now();
+        let r = f(&p, st.plugins.runtime(), &t.values);
+        (r, start.elapsed())
+    })
+    .await
+    .map_err(|e| ApiError::internal(format!("plugin task failed: {e}")))?;
+    let m = &state.metrics;
+    m.plugin_calls
+        .with_label_values(&[&tenant.name, &plugin.name])
+        .inc();
+    m.plugin_seconds
+        .with_label_values(&[plugin.kind().as_str()])
+        .observe(elapsed.as_secs_f64());
+    result.map_err(|e| {
+        m.plugin_failures
+            .with_label_values(&[&tenant.name, &plugin.name, e.cause()])
+            .inc();
+        ApiError::plugin(&tenant.name, &plugin.name, &e)
+    })
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RerankRequest {
+    /// The reranker plugin's name; default: the tenant's configured reranker.
+    model: Option<String>,
+    query: String,
+    documents: Vec<RerankDocument>,
+    top_n: Option<usize>,
+    #[serde(default = "yes")]
+    return_documents: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum RerankDocument {
+    Text(String),
+    /// `{"text": ..., <metadata>...}`: scalar fields become candidate metadata.
+    Object(serde_json::Map<String, Value>),
+}
+
+/// `POST /v1/rerank` (Cohere/Jina shape), served by the tenant's reranker plugin.
+pub async fn rerank(
+    state: &Arc<AppState>,
+    tenant: &Arc<Tenant>,
+    body: &[u8],
+) -> Result<Response, ApiError> {
+    let req: RerankRequest = serde_json::from_slice(body)?;
+    if req.query.trim().is_empty() {
+        return Err(ApiError::invalid("query", "`query` must not be empty."));
+    }
+    if req.documents.is_empty() {
+        return Err(ApiError::invalid(
+            "documents",
+            "`documents` must contain at least one document.",
+        ));
+    }
+    if req.documents.len() > 1000 {
+        return Err(ApiError::invalid(
+            "documents",
+            "`documents` may hold at most 1000 documents.",
+        ));
+    }
+    if req.top_n == Some(0) {
+        return Err(ApiError::invalid("top_n", "`top_n` must be at least 1."));
+    }
+    let name = match (&req.model, &tenant.cfg.reranker) {
+        (Some(m), _) => m.clone(),
+        (None, Some(r)) => r.clone(),
+        (None, None) => {
+            return Err(ApiError::invalid(
+                "model",
+                format!(
+                    "Tenant `{}` has no default reranker; name a reranker plugin in `model`.",
+                    tenant.name
+                ),
+            ))
+        }
+    };
+    let plugin = bound(&state.plugins, tenant, &name, PluginKind::Reranker).map_err(|e| {
+        if req.model.is_some() {
+            ApiError {
+                status: StatusCode::NOT_FOUND,
+                ..e
+            }
+        } else {
+            e
+        }
+    })?;
+    let mut originals = Vec::with_capacity(req.documents.len());
+    let mut candidates = Vec::with_capacity(req.documents.len());
+    for (i, d) in req.documents.into_iter().enumerate() {
+        let (text, metadata, original) = match d {
+            RerankDocument::Text(t) => (t.clone(), Vec::new(), Value::String(t)),
+            RerankDocument::Object(map) => {
+                let Some(Value::String(text)) = map.get("text") else {
+                    return Err(ApiError::invalid(
+                        "documents",
+                        format!("documents[{i}] needs a string `text` field."),
+                    ));
+                };
+                let metadata = map
+                    .iter()
+                    .filter(|(k, _)| *k != "text")
+                    .filter_map(|(k, v)| match v {
+                        Value::String(s) => Some((k.clone(), s.clone())),
+                        Value::Number(_) | Value::Bool(_) => Some((k.clone(), v.to_string())),
+                        _ => None,
+                    })
+                    .collect();
+                (text.clone(), metadata, Value::Object(map))
+            }
+        };
+        candidates.push(Candidate {
+            id: i.to_string(),
+            text,
+            metadata,
+            score: 0.0,
+        });
+        originals.push(original);
+    }
+    let query = req.query;
+    let scored = call(state, tenant, plugin, move |p, rt, values| {
+        p.rerank(rt, values, &query, &candidates)
+    })
+    .await?;
+    let mut results: Vec<(usize, f32)> = scored
+        .into_iter()
+        .map(|s| {
+            (
+                s.id.parse::<usize>()
+                    .expect("ids are the indices the host assigned"),
+                s.score,
+            )
+        })
+        .collect();
+    // Stable: equal scores keep the documents' order.
+    results.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    results.truncate(req.top_n.unwrap_or(usize::MAX));
+    let results: Vec<Value> = results
+        .into_iter()
+        .map(|(index, score)| {
+            let mut r = json!({"index": index, "relevance_score": score});
+            if req.return_documents {
+                r["document"] = match &originals[index] {
+                    Value::String(t) => json!({"text": t}),
+                    other => other.clone(),
+                };
+            }
+            r
+        })
+        .collect();
+    Ok(json_response(
+        StatusCode::OK,
+        &json!({"id": format!("rerank-{:032x}", rand::random::<u128>()), "model": name, "results": results}),
+    ))
+}
+
+/// `/admin/plugins[/<tenant>/<name>]`: list, upload (PUT, body = the .wasm, `?kind=` optional)
+/// and delete tenant plugins. Needs `Authorization: Bearer <admin_token>`.
+pub async fn admin(
+    state: &Arc<AppState>,
+    method: &http::Method,
+    path: &str,
+    query: Option<&str>,
+    body: Option<Bytes>,
+) -> Result<Response, ApiError> {
+    let rest = path.strip_prefix("/admin/plugins").unwrap_or_default();
+    let parts: Vec<&str> = rest.split('/').filter(|s| !s.is_empty()).collect();
+    match (method.as_str(), parts.as_slice()) {
+        ("GET", []) => {
+            let list: Vec<Value> = state.plugins.list().iter().map(|p| describe(p)).collect();
+            Ok(json_response(
+                StatusCode::OK,
+                &json!({"object": "list", "data": list}),
+            ))
+        }
+        ("PUT", [tenant, name]) => {
+            let kind = match query.and_then(|q| q.split('&').find_map(|kv| kv.strip_prefix("kind="))) {
+                Some(k) => Some(PluginKind::parse(k).ok_or_else(|| {
+                    ApiError::invalid("kind", format!("Unknown plugin kind {k:?}; use prompt-template, reranker or output-parser."))
+                })?),
+                None => None,
+            };
+            let wasm = body.unwrap_or_default();
+            let existed = state.plugins.get(tenant, name).is_some();
+            let (st, t, n) = (state.clone(), tenant.to_string(), name.to_string());
+            let installed =
+                tokio::task::spawn_blocking(move || st.plugins.install(&t, &n, &wasm, kind))
+                    .await
+                    .map_err(|e| ApiError::internal(format!("plugin install task failed: {e}")))?;
+            match installed {
+                Ok(p) => {
+                    tracing::info!(tenant = %p.tenant, plugin = %p.name, kind = %p.kind(), "plugin installed through the admin API");
+                    let status = if existed {
+                        StatusCode::OK
+                    } else {
+                        StatusCode::CREATED
+                    };
+                    Ok(json_response(status, &describe(&p)))
+                }
+                Err(e @ crate::plugins::LoadError::Io(_)) => Err(ApiError::internal(e.to_string())),
+                Err(e) => Err(ApiError::invalid(
+                    None,
+                    format!("Plugin rejected; the previous version (if any) stays: {e}"),
+                )),
+            }
+        }
+        ("DELETE", [tenant, name]) => match state.plugins.remove(tenant, name) {
+            Ok(true) => Ok(json_response(
+                StatusCode::OK,
+                &json!({"deleted": true, "tenant": tenant, "name": name}),
+            )),
+            Ok(false) => Err(ApiError {
+                status: StatusCode::NOT_FOUND,
+                ..ApiError::invalid(None, format!("Tenant `{tenant}` has no plugin `{name}`."))
+            }),
+            Err(e) => Err(ApiError::invalid(None, e.to_string())),
+        },
+        (_, [] | [_, _]) => Err(ApiError::method_not_allowed(method, path)),
+        _ => Err(ApiError::not_found(path)),
+    }
+}
+
+fn describe(p: &Plugin) -> Value {
+    let loaded = p
+        .loaded_at
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    json!({"tenant": &*p.tenant, "name": &*p.name, "kind": p.kind().as_str(), "sha256": p.sha256, "bytes": p.size, "loaded_at": loaded})
+}
+
+/// Constant-time comparison of the presented admin token with the configured one.
+pub fn admin_authorized(state: &AppState, headers: &http::HeaderMap) -> Result<(), ApiError> {
+    let Some(expected) = &state.admin_token else {
+        return Err(ApiError {
+            status: StatusCode::NOT_FOUND,
+            ..ApiError::invalid(
+                None,
+                "The admin API is off: set `admin_token` in the config.",
+            )
+        });
+    };
+    let presented = super::tenants::bearer(headers)
+        .unwrap_or_default()
+        .as_bytes();
+    let expected = expected.as_bytes();
+    let mut diff = presented.len() ^ expected.len();
+    for (i, e) in expected.iter().enumerate() {
+        diff |= (presented.get(i).copied().unwrap_or(0) ^ e) as usize;
+    }
+    if diff != 0 {
+        return Err(ApiError::unauthorized(
+            "Missing or wrong admin token (Authorization: Bearer <admin_token>).",
+        ));
+    }
+    Ok(())
+}

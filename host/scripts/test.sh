@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # Everything the test suite needs on a fresh machine, then the whole suite: unit tests, the
-# tokenizer parity test, and end-to-end tests against the real binary and model.
+# tokenizer parity test, plugin registry tests, and end-to-end tests against the real binary,
+# model and plugin components.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 host/scripts/fetch-models.sh
+# The plugin tests build real WebAssembly components from plugins/ and tests/plugins/.
+rustup target list --installed | grep -qx wasm32-wasip2 || rustup target add wasm32-wasip2
 # The end-to-end suite drives the server with the official OpenAI Python SDK.
 python3 -c 'import openai' 2>/dev/null || python3 -m pip install --quiet --disable-pip-version-check 'openai>=1.40,<3'
 cargo test --release --workspace "$@"

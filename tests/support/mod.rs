@@ -1,4 +1,6 @@
 //! A real gateway process on a free loopback port, serving the real default model.
+// Shared by several test binaries; each uses a subset.
+#![allow(dead_code)]
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::process::{Child, Command, Stdio};
@@ -7,6 +9,7 @@ use std::time::Duration;
 use serde_json::Value;
 
 mod model;
+pub mod wasm;
 pub use model::model_path;
 
 pub const MODEL: &str = "smollm2-135m-instruct";
@@ -82,6 +85,32 @@ impl Server {
         (status, r.json().unwrap_or(Value::Null))
     }
 
+    /// Any method, raw body, optional bearer token; the response body as JSON (or Null).
+    pub fn request(
+        &self,
+        method: &str,
+        path: &str,
+        body: Vec<u8>,
+        token: Option<&str>,
+    ) -> (u16, Value) {
+        let mut r = self
+            .http
+            .request(method.parse().unwrap(), format!("{}{path}", self.base))
+            .header("content-type", "application/json")
+            .body(body);
+        if let Some(t) = token {
+            r = r.bearer_auth(t);
+        }
+        let r = r.send().unwrap();
+        let status = r.status().as_u16();
+        (status, r.json().unwrap_or(Value::Null))
+    }
+
+    /// A JSON POST as the tenant that owns `key`.
+    pub fn post_as(&self, key: &str, path: &str, body: &Value) -> (u16, Value) {
+        self.request("POST", path, body.to_string().into_bytes(), Some(key))
+    }
+
     pub fn get(&self, path: &str) -> (u16, String) {
         let r = self
             .http
@@ -101,6 +130,23 @@ impl Server {
             .unwrap();
         assert_eq!(r.status().as_u16(), 200);
         assert_eq!(r.headers()["content-type"], "text/event-stream");
+        BufReader::new(r)
+            .lines()
+            .map(Result::unwrap)
+            .filter_map(|l| l.strip_prefix("data: ").map(String::from))
+            .collect()
+    }
+
+    /// Like `stream`, as the tenant that owns `key`.
+    pub fn stream_as(&self, key: &str, path: &str, body: &Value) -> Vec<String> {
+        let r = self
+            .http
+            .post(format!("{}{path}", self.base))
+            .bearer_auth(key)
+            .json(body)
+            .send()
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 200);
         BufReader::new(r)
             .lines()
             .map(Result::unwrap)

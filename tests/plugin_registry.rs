@@ -1,0 +1,273 @@
+//! The plugin registry through the library API, with real components built from `plugins/`
+//! and `tests/plugins/`: swap semantics, rejection of bad versions, directory sync.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use gateway::config::PluginsConfig;
+use gateway::plugins::{CallError, Candidate, PluginKind, Registry, Runtime, TenantValues};
+use support::wasm::component;
+
+fn runtime() -> Arc<Runtime> {
+    Runtime::new(&PluginsConfig::default()).unwrap()
+}
+
+fn candidates() -> Vec<Candidate> {
+    [
+        "export invoices to pdf",
+        "reset password",
+        "export contacts",
+    ]
+    .iter()
+    .enumerate()
+    .map(|(i, t)| Candidate {
+        id: i.to_string(),
+        text: t.to_string(),
+        metadata: vec![],
+        score: 0.0,
+    })
+    .collect()
+}
+
+/// Candidate ids from best to worst.
+fn order(rt: &Runtime, p: &gateway::plugins::Plugin, query: &str) -> Vec<String> {
+    let mut s = p
+        .rerank(rt, &TenantValues::default(), query, &candidates())
+        .unwrap();
+    s.sort_by(|a, b| b.score.total_cmp(&a.score).then(a.id.cmp(&b.id)));
+    s.into_iter().map(|s| s.id).collect()
+}
+
+#[test]
+fn in_flight_calls_keep_their_version_and_bad_uploads_change_nothing() {
+    let rt = runtime();
+    let reg = Registry::new(rt.clone(), None);
+    let real = std::fs::read(component("crm-field-reranker")).unwrap();
+    let reversed = std::fs::read(component("faulty-reranker")).unwrap();
+
+    let v1 = reg.install("acme", "ranker", &real, None).unwrap();
+    assert_eq!(v1.kind(), PluginKind::Reranker);
+    // Query terms: "export", "invoice" -> the first candidate matches both.
+    assert_eq!(order(&rt, &v1, "export invoices"), ["0", "2", "1"]);
+
+    // A request holds v1 while v2 replaces it: v1 keeps answering as v1.
+    let held = reg.get("acme", "ranker").unwrap();
+    let v2 = reg
+        .install("acme", "ranker", &reversed, Some(PluginKind::Reranker))
+        .unwrap();
+    assert_ne!(v1.sha256, v2.sha256);
+    assert_eq!(order(&rt, &held, "export invoices"), ["0", "2", "1"]);
+    let now = reg.get("acme", "ranker").unwrap();
+    assert_eq!(now.sha256, v2.sha256);
+    assert_eq!(order(&rt, &now, "export invoices"), ["2", "1", "0"]);
+
+    // Not a component, a component of another kind, a bad name: rejected, v2 stays.
+    assert!(reg
+        .install("acme", "ranker", b"\0asm garbage", None)
+        .is_err());
+    let template = std::fs::read(component("crm-persona-template")).unwrap();
+    let err = reg
+        .install("acme", "ranker", &template, Some(PluginKind::Reranker))
+        .unwrap_err();
+    assert!(err.to_string().contains("not a reranker"), "{err}");
+    assert!(reg.install("acme", "../etc", &real, None).is_err());
+    assert_eq!(reg.get("acme", "ranker").unwrap().sha256, v2.sha256);
+
+    // Tenants are separate namespaces.
+    assert!(reg.get("other", "ranker").is_none());
+    assert!(reg.remove("acme", "ranker").unwrap());
+    assert!(reg.get("acme", "ranker").is_none());
+    assert_eq!(order(&rt, &held, "export invoices"), ["0", "2", "1"]);
+}
+
+#[test]
+fn calls_during_swaps_all_succeed() {
+    let rt = runtime();
+    let reg = Arc::new(Registry::new(rt.clone(), None));
+    let a = std::fs::read(component("crm-field-reranker")).unwrap();
+    let b = std::fs::read(component("faulty-reranker")).unwrap();
+    reg.install("acme", "ranker", &a, None).unwrap();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let callers: Vec<_> = (0..2)
+        .map(|_| {
+            let (reg, rt, stop) = (reg.clone(), rt.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut calls = 0;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let p = reg
+                        .get("acme", "ranker")
+                        .expect("a version is always installed");
+                    let o = order(&rt, &p, "export invoices");
+                    assert!(o == ["0", "2", "1"] || o == ["2", "1", "0"], "{o:?}");
+                    calls += 1;
+                }
+                calls
+            })
+        })
+        .collect();
+    for i in 0..10 {
+        reg.install("acme", "ranker", if i % 2 == 0 { &b } else { &a }, None)
+            .unwrap();
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let calls: usize = callers.into_iter().map(|h| h.join().unwrap()).sum();
+    assert!(calls > 0);
+}
+
+#[test]
+fn faults_are_contained_and_classified() {
+    let rt = runtime();
+    let reg = Registry::new(rt.clone(), None);
+    let p = reg
+        .install(
+            "acme",
+            "faulty",
+            &std::fs::read(component("faulty-reranker")).unwrap(),
+            None,
+        )
+        .unwrap();
+    let values = TenantValues::default();
+    let call = |q: &str| p.rerank(&rt, &values, q, &candidates());
+    assert!(
+        matches!(call("trap"), Err(CallError::Trap(_))),
+        "{:?}",
+        call("trap")
+    );
+    match call("panic") {
+        Err(CallError::Panic(m)) => assert!(m.contains("asked to panic"), "{m}"),
+        other => panic!("{other:?}"),
+    }
+    let started = std::time::Instant::now();
+    assert!(matches!(call("spin"), Err(CallError::Timeout { ms: 50 })));
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(matches!(
+        call("alloc"),
+        Err(CallError::Memory { limit_mb: 64 })
+    ));
+    assert!(matches!(
+        call("unknown-id"),
+        Err(CallError::InvalidOutput(_))
+    ));
+    assert!(matches!(call("nan"), Err(CallError::InvalidOutput(_))));
+    match call("refuse") {
+        Err(CallError::Rejected { code, .. }) => assert_eq!(code, "refused"),
+        other => panic!("{other:?}"),
+    }
+    // After all that, the same plugin still serves.
+    assert_eq!(call("export").unwrap().len(), 3);
+
+    let bad = reg
+        .install(
+            "acme",
+            "bad",
+            &std::fs::read(component("bad-parser")).unwrap(),
+            None,
+        )
+        .unwrap();
+    assert!(matches!(
+        bad.parse(&rt, &values, "{}", None),
+        Err(CallError::InvalidOutput(_))
+    ));
+}
+
+#[test]
+fn directory_sync_loads_replaces_keeps_and_removes() {
+    let dir = tempdir();
+    let reg = Registry::new(runtime(), Some(dir.clone()));
+    let acme = dir.join("acme");
+    std::fs::create_dir_all(&acme).unwrap();
+    std::fs::copy(component("crm-field-reranker"), acme.join("ranker.wasm")).unwrap();
+    std::fs::copy(component("json-extract"), acme.join("json.wasm")).unwrap();
+    std::fs::write(acme.join("json.toml"), "kind = \"output-parser\"\n").unwrap();
+    let r = reg.sync_dir();
+    assert_eq!(r.loaded, ["acme/json", "acme/ranker"]);
+    let v1 = reg.get("acme", "ranker").unwrap().sha256.clone();
+
+    // A broken replacement is rejected and the loaded version keeps serving; it is not retried
+    // until the file changes again.
+    std::fs::write(acme.join("ranker.wasm"), b"not wasm").unwrap();
+    let r = reg.sync_dir();
+    assert_eq!(r.rejected, ["acme/ranker"]);
+    assert_eq!(reg.get("acme", "ranker").unwrap().sha256, v1);
+    assert_eq!(reg.sync_dir(), Default::default());
+
+    // A manifest naming the wrong kind is a rejection too.
+    std::fs::copy(component("crm-persona-template"), acme.join("persona.wasm")).unwrap();
+    std::fs::write(acme.join("persona.toml"), "kind = \"reranker\"\n").unwrap();
+    assert_eq!(reg.sync_dir().rejected, ["acme/persona"]);
+    std::fs::remove_file(acme.join("persona.toml")).unwrap();
+    assert_eq!(reg.sync_dir().loaded, ["acme/persona"]);
+
+    std::fs::remove_file(acme.join("ranker.wasm")).unwrap();
+    assert_eq!(reg.sync_dir().removed, ["acme/ranker"]);
+    assert!(reg.get("acme", "ranker").is_none());
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn compiled_components_are_cached_by_hash() {
+    let cache = tempdir();
+    let cfg = PluginsConfig {
+        cache_dir: Some(cache.clone()),
+        ..PluginsConfig::default()
+    };
+    let wasm = std::fs::read(component("crm-persona-template")).unwrap();
+    let reg = Registry::new(Runtime::new(&cfg).unwrap(), None);
+    reg.install("acme", "persona", &wasm, None).unwrap();
+    let files: Vec<_> = std::fs::read_dir(&cache)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert_eq!(files.len(), 1, "{files:?}");
+    // A second runtime (a restart) loads the cached artefact and it works.
+    let rt = Runtime::new(&cfg).unwrap();
+    let reg = Registry::new(rt.clone(), None);
+    let p = reg.install("acme", "persona", &wasm, None).unwrap();
+    let values: TenantValues = Arc::new(BTreeMap::from([(
+        "persona".to_string(),
+        "You are Ava.".to_string(),
+    )]));
+    let req = gateway::plugins::ChatRequest {
+        model: "m".into(),
+        messages: vec![gateway::plugins::Message {
+            role: "user".into(),
+            content: "hi".into(),
+            name: None,
+        }],
+        context: vec![],
+    };
+    match p.render(&rt, &values, &req).unwrap() {
+        gateway::plugins::RenderedPrompt::Messages(m) => assert_eq!(m[0].content, "You are Ava."),
+        other => panic!("{other:?}"),
+    }
+    let _ = std::fs::remove_dir_all(cache);
+}
+
+fn tempdir() -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!(
+        "gateway-plugins-{}-{:x}",
+        std::process::id(),
+        rand_u64()
+    ));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn rand_u64() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos() as u64,
+    );
+    h.finish()
+}

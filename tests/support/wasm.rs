@@ -1,0 +1,41 @@
+//! The plugin components the tests install: built from `plugins/` and `tests/plugins/` for
+//! `wasm32-wasip2` on first use (once per test binary; cargo makes it a no-op when fresh).
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::OnceLock;
+
+const CRATES: &[&str] = &[
+    "crm-persona-template",
+    "crm-field-reranker",
+    "json-extract",
+    "faulty-reranker",
+    "bad-parser",
+    "noop",
+];
+
+fn root() -> PathBuf {
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+}
+
+/// The built component of crate `name` (one of `CRATES`).
+pub fn component(name: &str) -> PathBuf {
+    static BUILT: OnceLock<()> = OnceLock::new();
+    BUILT.get_or_init(|| {
+        let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+        cmd.current_dir(root())
+            .args(["build", "--release", "--target", "wasm32-wasip2", "--target-dir", "target/wasm"])
+            // Components carry no debug info: smaller files, faster compiles in the gateway.
+            .env("CARGO_PROFILE_RELEASE_DEBUG", "false");
+        for c in CRATES {
+            cmd.args(["-p", c]);
+        }
+        let status = cmd.status().expect("cargo runs");
+        assert!(status.success(), "building the plugin components failed (is the wasm32-wasip2 target installed? `rustup target add wasm32-wasip2`)");
+    });
+    assert!(CRATES.contains(&name), "{name} is not a test plugin crate");
+    root().join(format!(
+        "target/wasm/wasm32-wasip2/release/{}.wasm",
+        name.replace('-', "_")
+    ))
+}

@@ -140,7 +140,7 @@ impl Metrics {
             ),
             plugin_failures: counter(
                 "plugin_failures_total",
-                "Failed plugin calls by cause (trap, panic, timeout, memory, invalid_output, rejected, busy, missing)",
+                "Failed plugin calls by cause (trap, panic, timeout, memory, invalid_output, rejected, busy)",
                 &["tenant", "plugin", "cause"],
             ),
             plugin_seconds: reg(

@@ -89,6 +89,22 @@ mod tests {
     }
 
     #[test]
+    fn half_written_members_are_finished_or_dropped() {
+        let parsed = parse("{\n  \"name\": \"Ada\",\n  \"city\"", None).unwrap();
+        assert_eq!(parsed.json, "{\n  \"name\": \"Ada\"}");
+        assert_eq!(
+            parsed.repairs,
+            ["dropped a key without a value", "closed 1 open brackets"]
+        );
+        let parsed = parse(r#"{"a": {"b": 1, "c":"#, None).unwrap();
+        assert_eq!(parsed.json, r#"{"a": {"b": 1, "c":null}}"#);
+        let parsed = parse(r#"{"only"#, None).unwrap();
+        assert_eq!(parsed.json, "{}");
+        // In an array a lone string is a value, not a key.
+        assert_eq!(parse(r#"["a", "b"#, None).unwrap().json, r#"["a", "b"]"#);
+    }
+
+    #[test]
     fn schema_is_enforced() {
         let schema = r#"{"type":"object","required":["email"],"properties":{"email":{"type":"string"},"age":{"type":"integer"}}}"#;
         assert!(parse(r#"{"email": "a@b.c", "age": 3}"#, Some(schema)).is_ok());

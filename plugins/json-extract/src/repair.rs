@@ -146,12 +146,45 @@ pub fn repair(src: &str) -> (String, Vec<String>) {
         notes.push("closed an unterminated string".to_string());
     }
     if !stack.is_empty() {
+        // Generation stopped inside an object: finish or drop a member left half-written.
+        let kept = out.trim_end().len();
+        out.truncate(kept);
+        if stack.last() == Some(&'}') {
+            if out.ends_with(':') {
+                out.push_str("null");
+                notes.push("filled a missing value with null".to_string());
+            } else if let Some(key_start) = dangling_key(&out) {
+                out.truncate(key_start);
+                let kept = out.trim_end().trim_end_matches(',').len();
+                out.truncate(kept);
+                notes.push("dropped a key without a value".to_string());
+            }
+        }
         notes.push(format!("closed {} open brackets", stack.len()));
         while let Some(close) = stack.pop() {
             out.push(close);
         }
     }
     (out, notes)
+}
+
+/// Where the last member of `out` starts, when that member is a lone string in key position
+/// (right after `{` or `,` of an object), i.e. a key whose value never came.
+fn dangling_key(out: &str) -> Option<usize> {
+    let body = out.strip_suffix('"')?;
+    let bytes = body.as_bytes();
+    let mut i = bytes.len();
+    while i > 0 {
+        i -= 1;
+        if bytes[i] == b'"' {
+            let backslashes = bytes[..i].iter().rev().take_while(|b| **b == b'\\').count();
+            if backslashes % 2 == 0 {
+                let before = body[..i].trim_end();
+                return (before.ends_with('{') || before.ends_with(',')).then_some(i);
+            }
+        }
+    }
+    None
 }
 
 fn push_literal(out: &mut String, counts: &mut Counts, literal: &str) {

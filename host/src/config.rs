@@ -22,9 +22,13 @@ pub struct Config {
     /// Bearer token for `/admin/*`; without it the admin API is off.
     pub admin_token: Option<String>,
     pub plugins: PluginsConfig,
-    /// Tenants and the API keys that select them. A request with no key, or a key not listed,
-    /// belongs to the tenant `default`.
-    pub tenants: Vec<TenantConfig>,
+    /// The policy file (tenants, keys, limits, plugin bindings), watched for changes. Unset:
+    /// no authentication, every request is tenant `default` with no limits.
+    pub policies: Option<PathBuf>,
+    /// SQLite usage ledger (one row per request; budgets are counted from it after a restart).
+    pub ledger: Option<PathBuf>,
+    /// On SIGTERM, how long in-flight requests and streams may take to finish.
+    pub drain_seconds: u64,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -48,24 +52,6 @@ pub struct PluginsConfig {
     /// Reuse a plugin's instances across calls (never across plugins or tenants); off gives
     /// every call a fresh instance, at several times the cost per call.
     pub reuse_instances: bool,
-}
-
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct TenantConfig {
-    pub name: String,
-    /// API keys (`Authorization: Bearer <key>`) that identify this tenant.
-    pub api_keys: Vec<String>,
-    /// Plugin (by name, in this tenant's plugin folder) that renders chat prompts.
-    pub prompt_template: Option<String>,
-    /// Plugin that parses output when a request sets `response_format` (or `parse_output`).
-    pub output_parser: Option<String>,
-    /// Run the output parser on every chat completion, not only with `response_format`.
-    pub parse_output: bool,
-    /// Plugin that serves `/v1/rerank` when the request names none.
-    pub reranker: Option<String>,
-    /// Values plugins read with `config-get`.
-    pub config: std::collections::BTreeMap<String, String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -110,7 +96,9 @@ impl Default for Config {
             models: vec![ModelConfig::default()],
             admin_token: None,
             plugins: PluginsConfig::default(),
-            tenants: Vec::new(),
+            policies: None,
+            ledger: Some("data/usage.sqlite".into()),
+            drain_seconds: 30,
         }
     }
 }
@@ -214,38 +202,6 @@ impl Config {
         let p = &self.plugins;
         if p.timeout_ms == 0 || p.memory_mb == 0 || p.max_instances == 0 {
             return bad("plugins: timeout_ms, memory_mb and max_instances must be > 0".into());
-        }
-        let mut tenants = std::collections::HashSet::new();
-        let mut keys = std::collections::HashSet::new();
-        for t in &self.tenants {
-            if !crate::plugins::valid_name(&t.name) {
-                return bad(format!(
-                    "tenants: {:?} is not a valid tenant name (a-z, 0-9, '-', '_')",
-                    t.name
-                ));
-            }
-            if !tenants.insert(&t.name) {
-                return bad(format!("tenants: {:?} is configured twice", t.name));
-            }
-            for k in &t.api_keys {
-                if !keys.insert(k) {
-                    return bad(format!(
-                        "tenants.{}: an API key is listed for two tenants",
-                        t.name
-                    ));
-                }
-            }
-            for p in [&t.prompt_template, &t.output_parser, &t.reranker]
-                .into_iter()
-                .flatten()
-            {
-                if !crate::plugins::valid_name(p) {
-                    return bad(format!(
-                        "tenants.{}: {p:?} is not a valid plugin name",
-                        t.name
-                    ));
-                }
-            }
         }
         if self.admin_token.as_ref().is_some_and(|t| t.len() < 16) {
             return bad("admin_token must be at least 16 characters".into());

@@ -7,3 +7,4 @@ pub mod engine;
 pub mod metrics;
 pub mod plugins;
 pub mod server;
+pub mod tenancy;

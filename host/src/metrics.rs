@@ -26,6 +26,9 @@ pub struct Metrics {
     pub plugin_calls: IntCounterVec,
     pub plugin_failures: IntCounterVec,
     pub plugin_seconds: HistogramVec,
+    pub tenant_requests: IntCounterVec,
+    pub tenant_tokens: IntCounterVec,
+    pub tenant_rejections: IntCounterVec,
 }
 
 fn reg<T: prometheus::core::Collector + Clone + 'static>(r: &Registry, m: T) -> T {
@@ -151,6 +154,21 @@ impl Metrics {
                     &["kind"],
                 )
                 .expect("valid"),
+            ),
+            tenant_requests: counter(
+                "gateway_tenant_requests_total",
+                "Admitted requests by tenant and outcome (ok, error, cancelled)",
+                &["tenant", "status"],
+            ),
+            tenant_tokens: counter(
+                "gateway_tenant_tokens_total",
+                "Tokens settled to tenants (prompt, completion)",
+                &["tenant", "kind"],
+            ),
+            tenant_rejections: counter(
+                "gateway_tenant_rejections_total",
+                "Requests turned away by a tenant limit, by limit",
+                &["tenant", "reason"],
             ),
             registry: r,
         }

@@ -22,7 +22,7 @@ pub use bindings::prompt_template::gateway::plugins::types::{ContextChunk, Messa
 pub use bindings::prompt_template::{ChatRequest, RenderedPrompt};
 pub use bindings::reranker::{Candidate, Scored};
 pub use registry::Registry;
-pub use runtime::Runtime;
+pub use runtime::{hex, write_atomically, Runtime};
 
 use bindings::prompt_template::gateway::plugins::types;
 use runtime::Prepared;

@@ -1,0 +1,424 @@
+//! Tenants and what they may do: API keys (stored hashed), allow-lists, rate and token limits,
+//! token budgets and the usage ledger, all from a policy file that is swapped atomically on
+//! change. A request's admission reads one policy snapshot; reloading never disturbs requests
+//! in flight, and what a tenant has used or reserved survives reloads.
+//!
+//! Must not depend on the HTTP server: it returns `Denied` values the server maps to errors.
+
+pub mod keys;
+pub mod ledger;
+pub mod limits;
+pub mod policy;
+pub mod watch;
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use arc_swap::ArcSwap;
+
+use crate::metrics::Metrics;
+use crate::plugins::TenantValues;
+use ledger::{Ledger, Record};
+use limits::{Rates, Rejection, Slot, Usage};
+use policy::{Policies, PolicyError, TenantPolicy};
+
+/// The tenant of requests when no policy file is configured: no key needed, no limits.
+pub const OPEN_TENANT: &str = "default";
+
+/// One tenant under one policy version.
+pub struct Tenant {
+    pub name: Arc<str>,
+    pub policy: TenantPolicy,
+    pub values: TenantValues,
+    /// Keys this tenant's prefix-cache entries apart from every other tenant's.
+    pub cache_salt: u64,
+    rates: Arc<Rates>,
+    usage: Arc<Usage>,
+}
+
+impl Tenant {
+    pub fn allows_model(&self, model: &str) -> bool {
+        policy::allows(&self.policy.models, model)
+    }
+
+    pub fn allows_plugin(&self, plugin: &str) -> bool {
+        policy::allows(&self.policy.plugins, plugin)
+    }
+}
+
+struct PolicySet {
+    by_key_hash: HashMap<[u8; 32], (Arc<Tenant>, Arc<str>)>,
+    tenants: BTreeMap<String, Arc<Tenant>>,
+    text: String,
+}
+
+/// Why a request was turned away before it reached a handler.
+#[derive(Debug)]
+pub enum Denied {
+    /// No key, or a key no tenant has (401).
+    Unauthenticated(&'static str),
+    /// A limit (429).
+    Limited(Rejection),
+}
+
+/// An admitted request: its tenant, the key it used, and one of the tenant's in-flight slots.
+/// The slot is shared with the request's `Reservation`, so a stream keeps it until it ends.
+pub struct Caller {
+    pub tenant: Arc<Tenant>,
+    pub key_id: Arc<str>,
+    slot: Arc<Slot>,
+}
+
+impl std::ops::Deref for Caller {
+    type Target = Arc<Tenant>;
+    fn deref(&self) -> &Arc<Tenant> {
+        &self.tenant
+    }
+}
+
+pub struct Tenancy {
+    policies: ArcSwap<PolicySet>,
+    /// Per tenant name; outlives policy versions.
+    usage: Mutex<HashMap<String, Arc<Usage>>>,
+    /// The policy file, when there is one (else: open mode).
+    pub path: Option<PathBuf>,
+    pub ledger: Option<Ledger>,
+    metrics: Arc<Metrics>,
+}
+
+impl Tenancy {
+    /// Loads the policy file (if any) and opens the ledger (if any). A policy file that does
+    /// not parse or validate is an error here: the gateway does not start on a bad policy.
+    pub fn new(
+        path: Option<PathBuf>,
+        ledger: Option<Ledger>,
+        metrics: Arc<Metrics>,
+    ) -> Result<Self, PolicyError> {
+        let text = match &path {
+            Some(p) => std::fs::read_to_string(p)
+                .map_err(|e| PolicyError(vec![format!("{}: {e}", p.display())]))?,
+            None => String::new(),
+        };
+        let parsed = Policies::parse(&text)?;
+        let t = Self {
+            policies: ArcSwap::from_pointee(PolicySet {
+                by_key_hash: HashMap::new(),
+                tenants: BTreeMap::new(),
+                text: String::new(),
+            }),
+            usage: Mutex::default(),
+            path,
+            ledger,
+            metrics,
+        };
+        t.install(parsed, text);
+        Ok(t)
+    }
+
+    pub fn open_mode(&self) -> bool {
+        self.path.is_none()
+    }
+
+    /// The policy file's text now in force.
+    pub fn text(&self) -> String {
+        self.policies.load().text.clone()
+    }
+
+    /// Validates `text` and makes it the policy; with a policy file, writes it there first.
+    /// On error nothing changes.
+    pub fn replace(&self, text: &str) -> Result<(), PolicyError> {
+        let parsed = Policies::parse(text)?;
+        if let Some(path) = &self.path {
+            crate::plugins::write_atomically(path, text.as_bytes())
+                .map_err(|e| PolicyError(vec![format!("{}: {e}", path.display())]))?;
+        }
+        self.install(parsed, text.to_string());
+        Ok(())
+    }
+
+    /// Re-reads the policy file; a bad file is logged and the policy in force stays.
+    pub fn reload(&self) {
+        let Some(path) = &self.path else { return };
+        let text = match std::fs::read_to_string(path) {
+            Ok(t) => t,
+            Err(e) => {
+                return tracing::warn!(path = %path.display(), error = %e, "cannot read the policy file; keeping the policy in force")
+            }
+        };
+        if text == self.policies.load().text {
+            return;
+        }
+        match Policies::parse(&text) {
+            Ok(p) => {
+                self.install(p, text);
+                tracing::info!(path = %path.display(), "policies reloaded");
+            }
+            Err(e) => {
+                tracing::warn!(path = %path.display(), problems = %e, "policy file rejected; keeping the policy in force")
+            }
+        }
+    }
+
+    fn install(&self, parsed: Policies, text: String) {
+        let old = self.policies.load_full();
+        let mut usage = self.usage.lock().unwrap_or_else(|e| e.into_inner());
+        let mut set = PolicySet {
+            by_key_hash: HashMap::new(),
+            tenants: BTreeMap::new(),
+            text,
+        };
+        let mut tenants = parsed.tenants;
+        if self.open_mode() {
+            tenants.push(open_tenant());
+        }
+        for p in tenants {
+            let rates = match old.tenants.get(&p.name) {
+                Some(t) if t.rates.same_quotas(&p) => t.rates.clone(),
+                _ => Arc::new(Rates::new(&p)),
+            };
+            let tenant = Arc::new(Tenant {
+                name: p.name.as_str().into(),
+                values: Arc::new(p.config.clone()),
+                cache_salt: salt(&p.name),
+                usage: usage.entry(p.name.clone()).or_default().clone(),
+                rates,
+                policy: p,
+            });
+            for k in &tenant.policy.keys {
+                if let Some(hash) = parse_hex32(&k.sha256) {
+                    set.by_key_hash
+                        .insert(hash, (tenant.clone(), k.id.as_str().into()));
+                }
+            }
+            set.tenants.insert(tenant.policy.name.clone(), tenant);
+        }
+        self.policies.store(Arc::new(set));
+    }
+
+    /// Authenticates the bearer key and applies the tenant's request-rate and concurrency limits.
+    pub fn admit(&self, headers: &http::HeaderMap) -> Result<Caller, Denied> {
+        let set = self.policies.load();
+        let (tenant, key_id) = if self.open_mode() {
+            (set.tenants[OPEN_TENANT].clone(), Arc::from("none"))
+        } else {
+            let key = bearer(headers).ok_or(Denied::Unauthenticated(
+                "Missing API key: send `Authorization: Bearer <key>`.",
+            ))?;
+            let hash = keys::hash(key);
+            let (t, id) = set
+                .by_key_hash
+                .get(&hash)
+                .ok_or(Denied::Unauthenticated("Invalid API key."))?;
+            (t.clone(), id.clone())
+        };
+        match tenant
+            .usage
+            .admit(&tenant.rates, tenant.policy.max_concurrent)
+        {
+            Ok(slot) => Ok(Caller {
+                tenant,
+                key_id,
+                slot: Arc::new(slot),
+            }),
+            Err(r) => {
+                self.metrics
+                    .tenant_rejections
+                    .with_label_values(&[&tenant.name, r.limit])
+                    .inc();
+                Err(Denied::Limited(r))
+            }
+        }
+    }
+
+    /// Reserves `tokens` (prompt + the most the request may generate) for `caller`.
+    pub fn reserve(
+        self: &Arc<Self>,
+        caller: &Caller,
+        model: &str,
+        endpoint: &'static str,
+        prompt_tokens: u64,
+        tokens: u64,
+    ) -> Result<Reservation, Rejection> {
+        let now = unix_now();
+        let tenant = &caller.tenant;
+        let reserved = tenant
+            .usage
+            .reserve(&tenant.rates, tenant.policy.token_budget, tokens, now, |period| match &self.ledger {
+                Some(l) => l.period_usage(&tenant.name, period, now).unwrap_or_else(|e| {
+                    tracing::error!(error = %e, "cannot read the usage ledger; counting this period from zero");
+                    fallback_period(period, now)
+                }),
+                None => fallback_period(period, now),
+            });
+        if let Err(r) = reserved {
+            self.metrics
+                .tenant_rejections
+                .with_label_values(&[&tenant.name, r.limit])
+                .inc();
+            return Err(r);
+        }
+        Ok(Reservation {
+            tenancy: self.clone(),
+            tenant: tenant.clone(),
+            key_id: caller.key_id.clone(),
+            model: model.to_string(),
+            endpoint,
+            reserved: tokens,
+            prompt_tokens: AtomicU64::new(prompt_tokens),
+            completion_tokens: AtomicU64::new(0),
+            started: Instant::now(),
+            ts: now,
+            settled: std::sync::atomic::AtomicBool::new(false),
+            _slot: caller.slot.clone(),
+        })
+    }
+
+    /// Records a request that generated nothing (rerank, or one refused after admission).
+    pub fn record_plain(
+        &self,
+        caller: &Caller,
+        model: &str,
+        endpoint: &'static str,
+        started: Instant,
+        status: &'static str,
+    ) {
+        self.metrics
+            .tenant_requests
+            .with_label_values(&[&caller.tenant.name, status])
+            .inc();
+        if let Some(l) = &self.ledger {
+            l.record(Record {
+                ts: unix_now(),
+                tenant: caller.tenant.name.to_string(),
+                key_id: caller.key_id.to_string(),
+                model: model.to_string(),
+                endpoint,
+                prompt_tokens: 0,
+                completion_tokens: 0,
+                latency_ms: started.elapsed().as_secs_f64() * 1e3,
+                status,
+                plugin_ms: 0.0,
+            });
+        }
+    }
+}
+
+/// Tokens reserved for one generation request. Settled exactly once: explicitly with the usage
+/// reported to the client, or on drop (cancellation) with the tokens counted so far.
+pub struct Reservation {
+    tenancy: Arc<Tenancy>,
+    tenant: Arc<Tenant>,
+    key_id: Arc<str>,
+    model: String,
+    endpoint: &'static str,
+    reserved: u64,
+    prompt_tokens: AtomicU64,
+    completion_tokens: AtomicU64,
+    started: Instant,
+    ts: i64,
+    settled: std::sync::atomic::AtomicBool,
+    _slot: Arc<Slot>,
+}
+
+impl Reservation {
+    /// Counts one generated token as it reaches the client.
+    pub fn count_token(&self) {
+        self.completion_tokens.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Settles with the exact usage reported to the client.
+    pub fn settle(&self, prompt_tokens: u64, completion_tokens: u64, status: &'static str) {
+        if self.settled.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let t = &self.tenant;
+        t.usage
+            .settle(self.reserved, prompt_tokens + completion_tokens);
+        let m = &self.tenancy.metrics;
+        m.tenant_requests
+            .with_label_values(&[&t.name, status])
+            .inc();
+        m.tenant_tokens
+            .with_label_values(&[&t.name, "prompt"])
+            .inc_by(prompt_tokens);
+        m.tenant_tokens
+            .with_label_values(&[&t.name, "completion"])
+            .inc_by(completion_tokens);
+        if let Some(l) = &self.tenancy.ledger {
+            l.record(Record {
+                ts: self.ts,
+                tenant: t.name.to_string(),
+                key_id: self.key_id.to_string(),
+                model: self.model.clone(),
+                endpoint: self.endpoint,
+                prompt_tokens,
+                completion_tokens,
+                latency_ms: self.started.elapsed().as_secs_f64() * 1e3,
+                status,
+                plugin_ms: 0.0,
+            });
+        }
+    }
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        let (p, c) = (
+            self.prompt_tokens.load(Ordering::Relaxed),
+            self.completion_tokens.load(Ordering::Relaxed),
+        );
+        self.settle(p, c, "cancelled");
+    }
+}
+
+fn open_tenant() -> TenantPolicy {
+    Policies::parse(&format!("[[tenants]]\nname = \"{OPEN_TENANT}\"\n"))
+        .expect("static policy")
+        .tenants
+        .remove(0)
+}
+
+fn fallback_period(period: policy::Period, now: i64) -> (i64, i64, u64) {
+    let len = match period {
+        policy::Period::Day => 86_400,
+        policy::Period::Month => 30 * 86_400,
+    };
+    (
+        now - now.rem_euclid(len),
+        now - now.rem_euclid(len) + len,
+        0,
+    )
+}
+
+pub fn unix_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64)
+}
+
+fn salt(tenant: &str) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    tenant.hash(&mut h);
+    h.finish()
+}
+
+fn parse_hex32(s: &str) -> Option<[u8; 32]> {
+    let mut out = [0u8; 32];
+    for (i, b) in out.iter_mut().enumerate() {
+        *b = u8::from_str_radix(s.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some(out)
+}
+
+pub fn bearer(headers: &http::HeaderMap) -> Option<&str> {
+    headers
+        .get(http::header::AUTHORIZATION)?
+        .to_str()
+        .ok()?
+        .strip_prefix("Bearer ")
+        .map(str::trim)
+}

@@ -1,0 +1,234 @@
+//! The policy file (`policies.toml`): tenants, their hashed API keys, what they may use and how
+//! much. Parsed into typed structs, then checked as a whole; every problem names its field.
+
+use std::collections::{BTreeMap, HashSet};
+
+use serde::Deserialize;
+
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Policies {
+    #[serde(default)]
+    pub tenants: Vec<TenantPolicy>,
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct TenantPolicy {
+    pub name: String,
+    /// API keys, stored as SHA-256 hashes (`gateway keys new --tenant T` makes one).
+    #[serde(default)]
+    pub keys: Vec<KeyPolicy>,
+    /// Models the tenant may call; `["*"]` (the default) allows all.
+    #[serde(default = "all")]
+    pub models: Vec<String>,
+    /// The tenant's plugins it may call by name; `["*"]` (the default) allows all of its own.
+    #[serde(default = "all")]
+    pub plugins: Vec<String>,
+    /// Search collections the tenant may use; `["*"]` (the default) allows all of its own.
+    #[serde(default = "all")]
+    pub collections: Vec<String>,
+    /// Plugin bound to the prompt stage of chat completions.
+    pub prompt_template: Option<String>,
+    /// Plugin that parses output when a request sets `response_format` (or always, with
+    /// `parse_output`).
+    pub output_parser: Option<String>,
+    #[serde(default)]
+    pub parse_output: bool,
+    /// Plugin serving `/v1/rerank` when the request names none.
+    pub reranker: Option<String>,
+    pub requests_per_second: Option<u32>,
+    pub requests_per_minute: Option<u32>,
+    /// Prompt + completion tokens per minute (reserved at admission).
+    pub tokens_per_minute: Option<u32>,
+    pub token_budget: Option<Budget>,
+    /// Requests of this tenant in flight at once.
+    pub max_concurrent: Option<u32>,
+    /// Share of the engine under contention, relative to other tenants' weights.
+    #[serde(default = "one")]
+    pub weight: u32,
+    /// Values the tenant's plugins read with `config-get`.
+    #[serde(default)]
+    pub config: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct KeyPolicy {
+    /// Names the key in the usage ledger and logs (never the key itself).
+    pub id: String,
+    /// Lower-case hex SHA-256 of the key.
+    pub sha256: String,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Budget {
+    pub tokens: u64,
+    pub period: Period,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Period {
+    Day,
+    Month,
+}
+
+fn all() -> Vec<String> {
+    vec!["*".into()]
+}
+
+fn one() -> u32 {
+    1
+}
+
+/// Everything wrong with a policy file, one line per problem.
+#[derive(Debug, thiserror::Error)]
+#[error("{}", .0.join("\n"))]
+pub struct PolicyError(pub Vec<String>);
+
+impl Policies {
+    /// Parses and checks a policy file's text. TOML errors carry line and column.
+    pub fn parse(text: &str) -> Result<Self, PolicyError> {
+        let p: Policies = toml::from_str(text).map_err(|e| PolicyError(vec![e.to_string()]))?;
+        p.validate()?;
+        Ok(p)
+    }
+
+    fn validate(&self) -> Result<(), PolicyError> {
+        let mut problems = Vec::new();
+        let mut names = HashSet::new();
+        let mut hashes = HashSet::new();
+        for (i, t) in self.tenants.iter().enumerate() {
+            let at = format!("tenants[{i}] ({:?})", t.name);
+            if !crate::plugins::valid_name(&t.name) {
+                problems.push(format!(
+                    "{at}.name: use 1 to 64 characters from a-z, 0-9, '-' and '_'"
+                ));
+            }
+            if !names.insert(&t.name) {
+                problems.push(format!("{at}.name: tenant configured twice"));
+            }
+            let mut ids = HashSet::new();
+            for (j, k) in t.keys.iter().enumerate() {
+                if k.sha256.len() != 64
+                    || !k
+                        .sha256
+                        .bytes()
+                        .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+                {
+                    problems.push(format!("{at}.keys[{j}].sha256: expected 64 lower-case hex digits (the SHA-256 of the key)"));
+                }
+                if !hashes.insert(&k.sha256) {
+                    problems.push(format!("{at}.keys[{j}].sha256: this key is listed twice"));
+                }
+                if k.id.is_empty() || !ids.insert(&k.id) {
+                    problems.push(format!(
+                        "{at}.keys[{j}].id: must be non-empty and unique within the tenant"
+                    ));
+                }
+            }
+            for (field, v) in [
+                ("prompt_template", &t.prompt_template),
+                ("output_parser", &t.output_parser),
+                ("reranker", &t.reranker),
+            ] {
+                if let Some(p) = v {
+                    if !crate::plugins::valid_name(p) {
+                        problems.push(format!("{at}.{field}: {p:?} is not a valid plugin name"));
+                    } else if !allows(&t.plugins, p) {
+                        problems.push(format!("{at}.{field}: {p:?} is bound but not in `plugins`"));
+                    }
+                }
+            }
+            for (field, v) in [
+                ("requests_per_second", t.requests_per_second),
+                ("requests_per_minute", t.requests_per_minute),
+                ("tokens_per_minute", t.tokens_per_minute),
+                ("max_concurrent", t.max_concurrent),
+            ] {
+                if v == Some(0) {
+                    problems.push(format!(
+                        "{at}.{field}: must be at least 1 (leave it out for no limit)"
+                    ));
+                }
+            }
+            if t.weight == 0 {
+                problems.push(format!("{at}.weight: must be at least 1"));
+            }
+            if t.token_budget.is_some_and(|b| b.tokens == 0) {
+                problems.push(format!("{at}.token_budget.tokens: must be at least 1"));
+            }
+        }
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(PolicyError(problems))
+        }
+    }
+}
+
+/// Whether an allow-list (`["*"]` = everything) holds `name`.
+pub fn allows(list: &[String], name: &str) -> bool {
+    list.iter().any(|x| x == "*" || x == name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_and_limits_parse() {
+        let p = Policies::parse(
+            r#"
+            [[tenants]]
+            name = "acme"
+            requests_per_second = 5
+            token_budget = { tokens = 1000, period = "day" }
+            keys = [{ id = "prod", sha256 = "2c26b46b68ffc68ff99b453c1d30413413422d706483bfa0f98a5e886266e7ae" }]
+            "#,
+        )
+        .unwrap();
+        let t = &p.tenants[0];
+        assert_eq!(t.models, ["*"]);
+        assert_eq!(t.weight, 1);
+        assert_eq!(
+            t.token_budget,
+            Some(Budget {
+                tokens: 1000,
+                period: Period::Day
+            })
+        );
+    }
+
+    #[test]
+    fn every_problem_is_named() {
+        let err = Policies::parse(
+            r#"
+            [[tenants]]
+            name = "acme"
+            max_concurrent = 0
+            plugins = ["a"]
+            reranker = "b"
+            keys = [{ id = "k", sha256 = "XYZ" }]
+            [[tenants]]
+            name = "acme"
+            "#,
+        )
+        .unwrap_err()
+        .to_string();
+        for want in [
+            "keys[0].sha256",
+            "reranker: \"b\" is bound but not in `plugins`",
+            "max_concurrent",
+            "tenants[1] (\"acme\").name: tenant configured twice",
+        ] {
+            assert!(err.contains(want), "{want} not in:\n{err}");
+        }
+        let err = Policies::parse("[[tenants]]\nname = \"a\"\nweigth = 2\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("line 3") && err.contains("weigth"), "{err}");
+    }
+}

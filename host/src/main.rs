@@ -9,6 +9,7 @@ use gateway::engine::Engine;
 use gateway::metrics::Metrics;
 use gateway::plugins::{Registry, Runtime};
 use gateway::server::{self, AppState};
+use gateway::tenancy::{ledger::Ledger, Tenancy};
 
 /// WebAssembly-pluggable AI gateway: an OpenAI-compatible API over a native paged-attention engine.
 #[derive(Parser)]
@@ -24,6 +25,22 @@ enum Command {
     Serve(ServeArgs),
     /// Measure prefill, decode and batched throughput of a model (no HTTP), and print a table.
     Bench(BenchArgs),
+    /// Manage API keys.
+    #[command(subcommand)]
+    Keys(KeysCommand),
+}
+
+#[derive(Subcommand)]
+enum KeysCommand {
+    /// Print a new API key (once) and the policy line holding its SHA-256.
+    New {
+        /// The tenant the key is for.
+        #[arg(long)]
+        tenant: String,
+        /// The key's id in the usage ledger and logs.
+        #[arg(long, default_value = "default")]
+        id: String,
+    },
 }
 
 #[derive(Args)]
@@ -69,6 +86,12 @@ struct ServeArgs {
     /// Tenant plugin folder (`<dir>/<tenant>/<name>.wasm`), watched for changes.
     #[arg(long)]
     plugins_dir: Option<PathBuf>,
+    /// Policy file (tenants, keys, limits), watched for changes.
+    #[arg(long)]
+    policies: Option<PathBuf>,
+    /// SQLite usage ledger.
+    #[arg(long)]
+    ledger: Option<PathBuf>,
     /// Bearer token for the admin API (`/admin/*`); off when unset.
     #[arg(long, env = "GATEWAY_ADMIN_TOKEN", hide_env_values = true)]
     admin_token: Option<String>,
@@ -150,6 +173,12 @@ fn main() -> anyhow::Result<()> {
             let cfg = args.engine.config()?;
             rt.block_on(gateway::bench::run(&cfg.models[0], &args.opts))
         }
+        Command::Keys(KeysCommand::New { tenant, id }) => {
+            let (key, line) = gateway::tenancy::keys::new_key(&tenant, &id);
+            println!("{key}");
+            eprintln!("The key is shown only this once. Policy entry:\n{line}");
+            Ok(())
+        }
     }
 }
 
@@ -169,8 +198,37 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     }
     cfg.plugins.dir = args.plugins_dir.or(cfg.plugins.dir);
     cfg.admin_token = args.admin_token.or(cfg.admin_token);
+    cfg.policies = args.policies.or(cfg.policies);
+    if let Some(l) = args.ledger {
+        cfg.ledger = Some(l);
+    }
     cfg.validate()?;
     let (plugins, _watcher) = load_plugins(&cfg)?;
+    let ledger = match &cfg.ledger {
+        Some(p) => Some(
+            Ledger::open(p).with_context(|| format!("opening the usage ledger {}", p.display()))?,
+        ),
+        None => None,
+    };
+    let tenancy = Arc::new(
+        Tenancy::new(cfg.policies.clone(), ledger, metrics.clone())
+            .map_err(|e| anyhow::anyhow!("invalid policy file:\n{e}"))?,
+    );
+    let _policy_watcher = match &cfg.policies {
+        Some(p) => {
+            tracing::info!(path = %p.display(), "policies loaded");
+            Some(
+                gateway::tenancy::watch::watch(tenancy.clone())
+                    .with_context(|| format!("watching {}", p.display()))?,
+            )
+        }
+        None => {
+            tracing::warn!(
+                "no policy file: requests are not authenticated and all belong to tenant `default`"
+            );
+            None
+        }
+    };
     let listener = tokio::net::TcpListener::bind(cfg.listen)
         .await
         .with_context(|| format!("binding {}", cfg.listen))?;
@@ -184,11 +242,21 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         max_body_bytes: cfg.max_body_bytes,
         started,
         plugins,
-        tenants: server::tenants::Tenants::new(&cfg.tenants),
+        tenancy: tenancy.clone(),
         admin_token: cfg.admin_token.clone(),
         max_upload_bytes: cfg.plugins.max_upload_bytes,
+        draining: Default::default(),
     });
-    server::serve(listener, state).await?;
+    server::serve(
+        listener,
+        state,
+        std::time::Duration::from_secs(cfg.drain_seconds),
+    )
+    .await?;
+    if let Some(l) = &tenancy.ledger {
+        l.close();
+        tracing::info!("usage ledger flushed");
+    }
     Ok(())
 }
 

@@ -12,13 +12,13 @@ use tokio::sync::mpsc;
 use super::error::ApiError;
 use super::openai::*;
 use super::plugins::{bound, call};
-use super::tenants::Tenant;
 use super::validation::{self, Generation, MAX_TOP_LOGPROBS};
 use super::{json_response, sse_response, AppState, Response};
 use crate::engine::chat_template::ChatMessage;
 use crate::engine::tokenizer::token_bytes;
 use crate::engine::{Engine, Event, EventStream, FinishReason, SubmitError, TokenLogprobs, Usage};
 use crate::plugins::{ContextChunk, Message, Plugin, PluginKind, RenderedPrompt};
+use crate::tenancy::{Caller, Reservation, Tenant};
 
 const DONE: &[u8] = b"data: [DONE]\n\n";
 
@@ -41,6 +41,9 @@ struct Reply {
     echo: Option<Vec<String>>,
     /// Chat with structured output: the tenant's output parser runs on each choice's text.
     output: Option<OutputStage>,
+    /// The tenant's token reservation, settled with the usage reported (or, if the response
+    /// never completes, with the tokens counted so far when this is dropped).
+    reservation: Option<Reservation>,
 }
 
 struct OutputStage {
@@ -65,11 +68,12 @@ impl OutputStage {
 
 pub async fn chat(
     state: &Arc<AppState>,
-    tenant: &Arc<Tenant>,
+    caller: &Caller,
     body: &[u8],
 ) -> Result<Response, ApiError> {
+    let tenant = &caller.tenant;
     let req: ChatCompletionRequest = serde_json::from_slice(body)?;
-    let engine = state.engine(&req.model)?;
+    let engine = state.engine(tenant, &req.model)?;
     if req.messages.is_empty() {
         return Err(ApiError::invalid(
             "messages",
@@ -110,9 +114,17 @@ pub async fn chat(
         .await?
         .remove(0);
     let reqs = gen.requests(&engine, prompt, "messages")?;
+    let reservation = reserve(
+        state,
+        caller,
+        &req.model,
+        "chat",
+        std::slice::from_ref(&reqs),
+    )?;
     let streams = submit(&engine, vec![reqs])?;
     let mut reply = Reply::new(Kind::Chat, "chatcmpl", req.model, engine, &gen, None);
     reply.output = output;
+    reply.reservation = Some(reservation);
     reply.run(streams, gen.stream).await
 }
 
@@ -127,7 +139,7 @@ async fn prompt_stage(
     messages: Vec<ChatMessage>,
     documents: Option<Vec<Document>>,
 ) -> Result<String, ApiError> {
-    let messages = match &tenant.cfg.prompt_template {
+    let messages = match &tenant.policy.prompt_template {
         Some(name) => {
             let plugin = bound(&state.plugins, tenant, name, PluginKind::PromptTemplate)?;
             let request = crate::plugins::ChatRequest {
@@ -204,10 +216,10 @@ fn output_stage(
                 ))
             }
         },
-        Some(ResponseFormat::Text) | None if tenant.cfg.parse_output => None,
+        Some(ResponseFormat::Text) | None if tenant.policy.parse_output => None,
         Some(ResponseFormat::Text) | None => return Ok(None),
     };
-    let Some(name) = &tenant.cfg.output_parser else {
+    let Some(name) = &tenant.policy.output_parser else {
         return Ok(None);
     };
     Ok(Some(OutputStage {
@@ -219,12 +231,13 @@ fn output_stage(
 }
 
 pub async fn completion(
-    state: &AppState,
-    tenant: &Tenant,
+    state: &Arc<AppState>,
+    caller: &Caller,
     body: &[u8],
 ) -> Result<Response, ApiError> {
+    let tenant = &caller.tenant;
     let req: CompletionRequest = serde_json::from_slice(body)?;
-    let engine = state.engine(&req.model)?;
+    let engine = state.engine(tenant, &req.model)?;
     if req.suffix.is_some() {
         return Err(ApiError::invalid(
             "suffix",
@@ -283,10 +296,36 @@ pub async fn completion(
         .into_iter()
         .map(|p| gen.requests(&engine, p, "prompt"))
         .collect::<Result<Vec<_>, _>>()?;
+    let reservation = reserve(state, caller, &req.model, "completions", &reqs)?;
     let streams = submit(&engine, reqs)?;
-    Reply::new(Kind::Completion, "cmpl", req.model, engine, &gen, echo)
-        .run(streams, gen.stream)
-        .await
+    let mut reply = Reply::new(Kind::Completion, "cmpl", req.model, engine, &gen, echo);
+    reply.reservation = Some(reservation);
+    reply.run(streams, gen.stream).await
+}
+
+/// Reserves the tokens these requests may use: each prompt once (its choices share it) and
+/// every choice's `max_tokens`.
+fn reserve(
+    state: &Arc<AppState>,
+    caller: &Caller,
+    model: &str,
+    endpoint: &'static str,
+    per_prompt: &[Vec<crate::engine::GenerationRequest>],
+) -> Result<Reservation, ApiError> {
+    let prompt: u64 = per_prompt
+        .iter()
+        .filter_map(|c| c.first())
+        .map(|r| r.prompt.len() as u64)
+        .sum();
+    let completion: u64 = per_prompt
+        .iter()
+        .flatten()
+        .map(|r| r.max_tokens as u64)
+        .sum();
+    state
+        .tenancy
+        .reserve(caller, model, endpoint, prompt, prompt + completion)
+        .map_err(ApiError::limited)
 }
 
 /// Tokenizes on the blocking pool: a multi-megabyte prompt takes long enough to stall the
@@ -400,6 +439,7 @@ impl Reply {
             include_usage: gen.include_usage,
             echo,
             output: None,
+            reservation: None,
         }
     }
 
@@ -415,6 +455,7 @@ impl Reply {
             while let Some(ev) = s.recv().await {
                 match ev {
                     Event::Token { id, text, logprobs } => {
+                        self.count_token();
                         c.text.push_str(&text);
                         c.tokens.extend(logprobs.map(|l| (id, l)));
                     }
@@ -437,7 +478,13 @@ impl Reply {
             }
             choices.push(c);
         }
-        Ok(json_response(http::StatusCode::OK, &self.body(choices)))
+        let body = self.body(choices);
+        if let Some(r) = &self.reservation {
+            let u = &body["usage"];
+            let n = |k: &str| u[k].as_u64().unwrap_or(0);
+            r.settle(n("prompt_tokens"), n("completion_tokens"), "ok");
+        }
+        Ok(json_response(http::StatusCode::OK, &body))
     }
 
     fn body(&self, choices: Vec<Choice>) -> Value {
@@ -509,6 +556,12 @@ impl Reply {
             prompt_tokens_details: CachedTokens {
                 cached_tokens: cached,
             },
+        }
+    }
+
+    fn count_token(&self) {
+        if let Some(r) = &self.reservation {
+            r.count_token();
         }
     }
 
@@ -611,6 +664,7 @@ impl Reply {
         while let Some((i, ev)) = merged.next().await {
             let choice = match ev {
                 Event::Token { id, text, logprobs } => {
+                    self.count_token();
                     if text.is_empty() && logprobs.is_none() {
                         continue;
                     }
@@ -680,11 +734,18 @@ impl Reply {
             let _ = tx.send(Bytes::from_static(DONE)).await;
             return;
         }
+        let usage = self.usage(usages.iter().map(|(i, u)| (*i, u)));
+        if let Some(r) = &self.reservation {
+            r.settle(
+                usage.prompt_tokens as u64,
+                usage.completion_tokens as u64,
+                "ok",
+            );
+        }
         if self.include_usage {
             let mut c = self.envelope(true);
             c["choices"] = json!([]);
-            c["usage"] = serde_json::to_value(self.usage(usages.iter().map(|(i, u)| (*i, u))))
-                .expect("plain struct");
+            c["usage"] = serde_json::to_value(usage).expect("plain struct");
             if !send(&c).await {
                 return;
             }

@@ -11,6 +11,8 @@ pub struct ApiError {
     pub message: String,
     pub param: Option<String>,
     pub code: Option<&'static str>,
+    /// Seconds for a `Retry-After` header (429s).
+    pub retry_after: Option<u64>,
 }
 
 impl ApiError {
@@ -22,6 +24,7 @@ impl ApiError {
             message: message.into(),
             param: param.into().map(String::from),
             code: None,
+            retry_after: None,
         }
     }
 
@@ -35,6 +38,7 @@ impl ApiError {
             ),
             param: Some("model".into()),
             code: Some("model_not_found"),
+            retry_after: None,
         }
     }
 
@@ -47,6 +51,7 @@ impl ApiError {
             ),
             param: None,
             code: Some("unknown_url"),
+            retry_after: None,
         }
     }
 
@@ -57,6 +62,7 @@ impl ApiError {
             message: format!("{method} is not allowed on {path}."),
             param: None,
             code: Some("method_not_allowed"),
+            retry_after: None,
         }
     }
 
@@ -69,6 +75,7 @@ impl ApiError {
             ),
             param: None,
             code: Some("request_too_large"),
+            retry_after: None,
         }
     }
 
@@ -79,6 +86,7 @@ impl ApiError {
             message: message.into(),
             param: None,
             code: Some("server_overloaded"),
+            retry_after: None,
         }
     }
 
@@ -89,6 +97,7 @@ impl ApiError {
             message: message.into(),
             param: None,
             code: None,
+            retry_after: None,
         }
     }
 
@@ -130,6 +139,7 @@ impl ApiError {
             message: format!("Plugin `{plugin}` of tenant `{tenant}` {e}"),
             param: None,
             code: Some(code),
+            retry_after: None,
         }
     }
 
@@ -141,6 +151,7 @@ impl ApiError {
             message: format!("Tenant `{tenant}`: {message}"),
             param: None,
             code: Some("plugin_not_installed"),
+            retry_after: None,
         }
     }
 
@@ -151,6 +162,47 @@ impl ApiError {
             message: message.into(),
             param: None,
             code: Some("invalid_api_key"),
+            retry_after: None,
+        }
+    }
+}
+
+impl ApiError {
+    /// 403: the tenant's policy does not allow what the request names.
+    pub fn forbidden(param: &'static str, message: String) -> Self {
+        Self {
+            status: StatusCode::FORBIDDEN,
+            kind: "permission_error",
+            message,
+            param: Some(param.into()),
+            code: Some("not_allowed"),
+            retry_after: None,
+        }
+    }
+
+    /// 429 for a tenant limit; the code names the limit.
+    pub fn limited(r: crate::tenancy::limits::Rejection) -> Self {
+        let retry = r
+            .retry_after
+            .map(|d| d.as_secs_f64().ceil().max(1.0) as u64);
+        let message = match retry {
+            Some(s) => format!("{} Retry after {s} s.", r.message),
+            None => r.message,
+        };
+        Self {
+            status: StatusCode::TOO_MANY_REQUESTS,
+            kind: "rate_limit_error",
+            message,
+            param: None,
+            code: Some(r.limit),
+            retry_after: retry,
+        }
+    }
+
+    pub fn denied(d: crate::tenancy::Denied) -> Self {
+        match d {
+            crate::tenancy::Denied::Unauthenticated(m) => Self::unauthorized(m),
+            crate::tenancy::Denied::Limited(r) => Self::limited(r),
         }
     }
 }

@@ -2,11 +2,11 @@
 //! Handlers parse and validate requests into engine types; all model work happens on the
 //! engine threads, so no handler blocks the runtime on compute.
 
+mod admin;
 mod completions;
 pub mod error;
 pub mod openai;
 mod plugins;
-pub mod tenants;
 mod validation;
 
 use std::collections::BTreeMap;
@@ -39,16 +39,36 @@ pub struct AppState {
     pub max_body_bytes: usize,
     pub started: u64,
     pub plugins: Arc<crate::plugins::Registry>,
-    pub tenants: tenants::Tenants,
+    pub tenancy: Arc<crate::tenancy::Tenancy>,
     pub admin_token: Option<String>,
     pub max_upload_bytes: usize,
+    /// Set on SIGTERM: `/ready` turns 503 while in-flight requests finish.
+    pub draining: std::sync::atomic::AtomicBool,
 }
 
 impl AppState {
-    pub fn engine(&self, model: &str) -> Result<Arc<Engine>, ApiError> {
-        self.engines.get(model).cloned().ok_or_else(|| {
-            ApiError::model_not_found(model, &self.engines.keys().cloned().collect::<Vec<_>>())
-        })
+    /// The engine serving `model`, if the tenant may use it.
+    pub fn engine(
+        &self,
+        tenant: &crate::tenancy::Tenant,
+        model: &str,
+    ) -> Result<Arc<Engine>, ApiError> {
+        let engine = self.engines.get(model).cloned().ok_or_else(|| {
+            let allowed: Vec<String> = self
+                .engines
+                .keys()
+                .filter(|m| tenant.allows_model(m))
+                .cloned()
+                .collect();
+            ApiError::model_not_found(model, &allowed)
+        })?;
+        if !tenant.allows_model(model) {
+            return Err(ApiError::forbidden(
+                "model",
+                format!("Tenant `{}` may not use model `{model}`.", tenant.name),
+            ));
+        }
+        Ok(engine)
     }
 }
 
@@ -81,7 +101,11 @@ pub fn sse_response(rx: mpsc::Receiver<Bytes>) -> Response {
 
 impl From<&ApiError> for Response {
     fn from(e: &ApiError) -> Self {
-        json_response(e.status, &e.body())
+        let mut r = json_response(e.status, &e.body());
+        if let Some(s) = e.retry_after {
+            r.headers_mut().insert(header::RETRY_AFTER, s.into());
+        }
+        r
     }
 }
 
@@ -111,18 +135,26 @@ async fn route(state: Arc<AppState>, req: http::Request<Incoming>) -> Result<Res
     let post = |m: &Method| m == Method::POST;
     match path.as_str() {
         "/v1/chat/completions" | "/v1/completions" | "/v1/rerank" if post(&method) => {
-            let tenant = state.tenants.resolve(req.headers());
+            let caller = state
+                .tenancy
+                .admit(req.headers())
+                .map_err(ApiError::denied)?;
             let body = read_body(req, state.max_body_bytes).await?;
             match path.as_str() {
-                "/v1/chat/completions" => completions::chat(&state, &tenant, &body).await,
-                "/v1/completions" => completions::completion(&state, &tenant, &body).await,
-                _ => plugins::rerank(&state, &tenant, &body).await,
+                "/v1/chat/completions" => completions::chat(&state, &caller, &body).await,
+                "/v1/completions" => completions::completion(&state, &caller, &body).await,
+                _ => plugins::rerank(&state, &caller, &body).await,
             }
         }
         "/v1/models" if method == Method::GET => {
+            let caller = state
+                .tenancy
+                .admit(req.headers())
+                .map_err(ApiError::denied)?;
             let data: Vec<_> = state
                 .engines
                 .values()
+                .filter(|e| caller.allows_model(&e.info.name))
                 .map(|e| model_card(&state, e))
                 .collect();
             Ok(json_response(
@@ -131,31 +163,49 @@ async fn route(state: Arc<AppState>, req: http::Request<Incoming>) -> Result<Res
             ))
         }
         p if p.starts_with("/v1/models/") && method == Method::GET => {
-            let engine = state.engine(&p["/v1/models/".len()..])?;
+            let caller = state
+                .tenancy
+                .admit(req.headers())
+                .map_err(ApiError::denied)?;
+            let engine = state.engine(&caller, &p["/v1/models/".len()..])?;
             Ok(json_response(StatusCode::OK, &model_card(&state, &engine)))
         }
         "/health" if method == Method::GET => {
             Ok(json_response(StatusCode::OK, &json!({"status": "ok"})))
         }
+        "/ready" if method == Method::GET => {
+            if state.draining.load(std::sync::atomic::Ordering::Relaxed) {
+                Err(ApiError::overloaded(
+                    "Draining: the gateway is shutting down.",
+                ))
+            } else {
+                let models: Vec<_> = state.engines.keys().collect();
+                Ok(json_response(
+                    StatusCode::OK,
+                    &json!({"status": "ready", "models": models}),
+                ))
+            }
+        }
         "/metrics" if method == Method::GET => Ok(text_response(
             "text/plain; version=0.0.4",
             state.metrics.render(),
         )),
-        p if p == "/admin/plugins" || p.starts_with("/admin/plugins/") => {
-            plugins::admin_authorized(&state, req.headers())?;
+        p if p.starts_with("/admin/") => {
+            admin::authorized(&state, req.headers())?;
             let query = req.uri().query().map(str::to_string);
             let body = if method == Method::PUT {
                 Some(read_body(req, state.max_upload_bytes).await?)
             } else {
                 None
             };
-            plugins::admin(&state, &method, &path, query.as_deref(), body).await
+            admin::route(&state, &method, &path, query.as_deref(), body).await
         }
         "/v1/chat/completions"
         | "/v1/completions"
         | "/v1/rerank"
         | "/v1/models"
         | "/health"
+        | "/ready"
         | "/metrics" => Err(ApiError::method_not_allowed(&method, &path)),
         _ => Err(ApiError::not_found(&path)),
     }
@@ -178,6 +228,7 @@ fn route_label(path: &str) -> &'static str {
         "/v1/chat/completions" => "chat_completions",
         "/v1/completions" => "completions",
         "/health" => "health",
+        "/ready" => "ready",
         "/metrics" => "metrics",
         "/v1/rerank" => "rerank",
         p if p.starts_with("/v1/models") => "models",
@@ -213,9 +264,13 @@ async fn handle(
     Ok(resp)
 }
 
-/// Accepts connections until ctrl-c / SIGTERM, then stops accepting and lets open
-/// connections finish.
-pub async fn serve(listener: TcpListener, state: Arc<AppState>) -> std::io::Result<()> {
+/// Accepts connections until ctrl-c / SIGTERM; then `/ready` turns 503, no new connections are
+/// taken, and requests and streams in flight get up to `drain` to finish.
+pub async fn serve(
+    listener: TcpListener,
+    state: Arc<AppState>,
+    drain: std::time::Duration,
+) -> std::io::Result<()> {
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let shutdown = shutdown_signal();
     tokio::pin!(shutdown);
@@ -243,10 +298,17 @@ pub async fn serve(listener: TcpListener, state: Arc<AppState>) -> std::io::Resu
             _ = &mut shutdown => break,
         }
     }
-    tracing::info!("shutting down: waiting for open connections");
+    state
+        .draining
+        .store(true, std::sync::atomic::Ordering::Relaxed);
+    drop(listener);
+    tracing::info!(
+        deadline_s = drain.as_secs(),
+        "draining: waiting for requests in flight"
+    );
     tokio::select! {
-        _ = graceful.shutdown() => {}
-        _ = tokio::time::sleep(std::time::Duration::from_secs(30)) => tracing::warn!("connections still open after 30 s; exiting"),
+        _ = graceful.shutdown() => tracing::info!("drained"),
+        _ = tokio::time::sleep(drain) => tracing::warn!("requests still in flight at the drain deadline; exiting"),
     }
     Ok(())
 }

@@ -5,15 +5,14 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use bytes::Bytes;
 use http::StatusCode;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::error::ApiError;
-use super::tenants::Tenant;
 use super::{json_response, AppState, Response};
 use crate::plugins::{CallError, Candidate, Plugin, PluginKind, Registry};
+use crate::tenancy::{Caller, Tenant};
 
 /// The tenant's plugin bound to `kind` under `name`.
 pub fn bound(
@@ -22,6 +21,12 @@ pub fn bound(
     name: &str,
     kind: PluginKind,
 ) -> Result<Arc<Plugin>, ApiError> {
+    if !tenant.allows_plugin(name) {
+        return Err(ApiError::forbidden(
+            "model",
+            format!("Tenant `{}` may not use plugin `{name}`.", tenant.name),
+        ));
+    }
     let plugin = registry.get(&tenant.name, name).ok_or_else(|| {
         ApiError::plugin_missing(
             &tenant.name,
@@ -101,9 +106,24 @@ enum RerankDocument {
 /// `POST /v1/rerank` (Cohere/Jina shape), served by the tenant's reranker plugin.
 pub async fn rerank(
     state: &Arc<AppState>,
-    tenant: &Arc<Tenant>,
+    caller: &Caller,
     body: &[u8],
 ) -> Result<Response, ApiError> {
+    let started = Instant::now();
+    let result = rerank_inner(state, caller, body).await;
+    let status = if result.is_ok() { "ok" } else { "error" };
+    state
+        .tenancy
+        .record_plain(caller, "rerank", "rerank", started, status);
+    result
+}
+
+async fn rerank_inner(
+    state: &Arc<AppState>,
+    caller: &Caller,
+    body: &[u8],
+) -> Result<Response, ApiError> {
+    let tenant = &caller.tenant;
     let req: RerankRequest = serde_json::from_slice(body)?;
     if req.query.trim().is_empty() {
         return Err(ApiError::invalid("query", "`query` must not be empty."));
@@ -123,7 +143,7 @@ pub async fn rerank(
     if req.top_n == Some(0) {
         return Err(ApiError::invalid("top_n", "`top_n` must be at least 1."));
     }
-    let name = match (&req.model, &tenant.cfg.reranker) {
+    let name = match (&req.model, &tenant.policy.reranker) {
         (Some(m), _) => m.clone(),
         (None, Some(r)) => r.clone(),
         (None, None) => {
@@ -137,7 +157,8 @@ pub async fn rerank(
         }
     };
     let plugin = bound(&state.plugins, tenant, &name, PluginKind::Reranker).map_err(|e| {
-        if req.model.is_some() {
+        // A named reranker that is not installed is a missing "model", as OpenAI reports it.
+        if req.model.is_some() && e.code == Some("plugin_not_installed") {
             ApiError {
                 status: StatusCode::NOT_FOUND,
                 ..e
@@ -213,105 +234,4 @@ pub async fn rerank(
         StatusCode::OK,
         &json!({"id": format!("rerank-{:032x}", rand::random::<u128>()), "model": name, "results": results}),
     ))
-}
-
-/// `/admin/plugins[/<tenant>/<name>]`: list, upload (PUT, body = the .wasm, `?kind=` optional)
-/// and delete tenant plugins. Needs `Authorization: Bearer <admin_token>`.
-pub async fn admin(
-    state: &Arc<AppState>,
-    method: &http::Method,
-    path: &str,
-    query: Option<&str>,
-    body: Option<Bytes>,
-) -> Result<Response, ApiError> {
-    let rest = path.strip_prefix("/admin/plugins").unwrap_or_default();
-    let parts: Vec<&str> = rest.split('/').filter(|s| !s.is_empty()).collect();
-    match (method.as_str(), parts.as_slice()) {
-        ("GET", []) => {
-            let list: Vec<Value> = state.plugins.list().iter().map(|p| describe(p)).collect();
-            Ok(json_response(
-                StatusCode::OK,
-                &json!({"object": "list", "data": list}),
-            ))
-        }
-        ("PUT", [tenant, name]) => {
-            let kind = match query.and_then(|q| q.split('&').find_map(|kv| kv.strip_prefix("kind="))) {
-                Some(k) => Some(PluginKind::parse(k).ok_or_else(|| {
-                    ApiError::invalid("kind", format!("Unknown plugin kind {k:?}; use prompt-template, reranker or output-parser."))
-                })?),
-                None => None,
-            };
-            let wasm = body.unwrap_or_default();
-            let existed = state.plugins.get(tenant, name).is_some();
-            let (st, t, n) = (state.clone(), tenant.to_string(), name.to_string());
-            let installed =
-                tokio::task::spawn_blocking(move || st.plugins.install(&t, &n, &wasm, kind))
-                    .await
-                    .map_err(|e| ApiError::internal(format!("plugin install task failed: {e}")))?;
-            match installed {
-                Ok(p) => {
-                    tracing::info!(tenant = %p.tenant, plugin = %p.name, kind = %p.kind(), "plugin installed through the admin API");
-                    let status = if existed {
-                        StatusCode::OK
-                    } else {
-                        StatusCode::CREATED
-                    };
-                    Ok(json_response(status, &describe(&p)))
-                }
-                Err(e @ crate::plugins::LoadError::Io(_)) => Err(ApiError::internal(e.to_string())),
-                Err(e) => Err(ApiError::invalid(
-                    None,
-                    format!("Plugin rejected; the previous version (if any) stays: {e}"),
-                )),
-            }
-        }
-        ("DELETE", [tenant, name]) => match state.plugins.remove(tenant, name) {
-            Ok(true) => Ok(json_response(
-                StatusCode::OK,
-                &json!({"deleted": true, "tenant": tenant, "name": name}),
-            )),
-            Ok(false) => Err(ApiError {
-                status: StatusCode::NOT_FOUND,
-                ..ApiError::invalid(None, format!("Tenant `{tenant}` has no plugin `{name}`."))
-            }),
-            Err(e) => Err(ApiError::invalid(None, e.to_string())),
-        },
-        (_, [] | [_, _]) => Err(ApiError::method_not_allowed(method, path)),
-        _ => Err(ApiError::not_found(path)),
-    }
-}
-
-fn describe(p: &Plugin) -> Value {
-    let loaded = p
-        .loaded_at
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    json!({"tenant": &*p.tenant, "name": &*p.name, "kind": p.kind().as_str(), "sha256": p.sha256, "bytes": p.size, "loaded_at": loaded})
-}
-
-/// Constant-time comparison of the presented admin token with the configured one.
-pub fn admin_authorized(state: &AppState, headers: &http::HeaderMap) -> Result<(), ApiError> {
-    let Some(expected) = &state.admin_token else {
-        return Err(ApiError {
-            status: StatusCode::NOT_FOUND,
-            ..ApiError::invalid(
-                None,
-                "The admin API is off: set `admin_token` in the config.",
-            )
-        });
-    };
-    let presented = super::tenants::bearer(headers)
-        .unwrap_or_default()
-        .as_bytes();
-    let expected = expected.as_bytes();
-    let mut diff = presented.len() ^ expected.len();
-    for (i, e) in expected.iter().enumerate() {
-        diff |= (presented.get(i).copied().unwrap_or(0) ^ e) as usize;
-    }
-    if diff != 0 {
-        return Err(ApiError::unauthorized(
-            "Missing or wrong admin token (Authorization: Bearer <admin_token>).",
-        ));
-    }
-    Ok(())
 }

@@ -1,0 +1,228 @@
+//! The admin API (`Authorization: Bearer <admin_token>`, compared in constant time):
+//! tenant plugins, the policy file, and usage from the ledger.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::StatusCode;
+use serde_json::{json, Value};
+
+use super::error::ApiError;
+use super::{json_response, AppState, Response};
+use crate::plugins::{Plugin, PluginKind};
+
+pub async fn route(
+    state: &Arc<AppState>,
+    method: &http::Method,
+    path: &str,
+    query: Option<&str>,
+    body: Option<Bytes>,
+) -> Result<Response, ApiError> {
+    match (method.as_str(), path) {
+        (_, p) if p == "/admin/plugins" || p.starts_with("/admin/plugins/") => {
+            plugins(state, method, path, query, body).await
+        }
+        ("GET", "/admin/policies") => Ok(http::Response::builder()
+            .header(http::header::CONTENT_TYPE, "application/toml")
+            .body(http_body_util::BodyExt::boxed_unsync(
+                http_body_util::Full::new(Bytes::from(state.tenancy.text())),
+            ))
+            .expect("static headers are valid")),
+        ("PUT", "/admin/policies") => {
+            let text = String::from_utf8(body.unwrap_or_default().to_vec())
+                .map_err(|_| ApiError::invalid(None, "The policy file must be UTF-8 TOML."))?;
+            if state.tenancy.open_mode() {
+                return Err(ApiError::invalid(None, "No policy file is configured (`policies` in the config); start the gateway with one to manage tenants."));
+            }
+            state.tenancy.replace(&text).map_err(|e| {
+                ApiError::invalid(
+                    None,
+                    format!("Policy rejected; the policy in force stays. Problems:\n{e}"),
+                )
+            })?;
+            tracing::info!("policies replaced through the admin API");
+            Ok(json_response(StatusCode::OK, &json!({"status": "applied"})))
+        }
+        ("GET", "/admin/usage") => usage(state, query),
+        (_, "/admin/policies" | "/admin/usage") => Err(ApiError::method_not_allowed(method, path)),
+        _ => Err(ApiError::not_found(path)),
+    }
+}
+
+/// `GET /admin/usage?tenant=&from=&to=&group_by=day|model`; `from`/`to` are `YYYY-MM-DD` (UTC)
+/// or Unix seconds, `to` exclusive.
+fn usage(state: &AppState, query: Option<&str>) -> Result<Response, ApiError> {
+    let Some(ledger) = &state.tenancy.ledger else {
+        return Err(ApiError::invalid(
+            None,
+            "No usage ledger is configured (`ledger` in the config).",
+        ));
+    };
+    let mut tenant = None;
+    let (mut from, mut to, mut by_model) = (0i64, i64::MAX, false);
+    for kv in query
+        .unwrap_or_default()
+        .split('&')
+        .filter(|s| !s.is_empty())
+    {
+        let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+        match k {
+            "tenant" => tenant = Some(v.to_string()),
+            "from" => from = time_param("from", v)?,
+            "to" => to = time_param("to", v)?,
+            "group_by" => match v {
+                "day" => by_model = false,
+                "model" => by_model = true,
+                _ => {
+                    return Err(ApiError::invalid(
+                        "group_by",
+                        "`group_by` must be `day` or `model`.",
+                    ))
+                }
+            },
+            _ => {
+                return Err(ApiError::invalid(
+                    None,
+                    format!("Unknown query parameter `{k}`; use tenant, from, to, group_by."),
+                ))
+            }
+        }
+    }
+    ledger.flush();
+    let rows = ledger
+        .usage(tenant.as_deref(), from, to, by_model)
+        .map_err(|e| ApiError::internal(e.to_string()))?;
+    Ok(json_response(
+        StatusCode::OK,
+        &json!({"object": "list", "data": rows}),
+    ))
+}
+
+fn time_param(name: &'static str, v: &str) -> Result<i64, ApiError> {
+    if let Ok(secs) = v.parse::<i64>() {
+        return Ok(secs);
+    }
+    let bad = || {
+        ApiError::invalid(
+            name,
+            format!("`{name}` must be YYYY-MM-DD or Unix seconds, got {v:?}."),
+        )
+    };
+    let mut parts = v.split('-');
+    let (y, m, d): (i64, i64, i64) = (
+        parts.next().and_then(|x| x.parse().ok()).ok_or_else(bad)?,
+        parts.next().and_then(|x| x.parse().ok()).ok_or_else(bad)?,
+        parts.next().and_then(|x| x.parse().ok()).ok_or_else(bad)?,
+    );
+    if parts.next().is_some() || !(1..=12).contains(&m) || !(1..=31).contains(&d) {
+        return Err(bad());
+    }
+    // Days from the civil date (Howard Hinnant's algorithm).
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let doy = (153 * ((m + 9) % 12) + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    Ok((era * 146_097 + doe - 719_468) * 86_400)
+}
+
+/// `/admin/plugins[/<tenant>/<name>]`: list, upload (PUT, body = the .wasm, `?kind=` optional)
+/// and delete tenant plugins. Needs `Authorization: Bearer <admin_token>`.
+async fn plugins(
+    state: &Arc<AppState>,
+    method: &http::Method,
+    path: &str,
+    query: Option<&str>,
+    body: Option<Bytes>,
+) -> Result<Response, ApiError> {
+    let rest = path.strip_prefix("/admin/plugins").unwrap_or_default();
+    let parts: Vec<&str> = rest.split('/').filter(|s| !s.is_empty()).collect();
+    match (method.as_str(), parts.as_slice()) {
+        ("GET", []) => {
+            let list: Vec<Value> = state.plugins.list().iter().map(|p| describe(p)).collect();
+            Ok(json_response(
+                StatusCode::OK,
+                &json!({"object": "list", "data": list}),
+            ))
+        }
+        ("PUT", [tenant, name]) => {
+            let kind = match query.and_then(|q| q.split('&').find_map(|kv| kv.strip_prefix("kind="))) {
+                Some(k) => Some(PluginKind::parse(k).ok_or_else(|| {
+                    ApiError::invalid("kind", format!("Unknown plugin kind {k:?}; use prompt-template, reranker or output-parser."))
+                })?),
+                None => None,
+            };
+            let wasm = body.unwrap_or_default();
+            let existed = state.plugins.get(tenant, name).is_some();
+            let (st, t, n) = (state.clone(), tenant.to_string(), name.to_string());
+            let installed =
+                tokio::task::spawn_blocking(move || st.plugins.install(&t, &n, &wasm, kind))
+                    .await
+                    .map_err(|e| ApiError::internal(format!("plugin install task failed: {e}")))?;
+            match installed {
+                Ok(p) => {
+                    tracing::info!(tenant = %p.tenant, plugin = %p.name, kind = %p.kind(), "plugin installed through the admin API");
+                    let status = if existed {
+                        StatusCode::OK
+                    } else {
+                        StatusCode::CREATED
+                    };
+                    Ok(json_response(status, &describe(&p)))
+                }
+                Err(e @ crate::plugins::LoadError::Io(_)) => Err(ApiError::internal(e.to_string())),
+                Err(e) => Err(ApiError::invalid(
+                    None,
+                    format!("Plugin rejected; the previous version (if any) stays: {e}"),
+                )),
+            }
+        }
+        ("DELETE", [tenant, name]) => match state.plugins.remove(tenant, name) {
+            Ok(true) => Ok(json_response(
+                StatusCode::OK,
+                &json!({"deleted": true, "tenant": tenant, "name": name}),
+            )),
+            Ok(false) => Err(ApiError {
+                status: StatusCode::NOT_FOUND,
+                ..ApiError::invalid(None, format!("Tenant `{tenant}` has no plugin `{name}`."))
+            }),
+            Err(e) => Err(ApiError::invalid(None, e.to_string())),
+        },
+        (_, [] | [_, _]) => Err(ApiError::method_not_allowed(method, path)),
+        _ => Err(ApiError::not_found(path)),
+    }
+}
+
+fn describe(p: &Plugin) -> Value {
+    let loaded = p
+        .loaded_at
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    json!({"tenant": &*p.tenant, "name": &*p.name, "kind": p.kind().as_str(), "sha256": p.sha256, "bytes": p.size, "loaded_at": loaded})
+}
+
+/// Constant-time comparison of the presented admin token with the configured one.
+pub fn authorized(state: &AppState, headers: &http::HeaderMap) -> Result<(), ApiError> {
+    let Some(expected) = &state.admin_token else {
+        return Err(ApiError {
+            status: StatusCode::NOT_FOUND,
+            ..ApiError::invalid(
+                None,
+                "The admin API is off: set `admin_token` in the config.",
+            )
+        });
+    };
+    let presented = crate::tenancy::bearer(headers)
+        .unwrap_or_default()
+        .as_bytes();
+    let expected = expected.as_bytes();
+    let mut diff = presented.len() ^ expected.len();
+    for (i, e) in expected.iter().enumerate() {
+        diff |= (presented.get(i).copied().unwrap_or(0) ^ e) as usize;
+    }
+    if diff != 0 {
+        return Err(ApiError::unauthorized(
+            "Missing or wrong admin token (Authorization: Bearer <admin_token>).",
+        ));
+    }
+    Ok(())
+}

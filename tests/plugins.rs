@@ -38,17 +38,12 @@ fn start() -> (Server, PathBuf) {
         )
         .unwrap();
     }
-    let config = format!(
+    let key = |k: &str| gateway::plugins::hex(&gateway::tenancy::keys::hash(k));
+    let policies = format!(
         r#"
-admin_token = "{ADMIN}"
-[plugins]
-dir = "{dir}"
-[[models]]
-name = "{MODEL}"
-path = "{model}"
 [[tenants]]
 name = "acme"
-api_keys = ["sk-acme"]
+keys = [{{ id = "acme-test", sha256 = "{acme}" }}]
 prompt_template = "persona"
 output_parser = "json"
 reranker = "ranker"
@@ -58,10 +53,29 @@ citation_instruction = "{CITE}"
 boosts = "tier=enterprise:2"
 [[tenants]]
 name = "badco"
-api_keys = ["sk-bad"]
+keys = [{{ id = "bad-test", sha256 = "{bad}" }}]
 output_parser = "bad"
 parse_output = true
 reranker = "faulty"
+[[tenants]]
+name = "plain"
+keys = [{{ id = "plain-test", sha256 = "{plain}" }}]
+"#,
+        acme = key("sk-acme"),
+        bad = key("sk-bad"),
+        plain = key("sk-plain"),
+    );
+    std::fs::write(dir.join("policies.toml"), policies).unwrap();
+    let config = format!(
+        r#"
+admin_token = "{ADMIN}"
+policies = "{dir}/policies.toml"
+ledger = "{dir}/usage.sqlite"
+[plugins]
+dir = "{dir}"
+[[models]]
+name = "{MODEL}"
+path = "{model}"
 "#,
         dir = dir.display(),
         model = model_path(),
@@ -93,11 +107,12 @@ fn failures(s: &Server, tenant: &str, plugin: &str, cause: &str) -> f64 {
 fn the_template_plugin_writes_the_prompt() {
     let (s, dir) = start();
     let question = json!({"role": "user", "content": "How do I reset my password?"});
-    // The plugin puts the tenant's persona in front: the same as the default tenant sending
+    // The plugin puts the tenant's persona in front: the same as another tenant sending
     // that system message itself, token for token.
     let (st, via_plugin) = s.post_as("sk-acme", "/v1/chat/completions", &chat(json!([question])));
     assert_eq!(st, 200, "{via_plugin}");
-    let (_, by_hand) = s.post(
+    let (_, by_hand) = s.post_as(
+        "sk-plain",
         "/v1/chat/completions",
         &chat(json!([{"role": "system", "content": PERSONA}, question])),
     );
@@ -105,7 +120,7 @@ fn the_template_plugin_writes_the_prompt() {
         via_plugin["usage"]["prompt_tokens"],
         by_hand["usage"]["prompt_tokens"]
     );
-    // Tenants never share prefix-cache entries: the default tenant's identical prompt missed.
+    // Tenants never share prefix-cache entries: the other tenant's identical prompt missed.
     assert_eq!(
         by_hand["usage"]["prompt_tokens_details"]["cached_tokens"],
         0
@@ -121,7 +136,8 @@ fn the_template_plugin_writes_the_prompt() {
     let (st, grounded) = s.post_as("sk-acme", "/v1/chat/completions", &req);
     assert_eq!(st, 200, "{grounded}");
     let system = format!("{PERSONA}\n\n{CITE}\n\n[1] Passwords: Use the Forgot link.\n\n[2] Admins can reset any user.");
-    let (_, by_hand) = s.post(
+    let (_, by_hand) = s.post_as(
+        "sk-plain",
         "/v1/chat/completions",
         &chat(json!([{"role": "system", "content": system}, question])),
     );
@@ -135,7 +151,7 @@ fn the_template_plugin_writes_the_prompt() {
     );
 
     // Without a template plugin, documents cannot be placed: a clear 400.
-    let (st, err) = s.post("/v1/chat/completions", &req);
+    let (st, err) = s.post_as("sk-plain", "/v1/chat/completions", &req);
     assert_eq!(st, 400, "{err}");
     assert_eq!(err["error"]["param"], "documents");
     // The plugin refusing its input is the request's error (422), naming the plugin.
@@ -293,12 +309,16 @@ fn rerank_is_served_by_the_tenant_plugin() {
         bad(json!({"query": "q", "documents": ["a"], "model": "nope"})).0,
         404
     );
-    // Another tenant's plugin is not visible, and the default tenant has no reranker.
+    // Another tenant's plugin is not visible, and a tenant without a reranker must name one.
     assert_eq!(
         bad(json!({"query": "q", "documents": ["a"], "model": "faulty"})).0,
         404
     );
-    let (st, body) = s.post("/v1/rerank", &json!({"query": "q", "documents": ["a"]}));
+    let (st, body) = s.post_as(
+        "sk-plain",
+        "/v1/rerank",
+        &json!({"query": "q", "documents": ["a"]}),
+    );
     assert_eq!(st, 400, "{body}");
     assert_eq!(body["error"]["param"], "model");
     let _ = std::fs::remove_dir_all(dir);

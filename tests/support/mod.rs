@@ -29,9 +29,16 @@ impl Server {
         );
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_gateway"));
         cmd.args(["serve", "--listen", "127.0.0.1:0"]);
-        // A config file names its own models; otherwise serve the default one.
+        // A config file names its own models and ledger; otherwise serve the default model
+        // with a ledger of this server's own.
         if !extra.contains(&"--config") {
+            let ledger = std::env::temp_dir().join(format!(
+                "gateway-test-ledger-{}-{}.sqlite",
+                std::process::id(),
+                rand::random::<u64>()
+            ));
             cmd.args(["--model", &format!("{MODEL}={model}")]);
+            cmd.args(["--ledger", ledger.to_str().unwrap()]);
         }
         let mut child = cmd
             .args(extra)
@@ -63,6 +70,14 @@ impl Server {
             base: format!("http://{addr}"),
             http,
         }
+    }
+
+    /// Sends SIGTERM and waits for the process to exit; returns its exit code.
+    pub fn terminate(&mut self) -> Option<i32> {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        self.child.wait().ok()?.code()
     }
 
     pub fn addr(&self) -> &str {
@@ -191,8 +206,17 @@ impl Server {
     /// Sends a raw HTTP/1.1 streaming request on a fresh socket, reads until the first SSE
     /// event has arrived (so the request is running), and returns the socket to hang up on.
     pub fn raw_request(&self, path: &str, body: &str) -> std::net::TcpStream {
+        self.raw_request_with(path, body, "")
+    }
+
+    /// `raw_request` as the tenant that owns `key`.
+    pub fn raw_request_as(&self, key: &str, path: &str, body: &str) -> std::net::TcpStream {
+        self.raw_request_with(path, body, &format!("Authorization: Bearer {key}\r\n"))
+    }
+
+    fn raw_request_with(&self, path: &str, body: &str, headers: &str) -> std::net::TcpStream {
         let mut s = std::net::TcpStream::connect(self.addr()).unwrap();
-        write!(s, "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len()).unwrap();
+        write!(s, "POST {path} HTTP/1.1\r\nHost: x\r\n{headers}Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len()).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
         let mut seen = Vec::new();
         let mut buf = [0u8; 1024];

@@ -1,0 +1,369 @@
+//! Tenants end to end: a real gateway with a policy file, driven over HTTP. Authentication,
+//! allow-lists, each limit's error, hot reload of keys under load, budget exactness against
+//! the ledger, and a SIGTERM drain.
+
+mod support;
+
+use std::io::{BufReader, Read};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use support::{model_path, Server, MODEL};
+
+const ADMIN: &str = "admin-token-for-tests-0123";
+
+fn sha(key: &str) -> String {
+    gateway::plugins::hex(&gateway::tenancy::keys::hash(key))
+}
+
+fn tenant(name: &str, keys: &[&str], extra: &str) -> String {
+    let keys: Vec<String> = keys
+        .iter()
+        .map(|k| format!("{{ id = \"{k}\", sha256 = \"{}\" }}", sha(k)))
+        .collect();
+    format!(
+        "[[tenants]]\nname = \"{name}\"\nkeys = [{}]\n{extra}\n",
+        keys.join(", ")
+    )
+}
+
+/// A gateway with `policies` as its policy file; returns it and its folder.
+fn start(policies: &str) -> (Server, PathBuf) {
+    let dir = std::env::temp_dir().join(format!(
+        "gateway-e2e-tenancy-{}-{}",
+        std::process::id(),
+        rand::random::<u32>()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("policies.toml"), policies).unwrap();
+    let config = format!(
+        "admin_token = \"{ADMIN}\"\npolicies = \"{d}/policies.toml\"\nledger = \"{d}/usage.sqlite\"\ndrain_seconds = 20\n[[models]]\nname = \"{MODEL}\"\npath = \"{m}\"\n",
+        d = dir.display(),
+        m = model_path(),
+    );
+    std::fs::write(dir.join("gateway.toml"), config).unwrap();
+    (
+        Server::start(&["--config", dir.join("gateway.toml").to_str().unwrap()]),
+        dir,
+    )
+}
+
+fn chat(max_tokens: usize) -> Value {
+    json!({"model": MODEL, "messages": [{"role": "user", "content": "Tell me about the sea."}], "temperature": 0, "max_tokens": max_tokens})
+}
+
+#[test]
+fn keys_and_allow_lists() {
+    let (s, dir) = start(
+        &(tenant("acme", &["k-acme"], "")
+            + &tenant(
+                "narrow",
+                &["k-narrow"],
+                "models = [\"some-other-model\"]\nplugins = [\"only-this\"]",
+            )),
+    );
+    let (st, body) = s.post("/v1/chat/completions", &chat(2));
+    assert_eq!(
+        (st, body["error"]["code"].as_str()),
+        (401, Some("invalid_api_key")),
+        "{body}"
+    );
+    assert_eq!(s.post_as("wrong", "/v1/chat/completions", &chat(2)).0, 401);
+    assert_eq!(s.post_as("k-acme", "/v1/chat/completions", &chat(2)).0, 200);
+    // A model or plugin outside the tenant's allow-list is 403, naming it.
+    let (st, body) = s.post_as("k-narrow", "/v1/chat/completions", &chat(2));
+    assert_eq!(
+        (st, body["error"]["param"].as_str()),
+        (403, Some("model")),
+        "{body}"
+    );
+    let (st, body) = s.post_as(
+        "k-narrow",
+        "/v1/rerank",
+        &json!({"model": "other", "query": "q", "documents": ["a"]}),
+    );
+    assert_eq!(st, 403, "{body}");
+    let (st, list) = s.request("GET", "/v1/models", vec![], Some("k-narrow"));
+    assert_eq!(
+        (st, list["data"].as_array().map(Vec::len)),
+        (200, Some(0)),
+        "{list}"
+    );
+    let (_, list) = s.request("GET", "/v1/models", vec![], Some("k-acme"));
+    assert_eq!(list["data"][0]["id"], MODEL);
+    assert_eq!(s.request("GET", "/v1/models", vec![], None).0, 401);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Status, error code and Retry-After of a chat request as `key`.
+fn limited(s: &Server, key: &str, body: &Value) -> (u16, Option<String>, Option<u64>) {
+    let r = reqwest::blocking::Client::new()
+        .post(format!("{}/v1/chat/completions", s.base))
+        .bearer_auth(key)
+        .json(body)
+        .send()
+        .unwrap();
+    let status = r.status().as_u16();
+    let retry = r
+        .headers()
+        .get("retry-after")
+        .map(|v| v.to_str().unwrap().parse().unwrap());
+    let body: Value = r.json().unwrap();
+    (
+        status,
+        body["error"]["code"].as_str().map(String::from),
+        retry,
+    )
+}
+
+#[test]
+fn each_limit_answers_429_with_its_name_and_retry_after() {
+    let policies = tenant("rps", &["k-rps"], "requests_per_second = 2")
+        + &tenant("conc", &["k-conc"], "max_concurrent = 1")
+        + &tenant("tpm", &["k-tpm"], "tokens_per_minute = 100")
+        + &tenant(
+            "budget",
+            &["k-budget"],
+            "token_budget = { tokens = 200, period = \"day\" }",
+        );
+    let (s, dir) = start(&policies);
+    let statuses: Vec<_> = (0..3).map(|_| limited(&s, "k-rps", &chat(1))).collect();
+    assert_eq!(statuses[2].0, 429, "{statuses:?}");
+    assert_eq!(statuses[2].1.as_deref(), Some("requests_per_second"));
+    assert_eq!(statuses[2].2, Some(1));
+
+    // One stream in flight holds the only slot.
+    let stream = s.raw_request_as("k-conc", "/v1/chat/completions", &json!({"model": MODEL, "messages": [{"role": "user", "content": "Count to fifty."}], "max_tokens": 200, "stream": true, "ignore_eos": true}).to_string());
+    let (st, code, retry) = limited(&s, "k-conc", &chat(1));
+    assert_eq!(
+        (st, code.as_deref(), retry),
+        (429, Some("max_concurrent"), Some(1))
+    );
+    drop(stream);
+
+    // Prompt (~30 tokens) + 80 fits 100 tokens a minute once, not twice; asking for more than
+    // the whole minute's worth can never succeed, so it says so without a Retry-After.
+    assert_eq!(limited(&s, "k-tpm", &chat(60)).0, 200);
+    let (st, code, retry) = limited(&s, "k-tpm", &chat(60));
+    assert_eq!((st, code.as_deref()), (429, Some("tokens_per_minute")));
+    assert!(retry.unwrap() >= 1);
+    let (st, code, retry) = limited(&s, "k-tpm", &chat(500));
+    assert_eq!(
+        (st, code.as_deref(), retry),
+        (429, Some("tokens_per_minute"), None)
+    );
+
+    // The budget is reserved up front (prompt + max_tokens) and settled to the real use.
+    let (st, first) = s.post_as("k-budget", "/v1/chat/completions", &chat(60));
+    assert_eq!(st, 200, "{first}");
+    let used = first["usage"]["total_tokens"].as_u64().unwrap();
+    let prompt = first["usage"]["prompt_tokens"].as_u64().unwrap();
+    let room = 200 - used;
+    let (st, code, retry) = limited(&s, "k-budget", &chat((room - prompt + 1) as usize));
+    assert_eq!((st, code.as_deref()), (429, Some("token_budget")));
+    assert!(retry.unwrap() <= 86_400);
+    assert_eq!(
+        limited(&s, "k-budget", &chat((room - prompt) as usize)).0,
+        200
+    );
+    let (_, text) = s.get("/metrics");
+    assert!(
+        text.contains(
+            "gateway_tenant_rejections_total{reason=\"token_budget\",tenant=\"budget\"} 1"
+        ),
+        "{text}"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn keys_rotate_by_editing_the_file_under_load() {
+    let stay = tenant("acme", &["k-stay", "k-old"], "");
+    let (s, dir) = start(&stay);
+    let s = Arc::new(s);
+    let stop = Arc::new(AtomicBool::new(false));
+    let ok = Arc::new(AtomicUsize::new(0));
+    let load: Vec<_> = (0..2)
+        .map(|_| {
+            let (s, stop, ok) = (s.clone(), stop.clone(), ok.clone());
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    let (st, body) = s.request("GET", "/v1/models", vec![], Some("k-stay"));
+                    assert_eq!(st, 200, "a valid key failed during the reload: {body}");
+                    ok.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+        })
+        .collect();
+    assert_eq!(s.request("GET", "/v1/models", vec![], Some("k-new")).0, 401);
+    let started = Instant::now();
+    // Written in place, like an editor without atomic saves.
+    std::fs::write(
+        dir.join("policies.toml"),
+        tenant("acme", &["k-stay", "k-new"], ""),
+    )
+    .unwrap();
+    while s.request("GET", "/v1/models", vec![], Some("k-new")).0 != 200 {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "the new key never worked"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    println!(
+        "new key accepted {:?} after the file was written",
+        started.elapsed()
+    );
+    assert_eq!(s.request("GET", "/v1/models", vec![], Some("k-old")).0, 401);
+
+    // A broken file is ignored; the admin API says why and keeps the policy.
+    std::fs::write(dir.join("policies.toml"), "[[tenants]]\nname = 7\n").unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(s.request("GET", "/v1/models", vec![], Some("k-new")).0, 200);
+    let bad = "[[tenants]]\nname = \"acme\"\nmax_concurrent = 0\n"
+        .as_bytes()
+        .to_vec();
+    let (st, body) = s.request("PUT", "/admin/policies", bad, Some(ADMIN));
+    assert_eq!(st, 400, "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("max_concurrent"),
+        "{body}"
+    );
+    let (st, _) = s.request(
+        "PUT",
+        "/admin/policies",
+        tenant("acme", &["k-stay", "k-admin"], "").into_bytes(),
+        Some(ADMIN),
+    );
+    assert_eq!(st, 200);
+    assert_eq!(
+        s.request("GET", "/v1/models", vec![], Some("k-admin")).0,
+        200
+    );
+    assert_eq!(s.request("GET", "/v1/models", vec![], Some("k-new")).0, 401);
+    assert_eq!(
+        s.request("PUT", "/admin/policies", vec![], Some("not-the-admin"))
+            .0,
+        401
+    );
+    stop.store(true, Ordering::Relaxed);
+    for t in load {
+        t.join().unwrap();
+    }
+    println!(
+        "{} requests with the kept key during reloads, none failed",
+        ok.load(Ordering::Relaxed)
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn ledger_totals_equal_what_clients_were_told() {
+    let (s, dir) = start(&tenant(
+        "acme",
+        &["k-acme"],
+        "token_budget = { tokens = 1000000, period = \"month\" }",
+    ));
+    let s = Arc::new(s);
+    // Six streams at once; every other one hangs up after its first few tokens.
+    let runs: Vec<_> = (0..6)
+        .map(|i| {
+            let s = s.clone();
+            std::thread::spawn(move || {
+                let body = json!({"model": MODEL, "messages": [{"role": "user", "content": format!("Write a story number {i}.")}],
+                    "max_tokens": 40, "stream": true, "stream_options": {"include_usage": true}, "temperature": 0.8, "seed": i});
+                if i % 2 == 1 {
+                    let mut sock = s.raw_request_as("k-acme", "/v1/chat/completions", &body.to_string());
+                    let mut buf = [0u8; 256];
+                    let _ = sock.read(&mut buf);
+                    return None;
+                }
+                let events = s.stream_as("k-acme", "/v1/chat/completions", &body);
+                let usage: Value = serde_json::from_str(&events[events.len() - 2]).unwrap();
+                Some(usage["usage"]["total_tokens"].as_u64().unwrap())
+            })
+        })
+        .collect();
+    let reported: u64 = runs.into_iter().filter_map(|h| h.join().unwrap()).sum();
+    // Cancelled streams settle when the server notices the hang-up.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let rows = loop {
+        let (st, usage) = s.request(
+            "GET",
+            "/admin/usage?tenant=acme&group_by=model",
+            vec![],
+            Some(ADMIN),
+        );
+        assert_eq!(st, 200, "{usage}");
+        if usage["data"][0]["requests"] == 6 || Instant::now() > deadline {
+            break usage;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(rows["data"][0]["requests"], 6, "{rows}");
+    let conn = rusqlite::Connection::open(dir.join("usage.sqlite")).unwrap();
+    let ok: i64 = conn
+        .query_row(
+            "SELECT SUM(prompt_tokens + completion_tokens) FROM requests WHERE status = 'ok'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(ok as u64, reported, "ledger vs usage reported to clients");
+    let cancelled: Vec<(i64, i64)> = conn
+        .prepare("SELECT prompt_tokens, completion_tokens FROM requests WHERE status = 'cancelled'")
+        .unwrap()
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    assert_eq!(cancelled.len(), 3);
+    assert!(
+        cancelled.iter().all(|(p, c)| *p > 0 && *c < 40),
+        "{cancelled:?}"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn sigterm_drains_streams_then_exits_cleanly() {
+    let (mut s, dir) = start(&tenant("acme", &["k-acme"], ""));
+    let body = json!({"model": MODEL, "messages": [{"role": "user", "content": "Count to a hundred."}], "max_tokens": 64, "ignore_eos": true, "stream": true});
+    let mut sock = s.raw_request_as("k-acme", "/v1/chat/completions", &body.to_string());
+    let code = {
+        let addr = s.addr().to_string();
+        let waiter = std::thread::spawn(move || {
+            sock.set_read_timeout(Some(Duration::from_secs(60)))
+                .unwrap();
+            let mut all = String::new();
+            let _ = BufReader::new(&mut sock).read_to_string(&mut all);
+            all
+        });
+        std::thread::sleep(Duration::from_millis(100));
+        let code = s.terminate();
+        let streamed = waiter.join().unwrap();
+        assert!(
+            streamed.contains("data: [DONE]"),
+            "the stream was cut: {streamed}"
+        );
+        assert!(
+            std::net::TcpStream::connect(addr).is_err(),
+            "still accepting after exit"
+        );
+        code
+    };
+    assert_eq!(code, Some(0));
+    // The drained request was flushed to the ledger before exit.
+    let conn = rusqlite::Connection::open(dir.join("usage.sqlite")).unwrap();
+    let n: i64 = conn
+        .query_row("SELECT completion_tokens FROM requests", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(n, 64);
+    let _ = std::fs::remove_dir_all(dir);
+}

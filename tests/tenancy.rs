@@ -32,6 +32,11 @@ fn tenant(name: &str, keys: &[&str], extra: &str) -> String {
 
 /// A gateway with `policies` as its policy file; returns it and its folder.
 fn start(policies: &str) -> (Server, PathBuf) {
+    start_with(policies, "")
+}
+
+/// `start`, with `model_extra` appended to the model's config table.
+fn start_with(policies: &str, model_extra: &str) -> (Server, PathBuf) {
     let dir = std::env::temp_dir().join(format!(
         "gateway-e2e-tenancy-{}-{}",
         std::process::id(),
@@ -43,7 +48,7 @@ fn start(policies: &str) -> (Server, PathBuf) {
         "admin_token = \"{ADMIN}\"\npolicies = \"{d}/policies.toml\"\nledger = \"{d}/usage.sqlite\"\ndrain_seconds = 20\n[[models]]\nname = \"{MODEL}\"\npath = \"{m}\"\n",
         d = dir.display(),
         m = model_path(),
-    );
+    ) + model_extra;
     std::fs::write(dir.join("gateway.toml"), config).unwrap();
     (
         Server::start(&["--config", dir.join("gateway.toml").to_str().unwrap()]),
@@ -365,5 +370,49 @@ fn sigterm_drains_streams_then_exits_cleanly() {
         .query_row("SELECT completion_tokens FROM requests", [], |r| r.get(0))
         .unwrap();
     assert_eq!(n, 64);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn weights_share_a_saturated_engine() {
+    let policies = tenant("heavy", &["k-heavy"], "weight = 3")
+        + &tenant("light", &["k-light"], "")
+        + &tenant("warm", &["k-warm"], "");
+    // One sequence at a time: the admission order is the completion order.
+    let (s, dir) = start_with(&policies, "[models.engine]\nmax_num_seqs = 1\n");
+    let s = Arc::new(s);
+    // A long request holds the engine while both tenants queue their bursts behind it.
+    let body = |n: usize| json!({"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": n, "ignore_eos": true});
+    let warm = {
+        let s = s.clone();
+        std::thread::spawn(move || s.post_as("k-warm", "/v1/chat/completions", &body(96)).0)
+    };
+    std::thread::sleep(Duration::from_millis(200));
+    let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let clients: Vec<_> = [("k-heavy", 30), ("k-light", 12)]
+        .into_iter()
+        .flat_map(|(key, n)| std::iter::repeat_n(key, n))
+        .map(|key| {
+            let (s, order) = (s.clone(), order.clone());
+            std::thread::spawn(move || {
+                let (st, b) = s.post_as(key, "/v1/chat/completions", &body(4));
+                assert_eq!(st, 200, "{b}");
+                order.lock().unwrap().push(key);
+            })
+        })
+        .collect();
+    for c in clients {
+        c.join().unwrap();
+    }
+    assert_eq!(warm.join().unwrap(), 200);
+    // While both have requests waiting (heavy runs out after ~40 admissions), 3:1.
+    let order = order.lock().unwrap();
+    let heavy = order[..24].iter().filter(|k| **k == "k-heavy").count() as f64;
+    let ratio = heavy / (24.0 - heavy);
+    println!(
+        "first 24 completions: {heavy} heavy, {} light (ratio {ratio:.2})",
+        24.0 - heavy
+    );
+    assert!((2.4..=3.6).contains(&ratio), "ratio {ratio:.2}: {order:?}");
     let _ = std::fs::remove_dir_all(dir);
 }

@@ -51,6 +51,7 @@ fn request(prompt: Vec<u32>, max_tokens: usize) -> GenerationRequest {
         stop_token_ids: Vec::new(),
         ignore_eos: true,
         cache_salt: 0,
+        weight: 1,
     }
 }
 

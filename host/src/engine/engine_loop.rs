@@ -157,6 +157,7 @@ impl EngineLoop {
             mut stop_token_ids,
             ignore_eos,
             cache_salt,
+            weight,
         } = req;
         if !ignore_eos {
             stop_token_ids.extend(&self.eos_ids);
@@ -181,7 +182,8 @@ impl EngineLoop {
             .prompt_tokens
             .with_label_values(&[self.name.as_str()])
             .inc_by(prompt.len() as u64);
-        self.sched.add(Sequence::new(id, prompt, cache_salt));
+        self.sched
+            .add(Sequence::new(id, prompt, cache_salt), weight);
     }
 
     fn step(&mut self) {

@@ -58,8 +58,11 @@ pub struct GenerationRequest {
     pub stop: Vec<String>,
     pub stop_token_ids: Vec<u32>,
     pub ignore_eos: bool,
-    /// Prefix-cache entries are shared only between requests with the same salt.
+    /// The request's owner (tenant): prefix-cache entries are shared only between requests
+    /// with the same salt, and admission is fair between salts.
     pub cache_salt: u64,
+    /// The owner's share of admissions under contention (weighted fair queuing; at least 1).
+    pub weight: u32,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -4,11 +4,16 @@
 //! Each step: running sequences first (oldest first), each asking for all its uncomputed tokens
 //! (one for a decode, a chunk for a prefill) within the token budget; when blocks run out the
 //! newest running sequence is preempted by recompute (blocks freed, pushed back to the front of
-//! the queue with its generated tokens kept). Then waiting sequences are admitted in order while
-//! the batch has room and free blocks stay above the watermark; nothing is admitted in a step
-//! that preempted.
+//! the queue with its generated tokens kept). Then waiting sequences are admitted while the batch
+//! has room and free blocks stay above the watermark; nothing is admitted in a step that
+//! preempted.
+//!
+//! Admission order is weighted fair queuing between owners (tenants, identified by their
+//! cache salt): each request gets a virtual finish tag `max(V, owner's last tag) + 1/weight`
+//! and the smallest tag goes first, so under contention owners are admitted in proportion to
+//! their weights and a burst from one cannot starve another. Preempted sequences go first.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 
 use super::block_manager::{BlockId, BlockManager};
 
@@ -28,6 +33,8 @@ pub struct Sequence {
     pub last_hash: u64,
     /// Separates prefix-cache entries of different owners (tenants); the first block's parent.
     pub cache_salt: u64,
+    /// Fair-queuing finish tag while waiting (smallest is admitted first).
+    pub tag: f64,
 }
 
 impl Sequence {
@@ -41,6 +48,7 @@ impl Sequence {
             num_hashed: 0,
             last_hash: cache_salt,
             cache_salt,
+            tag: 0.0,
         }
     }
 
@@ -75,6 +83,10 @@ pub struct Scheduler {
     pub waiting: VecDeque<Sequence>,
     /// Admission order: the last one is the newest, the first to be preempted.
     pub running: Vec<Sequence>,
+    /// Virtual time: the tag of the last admitted sequence.
+    vtime: f64,
+    /// Each owner's latest finish tag.
+    last_tag: HashMap<u64, f64>,
 }
 
 impl Scheduler {
@@ -84,11 +96,21 @@ impl Scheduler {
             blocks,
             waiting: VecDeque::new(),
             running: Vec::new(),
+            vtime: 0.0,
+            last_tag: HashMap::new(),
         }
     }
 
-    pub fn add(&mut self, seq: Sequence) {
+    pub fn add(&mut self, mut seq: Sequence, weight: u32) {
+        let last = self.last_tag.entry(seq.cache_salt).or_insert(0.0);
+        seq.tag = last.max(self.vtime) + 1.0 / weight.max(1) as f64;
+        *last = seq.tag;
         self.waiting.push_back(seq);
+    }
+
+    /// The waiting sequence to admit next: the smallest tag, the earliest among equals.
+    fn next_waiting(&self) -> Option<usize> {
+        (0..self.waiting.len()).min_by(|&a, &b| self.waiting[a].tag.total_cmp(&self.waiting[b].tag))
     }
 
     pub fn is_idle(&self) -> bool {
@@ -125,6 +147,7 @@ impl Scheduler {
         seq.num_computed = 0;
         seq.num_hashed = 0;
         seq.last_hash = seq.cache_salt;
+        seq.tag = f64::NEG_INFINITY;
         let id = seq.id;
         self.waiting.push_front(seq);
         id
@@ -167,9 +190,10 @@ impl Scheduler {
             return step;
         }
         while self.running.len() < self.cfg.max_num_seqs && budget > 0 {
-            let Some(seq) = self.waiting.front() else {
+            let Some(next) = self.next_waiting() else {
                 break;
             };
+            let seq = &self.waiting[next];
             let hit = self.blocks.lookup_prefix(seq.cache_salt, &seq.tokens);
             let hits = hit.blocks;
             let cached_tokens = hits.len() * self.blocks.block_size();
@@ -182,7 +206,8 @@ impl Scheduler {
             if self.blocks.num_free() < need + revived + self.cfg.watermark_blocks {
                 break;
             }
-            let mut seq = self.waiting.pop_front().expect("front exists");
+            let mut seq = self.waiting.remove(next).expect("index from next_waiting");
+            self.vtime = self.vtime.max(seq.tag);
             for &b in &hits {
                 self.blocks.acquire(b);
             }
@@ -268,9 +293,45 @@ mod tests {
     }
 
     #[test]
+    fn admission_is_weighted_fair_between_owners() {
+        // One slot: admissions happen one at a time, in tag order.
+        let mut s = sched(64, 1, 64, false);
+        // Owner 2 (weight 1) queued its burst first; owner 1 has weight 3.
+        for i in 0..12 {
+            s.add(Sequence::new(100 + i, prompt(2, 0), 2), 1);
+        }
+        for i in 0..12 {
+            s.add(Sequence::new(i, prompt(2, 0), 1), 3);
+        }
+        let mut order = Vec::new();
+        for _ in 0..16 {
+            let step = run_step(&mut s);
+            let id = step.scheduled[0].id;
+            order.push(if id >= 100 { 'b' } else { 'a' });
+            s.remove(id);
+        }
+        let a = order.iter().filter(|&&c| c == 'a').count();
+        assert_eq!(a, 12, "{order:?}");
+        assert!(
+            !order[..4].iter().all(|&c| c == 'b'),
+            "the earlier burst must not starve: {order:?}"
+        );
+        // An owner that was idle gets no credit for it: it joins at the current virtual time.
+        // Virtual time is 4 (owner 2's fourth tag): the newcomer's tag is 5, level with owner
+        // 2's next, which queued earlier; with credit from time 0 it would have jumped ahead.
+        s.add(Sequence::new(200, prompt(2, 0), 3), 1);
+        let mut next = || {
+            let id = run_step(&mut s).scheduled[0].id;
+            s.remove(id);
+            id
+        };
+        assert_eq!([next(), next()], [104, 200]);
+    }
+
+    #[test]
     fn admits_and_batches_prefill_with_decode() {
         let mut s = sched(16, 8, 64, false);
-        s.add(Sequence::new(1, prompt(5, 0), 0));
+        s.add(Sequence::new(1, prompt(5, 0), 0), 1);
         let step = run_step(&mut s);
         assert_eq!(
             step.scheduled,
@@ -280,7 +341,7 @@ mod tests {
                 len: 5
             }]
         );
-        s.add(Sequence::new(2, prompt(3, 100), 0));
+        s.add(Sequence::new(2, prompt(3, 100), 0), 1);
         let step = run_step(&mut s);
         // Sequence 1 decodes its sampled token while sequence 2 prefills, in one step.
         assert_eq!(
@@ -303,7 +364,7 @@ mod tests {
     #[test]
     fn long_prompt_is_chunked_by_token_budget() {
         let mut s = sched(16, 8, 8, false);
-        s.add(Sequence::new(1, prompt(20, 0), 0));
+        s.add(Sequence::new(1, prompt(20, 0), 0), 1);
         let lens: Vec<usize> = (0..3).map(|_| run_step(&mut s).scheduled[0].len).collect();
         assert_eq!(lens, vec![8, 8, 4]);
         assert_eq!(
@@ -317,7 +378,7 @@ mod tests {
     fn respects_max_num_seqs_and_watermark() {
         let mut s = sched(16, 2, 64, false);
         for id in 0..3 {
-            s.add(Sequence::new(id, prompt(4, 0), 0));
+            s.add(Sequence::new(id, prompt(4, 0), 0), 1);
         }
         assert_eq!(run_step(&mut s).scheduled.len(), 2);
         assert_eq!(s.waiting.len(), 1);
@@ -330,8 +391,8 @@ mod tests {
             },
             BlockManager::new(4, 4, false),
         );
-        s.add(Sequence::new(1, prompt(8, 0), 0));
-        s.add(Sequence::new(2, prompt(4, 0), 0));
+        s.add(Sequence::new(1, prompt(8, 0), 0), 1);
+        s.add(Sequence::new(2, prompt(4, 0), 0), 1);
         let step = s.schedule();
         assert_eq!(
             step.scheduled.len(),
@@ -345,8 +406,8 @@ mod tests {
         // 4 blocks of 4 tokens. Two sequences of 8 tokens fill the pool; the next decode needs a
         // fifth block, so the newest is preempted and the oldest keeps going.
         let mut s = sched(4, 8, 64, false);
-        s.add(Sequence::new(1, prompt(8, 0), 0));
-        s.add(Sequence::new(2, prompt(8, 50), 0));
+        s.add(Sequence::new(1, prompt(8, 0), 0), 1);
+        s.add(Sequence::new(2, prompt(8, 50), 0), 1);
         run_step(&mut s);
         assert_eq!(s.blocks.num_free(), 0);
         let step = run_step(&mut s);
@@ -381,13 +442,13 @@ mod tests {
     #[test]
     fn cancel_frees_blocks_immediately() {
         let mut s = sched(8, 8, 64, false);
-        s.add(Sequence::new(1, prompt(10, 0), 0));
+        s.add(Sequence::new(1, prompt(10, 0), 0), 1);
         run_step(&mut s);
         assert_eq!(s.blocks.num_free(), 5);
         assert!(s.remove(1).is_some());
         assert_eq!(s.blocks.num_free(), 8);
         assert!(s.is_idle());
-        s.add(Sequence::new(2, prompt(3, 0), 0));
+        s.add(Sequence::new(2, prompt(3, 0), 0), 1);
         assert!(
             s.remove(2).is_some(),
             "waiting sequences can be cancelled too"
@@ -397,10 +458,10 @@ mod tests {
     #[test]
     fn shared_prefix_reuses_blocks_per_salt() {
         let mut s = sched(16, 8, 64, true);
-        s.add(Sequence::new(1, prompt(10, 0), 5));
+        s.add(Sequence::new(1, prompt(10, 0), 5), 1);
         run_step(&mut s);
-        s.add(Sequence::new(2, prompt(10, 0), 5));
-        s.add(Sequence::new(3, prompt(10, 0), 6));
+        s.add(Sequence::new(2, prompt(10, 0), 5), 1);
+        s.add(Sequence::new(3, prompt(10, 0), 6), 1);
         let step = run_step(&mut s);
         let two = step.scheduled.iter().find(|x| x.id == 2).unwrap();
         let three = step.scheduled.iter().find(|x| x.id == 3).unwrap();
@@ -419,7 +480,7 @@ mod tests {
     #[test]
     fn kv_utilisation_counts_partial_blocks() {
         let mut s = sched(16, 8, 64, false);
-        s.add(Sequence::new(1, prompt(6, 0), 0));
+        s.add(Sequence::new(1, prompt(6, 0), 0), 1);
         run_step(&mut s);
         assert!((s.kv_utilisation() - 6.0 / 8.0).abs() < 1e-9);
     }

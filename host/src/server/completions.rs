@@ -107,6 +107,7 @@ pub async fn chat(
         logprobs,
     )?;
     gen.cache_salt = tenant.cache_salt;
+    gen.weight = tenant.policy.weight;
     let output = output_stage(state, tenant, req.response_format)?;
     let text = prompt_stage(state, tenant, &engine, &req.model, messages, req.documents).await?;
     // The template already wrote any BOS it wants.
@@ -271,6 +272,7 @@ pub async fn completion(
         req.logprobs,
     )?;
     gen.cache_salt = tenant.cache_salt;
+    gen.weight = tenant.policy.weight;
     // Echo gives back the prompt as sent: the text itself, or the decoded token ids.
     let (prompts, texts): (Vec<Vec<u32>>, Option<Vec<String>>) = match req.prompt {
         Prompt::Text(t) => (

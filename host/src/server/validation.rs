@@ -22,6 +22,8 @@ pub struct Generation {
     pub max_tokens: Option<usize>,
     /// Prefix-cache namespace: the tenant's, so no tenant ever reuses (or times) another's KV.
     pub cache_salt: u64,
+    /// The tenant's fair-queuing weight.
+    pub weight: u32,
 }
 
 fn range(
@@ -132,6 +134,7 @@ pub fn generation(
         include_usage: f.stream_options.is_some_and(|o| o.include_usage),
         max_tokens,
         cache_salt: 0,
+        weight: 1,
     })
 }
 
@@ -199,6 +202,7 @@ impl Generation {
                     stop_token_ids: self.stop_token_ids.clone(),
                     ignore_eos: self.ignore_eos,
                     cache_salt: self.cache_salt,
+                    weight: self.weight,
                 }
             })
             .collect())

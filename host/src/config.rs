@@ -29,6 +29,28 @@ pub struct Config {
     pub ledger: Option<PathBuf>,
     /// On SIGTERM, how long in-flight requests and streams may take to finish.
     pub drain_seconds: u64,
+    /// Serve HTTPS (both listeners) with these PEM files.
+    pub tls: Option<TlsConfig>,
+    pub admin: AdminConfig,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsConfig {
+    /// Certificate chain (PEM), leaf first. Reloaded on change or SIGHUP.
+    pub cert: PathBuf,
+    /// Private key (PEM: PKCS#8, PKCS#1 or SEC1).
+    pub key: PathBuf,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AdminConfig {
+    /// A separate listener for `/admin/*` (which the API listener then refuses).
+    pub listen: Option<SocketAddr>,
+    /// Require client certificates signed by this CA (PEM) on the admin listener; needs `tls`
+    /// and `listen`.
+    pub client_ca: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -99,6 +121,8 @@ impl Default for Config {
             policies: None,
             ledger: Some("data/usage.sqlite".into()),
             drain_seconds: 30,
+            tls: None,
+            admin: AdminConfig::default(),
         }
     }
 }
@@ -202,6 +226,9 @@ impl Config {
         let p = &self.plugins;
         if p.timeout_ms == 0 || p.memory_mb == 0 || p.max_instances == 0 {
             return bad("plugins: timeout_ms, memory_mb and max_instances must be > 0".into());
+        }
+        if self.admin.client_ca.is_some() && (self.tls.is_none() || self.admin.listen.is_none()) {
+            return bad("admin.client_ca needs [tls] and admin.listen".into());
         }
         if self.admin_token.as_ref().is_some_and(|t| t.len() < 16) {
             return bad("admin_token must be at least 16 characters".into());

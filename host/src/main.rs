@@ -86,6 +86,12 @@ struct ServeArgs {
     /// Tenant plugin folder (`<dir>/<tenant>/<name>.wasm`), watched for changes.
     #[arg(long)]
     plugins_dir: Option<PathBuf>,
+    /// Serve HTTPS with this certificate chain (PEM); reloaded on change or SIGHUP.
+    #[arg(long, requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The private key (PEM) for --tls-cert.
+    #[arg(long, requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
     /// Policy file (tenants, keys, limits), watched for changes.
     #[arg(long)]
     policies: Option<PathBuf>,
@@ -199,6 +205,11 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     cfg.plugins.dir = args.plugins_dir.or(cfg.plugins.dir);
     cfg.admin_token = args.admin_token.or(cfg.admin_token);
     cfg.policies = args.policies.or(cfg.policies);
+    match (args.tls_cert, args.tls_key) {
+        (Some(cert), Some(key)) => cfg.tls = Some(gateway::config::TlsConfig { cert, key }),
+        (None, None) => {}
+        _ => anyhow::bail!("--tls-cert and --tls-key go together"),
+    }
     if let Some(l) = args.ledger {
         cfg.ledger = Some(l);
     }
@@ -229,10 +240,55 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             None
         }
     };
-    let listener = tokio::net::TcpListener::bind(cfg.listen)
+    let tls = match &cfg.tls {
+        Some(t) => Some(load_tls(t.cert.clone(), t.key.clone(), None)?),
+        None => None,
+    };
+    let mut listeners = Vec::new();
+    let mut watchers = Vec::new();
+    let tcp = tokio::net::TcpListener::bind(cfg.listen)
         .await
         .with_context(|| format!("binding {}", cfg.listen))?;
-    tracing::info!(addr = %listener.local_addr()?, "serving the OpenAI API");
+    if tls.is_some() {
+        tracing::info!("TLS on: h2 and HTTP/1.1 by ALPN");
+    }
+    tracing::info!(addr = %tcp.local_addr()?, "serving the OpenAI API");
+    let role = if cfg.admin.listen.is_some() {
+        server::Role::Api
+    } else {
+        server::Role::All
+    };
+    if let Some(t) = &tls {
+        watchers.push(server::tls::watch(t.clone()).context("watching the TLS files")?);
+    }
+    listeners.push(server::Listener {
+        tcp,
+        tls: tls.clone(),
+        role,
+    });
+    if let Some(addr) = cfg.admin.listen {
+        let tcp = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("binding the admin listener {addr}"))?;
+        let admin_tls = match (&cfg.tls, &cfg.admin.client_ca) {
+            (Some(t), Some(ca)) => {
+                let t = load_tls(t.cert.clone(), t.key.clone(), Some(ca.clone()))?;
+                watchers.push(server::tls::watch(t.clone()).context("watching the TLS files")?);
+                Some(t)
+            }
+            _ => tls.clone(),
+        };
+        tracing::info!(
+            client_certs = cfg.admin.client_ca.is_some(),
+            "admin API on its own listener"
+        );
+        tracing::info!(addr = %tcp.local_addr()?, "serving the admin API");
+        listeners.push(server::Listener {
+            tcp,
+            tls: admin_tls,
+            role: server::Role::Admin,
+        });
+    }
     let started = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)?
         .as_secs();
@@ -248,11 +304,12 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         draining: Default::default(),
     });
     server::serve(
-        listener,
+        listeners,
         state,
         std::time::Duration::from_secs(cfg.drain_seconds),
     )
     .await?;
+    drop(watchers);
     if let Some(l) = &tenancy.ledger {
         l.close();
         tracing::info!("usage ledger flushed");
@@ -287,4 +344,16 @@ fn load_plugins(
     let watcher = gateway::plugins::watch::watch(registry.clone())
         .with_context(|| format!("watching {}", dir.display()))?;
     Ok((registry, Some(watcher)))
+}
+
+fn load_tls(
+    cert: PathBuf,
+    key: PathBuf,
+    client_ca: Option<PathBuf>,
+) -> anyhow::Result<Arc<server::tls::Tls>> {
+    Ok(server::tls::Tls::load(server::tls::TlsFiles {
+        cert,
+        key,
+        client_ca,
+    })?)
 }

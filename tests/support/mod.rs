@@ -18,6 +18,8 @@ pub struct Server {
     child: Child,
     pub base: String,
     http: reqwest::blocking::Client,
+    /// The server's later log lines.
+    log: std::sync::Mutex<std::sync::mpsc::Receiver<String>>,
 }
 
 impl Server {
@@ -60,7 +62,12 @@ impl Server {
             }
         };
         // Keep draining stderr so the server never blocks on a full pipe.
-        std::thread::spawn(move || for _ in lines {});
+        let (tx, log) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in lines.map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
         let http = reqwest::blocking::Client::builder()
             .timeout(Duration::from_secs(300))
             .build()
@@ -69,6 +76,23 @@ impl Server {
             child,
             base: format!("http://{addr}"),
             http,
+            log: std::sync::Mutex::new(log),
+        }
+    }
+
+    /// The address in the first later log line containing `marker` (e.g. "serving the admin
+    /// API addr="), waiting up to 20 s for it.
+    pub fn logged_addr(&self, marker: &str) -> String {
+        let log = self.log.lock().unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            let line = log
+                .recv_timeout(left)
+                .unwrap_or_else(|_| panic!("no log line with {marker:?}"));
+            if let Some(i) = line.find(marker) {
+                return line[i + marker.len()..].trim().to_string();
+            }
         }
     }
 

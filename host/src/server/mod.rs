@@ -7,6 +7,7 @@ mod completions;
 pub mod error;
 pub mod openai;
 mod plugins;
+pub mod tls;
 mod validation;
 
 use std::collections::BTreeMap;
@@ -239,12 +240,26 @@ fn route_label(path: &str) -> &'static str {
 
 async fn handle(
     state: Arc<AppState>,
+    role: Role,
     req: http::Request<Incoming>,
 ) -> Result<Response, Infallible> {
     let start = Instant::now();
     let label = route_label(req.uri().path());
     let method = req.method().clone();
-    let resp = match route(state.clone(), req).await {
+    let path = req.uri().path().to_string();
+    let admin = path.starts_with("/admin/");
+    let shared = matches!(path.as_str(), "/health" | "/ready" | "/metrics");
+    let allowed = match role {
+        Role::All => true,
+        Role::Api => !admin,
+        Role::Admin => admin || shared,
+    };
+    let routed = if allowed {
+        route(state.clone(), req).await
+    } else {
+        Err(ApiError::not_found(&path))
+    };
+    let resp = match routed {
         Ok(r) => r,
         Err(e) => {
             if e.status.is_server_error() {
@@ -264,44 +279,53 @@ async fn handle(
     Ok(resp)
 }
 
+/// What a listener serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// The API and, without a separate admin listener, `/admin/*`.
+    All,
+    /// The API only (`/admin/*` is served elsewhere).
+    Api,
+    /// `/admin/*` (plus `/health`, `/ready`, `/metrics`) only.
+    Admin,
+}
+
+pub struct Listener {
+    pub tcp: TcpListener,
+    pub tls: Option<Arc<tls::Tls>>,
+    pub role: Role,
+}
+
 /// Accepts connections until ctrl-c / SIGTERM; then `/ready` turns 503, no new connections are
 /// taken, and requests and streams in flight get up to `drain` to finish.
 pub async fn serve(
-    listener: TcpListener,
+    listeners: Vec<Listener>,
     state: Arc<AppState>,
     drain: std::time::Duration,
 ) -> std::io::Result<()> {
-    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
-    let shutdown = shutdown_signal();
-    tokio::pin!(shutdown);
-    loop {
-        tokio::select! {
-            accepted = listener.accept() => {
-                let (stream, peer): (_, SocketAddr) = match accepted {
-                    Ok(x) => x,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "accept failed");
-                        continue;
-                    }
-                };
-                let _ = stream.set_nodelay(true);
-                let state = state.clone();
-                let svc = hyper::service::service_fn(move |req| handle(state.clone(), req));
-                let conn = auto::Builder::new(TokioExecutor::new()).serve_connection_with_upgrades(TokioIo::new(stream), svc).into_owned();
-                let conn = graceful.watch(conn);
-                tokio::spawn(async move {
-                    if let Err(e) = conn.await {
-                        tracing::debug!(%peer, error = %e, "connection ended with an error");
-                    }
-                });
-            }
-            _ = &mut shutdown => break,
-        }
-    }
+    let graceful = Arc::new(hyper_util::server::graceful::GracefulShutdown::new());
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let accepting: Vec<_> = listeners
+        .into_iter()
+        .map(|l| {
+            tokio::spawn(accept_loop(
+                l,
+                state.clone(),
+                graceful.clone(),
+                stop_rx.clone(),
+            ))
+        })
+        .collect();
+    shutdown_signal().await;
     state
         .draining
         .store(true, std::sync::atomic::Ordering::Relaxed);
-    drop(listener);
+    let _ = stop_tx.send(true);
+    for a in accepting {
+        let _ = a.await;
+    }
+    let graceful = Arc::try_unwrap(graceful)
+        .unwrap_or_else(|_| unreachable!("the accept loops have ended and dropped their handles"));
     tracing::info!(
         deadline_s = drain.as_secs(),
         "draining: waiting for requests in flight"
@@ -311,6 +335,59 @@ pub async fn serve(
         _ = tokio::time::sleep(drain) => tracing::warn!("requests still in flight at the drain deadline; exiting"),
     }
     Ok(())
+}
+
+async fn accept_loop(
+    l: Listener,
+    state: Arc<AppState>,
+    graceful: Arc<hyper_util::server::graceful::GracefulShutdown>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    loop {
+        let (stream, peer): (_, SocketAddr) = tokio::select! {
+            accepted = l.tcp.accept() => match accepted {
+                Ok(x) => x,
+                Err(e) => {
+                    tracing::warn!(error = %e, "accept failed");
+                    continue;
+                }
+            },
+            _ = stop.changed() => return,
+        };
+        let _ = stream.set_nodelay(true);
+        let (state, watcher, role) = (state.clone(), graceful.watcher(), l.role);
+        let acceptor = l.tls.as_ref().map(|t| t.acceptor());
+        tokio::spawn(async move {
+            let svc = hyper::service::service_fn(move |req| handle(state.clone(), role, req));
+            let builder = auto::Builder::new(TokioExecutor::new());
+            let result = match acceptor {
+                Some(acceptor) => match acceptor.accept(stream).await {
+                    Ok(tls) => {
+                        watcher
+                            .watch(
+                                builder
+                                    .serve_connection_with_upgrades(TokioIo::new(tls), svc)
+                                    .into_owned(),
+                            )
+                            .await
+                    }
+                    Err(e) => return tracing::debug!(%peer, error = %e, "TLS handshake failed"),
+                },
+                None => {
+                    watcher
+                        .watch(
+                            builder
+                                .serve_connection_with_upgrades(TokioIo::new(stream), svc)
+                                .into_owned(),
+                        )
+                        .await
+                }
+            };
+            if let Err(e) = result {
+                tracing::debug!(%peer, error = %e, "connection ended with an error");
+            }
+        });
+    }
 }
 
 async fn shutdown_signal() {

@@ -68,7 +68,7 @@ impl Ledger {
         let conn = Connection::open(path)?;
         conn.pragma_update(None, "journal_mode", "WAL")?;
         // WAL + NORMAL: a committed batch survives a process crash; an OS crash may lose the
-        // last batch. Each batch is written within milliseconds of its requests finishing.
+        // last batch. Records are committed in batches every 20 ms (and on shutdown).
         conn.pragma_update(None, "synchronous", "NORMAL")?;
         conn.execute_batch(SCHEMA)?;
         let reader = Connection::open(path)?;
@@ -173,47 +173,67 @@ impl Ledger {
     }
 }
 
+/// How long records wait to be committed. The writer polls instead of blocking on the
+/// channel, so recording a request never wakes a thread (a futex wake and a context switch per
+/// request were most of the admission overhead at 1,000 requests/s on two cores).
+const BATCH_INTERVAL: std::time::Duration = std::time::Duration::from_millis(20);
+
 fn write_loop(mut conn: Connection, rx: mpsc::Receiver<Msg>) {
-    while let Ok(first) = rx.recv() {
-        // Everything already queued goes into one transaction.
-        let mut batch = vec![first];
-        batch.extend(rx.try_iter());
-        let mut flushed = Vec::new();
-        let result = (|| -> rusqlite::Result<()> {
-            let tx = conn.transaction()?;
-            {
-                let mut stmt = tx.prepare_cached(
-                    "INSERT INTO requests (ts, tenant, key_id, model, endpoint, prompt_tokens, completion_tokens, latency_ms, status, plugin_ms) \
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
-                )?;
-                for m in batch {
-                    match m {
-                        Msg::Write(r) => {
-                            stmt.execute(params![
-                                r.ts,
-                                r.tenant,
-                                r.key_id,
-                                r.model,
-                                r.endpoint,
-                                r.prompt_tokens as i64,
-                                r.completion_tokens as i64,
-                                r.latency_ms,
-                                r.status,
-                                r.plugin_ms
-                            ])?;
-                        }
-                        Msg::Flush(done) => flushed.push(done),
+    loop {
+        std::thread::sleep(BATCH_INTERVAL);
+        let mut batch = Vec::new();
+        let open = loop {
+            match rx.try_recv() {
+                Ok(m) => batch.push(m),
+                Err(mpsc::TryRecvError::Empty) => break true,
+                Err(mpsc::TryRecvError::Disconnected) => break false,
+            }
+        };
+        if !batch.is_empty() {
+            commit(&mut conn, batch);
+        }
+        if !open {
+            return;
+        }
+    }
+}
+
+fn commit(conn: &mut Connection, batch: Vec<Msg>) {
+    let mut flushed = Vec::new();
+    let result = (|| -> rusqlite::Result<()> {
+        let tx = conn.transaction()?;
+        {
+            let mut stmt = tx.prepare_cached(
+                "INSERT INTO requests (ts, tenant, key_id, model, endpoint, prompt_tokens, completion_tokens, latency_ms, status, plugin_ms) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+            )?;
+            for m in batch {
+                match m {
+                    Msg::Write(r) => {
+                        stmt.execute(params![
+                            r.ts,
+                            r.tenant,
+                            r.key_id,
+                            r.model,
+                            r.endpoint,
+                            r.prompt_tokens as i64,
+                            r.completion_tokens as i64,
+                            r.latency_ms,
+                            r.status,
+                            r.plugin_ms
+                        ])?;
                     }
+                    Msg::Flush(done) => flushed.push(done),
                 }
             }
-            tx.commit()
-        })();
-        if let Err(e) = result {
-            tracing::error!(error = %e, "usage ledger write failed");
         }
-        for done in flushed {
-            let _ = done.send(());
-        }
+        tx.commit()
+    })();
+    if let Err(e) = result {
+        tracing::error!(error = %e, "usage ledger write failed");
+    }
+    for done in flushed {
+        let _ = done.send(());
     }
 }
 

@@ -169,6 +169,13 @@ fn the_template_plugin_writes_the_prompt() {
             .contains("`persona`"),
         "{err}"
     );
+    // Time spent in plugins is part of each request's ledger row.
+    let (st, usage) = s.request("GET", "/admin/usage?tenant=acme", vec![], Some(ADMIN));
+    assert_eq!(st, 200, "{usage}");
+    assert!(
+        usage["data"][0]["plugin_ms"].as_f64().unwrap() > 0.0,
+        "{usage}"
+    );
     let _ = std::fs::remove_dir_all(dir);
 }
 

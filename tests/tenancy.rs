@@ -127,6 +127,7 @@ fn limited(s: &Server, key: &str, body: &Value) -> (u16, Option<String>, Option<
 #[test]
 fn each_limit_answers_429_with_its_name_and_retry_after() {
     let policies = tenant("rps", &["k-rps"], "requests_per_second = 2")
+        + &tenant("rpm", &["k-rpm"], "requests_per_minute = 2")
         + &tenant("conc", &["k-conc"], "max_concurrent = 1")
         + &tenant("tpm", &["k-tpm"], "tokens_per_minute = 100")
         + &tenant(
@@ -135,10 +136,16 @@ fn each_limit_answers_429_with_its_name_and_retry_after() {
             "token_budget = { tokens = 200, period = \"day\" }",
         );
     let (s, dir) = start(&policies);
-    let statuses: Vec<_> = (0..3).map(|_| limited(&s, "k-rps", &chat(1))).collect();
+    // Per minute: the third request in a minute is refused, however slow the machine is.
+    let statuses: Vec<_> = (0..3).map(|_| limited(&s, "k-rpm", &chat(1))).collect();
     assert_eq!(statuses[2].0, 429, "{statuses:?}");
-    assert_eq!(statuses[2].1.as_deref(), Some("requests_per_second"));
-    assert_eq!(statuses[2].2, Some(1));
+    assert_eq!(statuses[2].1.as_deref(), Some("requests_per_minute"));
+    assert!((1..=60).contains(&statuses[2].2.unwrap()), "{statuses:?}");
+    // Per second: a quick burst of cheap requests runs into it.
+    let burst: Vec<u16> = (0..20)
+        .map(|_| s.request("GET", "/v1/models", vec![], Some("k-rps")).0)
+        .collect();
+    assert!(burst.contains(&429) && burst[0] == 200, "{burst:?}");
 
     // One stream in flight holds the only slot.
     let stream = s.raw_request_as("k-conc", "/v1/chat/completions", &json!({"model": MODEL, "messages": [{"role": "user", "content": "Count to fifty."}], "max_tokens": 200, "stream": true, "ignore_eos": true}).to_string());
@@ -385,7 +392,7 @@ fn weights_share_a_saturated_engine() {
     let body = |n: usize| json!({"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": n, "ignore_eos": true});
     let warm = {
         let s = s.clone();
-        std::thread::spawn(move || s.post_as("k-warm", "/v1/chat/completions", &body(96)).0)
+        std::thread::spawn(move || s.post_as("k-warm", "/v1/chat/completions", &body(256)).0)
     };
     std::thread::sleep(Duration::from_millis(200));
     let order = Arc::new(std::sync::Mutex::new(Vec::new()));

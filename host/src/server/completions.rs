@@ -18,7 +18,7 @@ use crate::engine::chat_template::ChatMessage;
 use crate::engine::tokenizer::token_bytes;
 use crate::engine::{Engine, Event, EventStream, FinishReason, SubmitError, TokenLogprobs, Usage};
 use crate::plugins::{ContextChunk, Message, Plugin, PluginKind, RenderedPrompt};
-use crate::tenancy::{Caller, Reservation, Tenant};
+use crate::tenancy::{Caller, Reservation};
 
 const DONE: &[u8] = b"data: [DONE]\n\n";
 
@@ -48,7 +48,7 @@ struct Reply {
 
 struct OutputStage {
     state: Arc<AppState>,
-    tenant: Arc<Tenant>,
+    caller: Caller,
     plugin: Arc<Plugin>,
     schema: Option<String>,
 }
@@ -58,7 +58,7 @@ impl OutputStage {
         let schema = self.schema.clone();
         call(
             &self.state,
-            &self.tenant,
+            &self.caller,
             self.plugin.clone(),
             move |p, rt, v| p.parse(rt, v, &text, schema.as_deref()),
         )
@@ -108,8 +108,8 @@ pub async fn chat(
     )?;
     gen.cache_salt = tenant.cache_salt;
     gen.weight = tenant.policy.weight;
-    let output = output_stage(state, tenant, req.response_format)?;
-    let text = prompt_stage(state, tenant, &engine, &req.model, messages, req.documents).await?;
+    let output = output_stage(state, caller, req.response_format)?;
+    let text = prompt_stage(state, caller, &engine, &req.model, messages, req.documents).await?;
     // The template already wrote any BOS it wants.
     let prompt = encode(&engine, vec![text], false, "messages")
         .await?
@@ -134,12 +134,13 @@ pub async fn chat(
 /// through the model's template.
 async fn prompt_stage(
     state: &Arc<AppState>,
-    tenant: &Arc<Tenant>,
+    caller: &Caller,
     engine: &Engine,
     model: &str,
     messages: Vec<ChatMessage>,
     documents: Option<Vec<Document>>,
 ) -> Result<String, ApiError> {
+    let tenant = &caller.tenant;
     let messages = match &tenant.policy.prompt_template {
         Some(name) => {
             let plugin = bound(&state.plugins, tenant, name, PluginKind::PromptTemplate)?;
@@ -164,7 +165,7 @@ async fn prompt_stage(
                     })
                     .collect(),
             };
-            match call(state, tenant, plugin, move |p, rt, v| {
+            match call(state, caller, plugin, move |p, rt, v| {
                 p.render(rt, v, &request)
             })
             .await?
@@ -203,9 +204,10 @@ async fn prompt_stage(
 /// the tenant has a parser bound. Without a parser, `response_format` passes through.
 fn output_stage(
     state: &Arc<AppState>,
-    tenant: &Arc<Tenant>,
+    caller: &Caller,
     format: Option<ResponseFormat>,
 ) -> Result<Option<OutputStage>, ApiError> {
+    let tenant = &caller.tenant;
     let schema = match format {
         Some(ResponseFormat::JsonObject) => None,
         Some(ResponseFormat::JsonSchema { json_schema }) => match json_schema.schema {
@@ -225,7 +227,7 @@ fn output_stage(
     };
     Ok(Some(OutputStage {
         state: state.clone(),
-        tenant: tenant.clone(),
+        caller: caller.clone(),
         plugin: bound(&state.plugins, tenant, name, PluginKind::OutputParser)?,
         schema,
     }))

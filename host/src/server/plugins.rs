@@ -45,7 +45,7 @@ pub fn bound(
 /// Runs `f` against `plugin` on the blocking pool, with metrics and error mapping.
 pub async fn call<T: Send + 'static>(
     state: &Arc<AppState>,
-    tenant: &Arc<Tenant>,
+    caller: &Caller,
     plugin: Arc<Plugin>,
     f: impl FnOnce(
             &Plugin,
@@ -55,6 +55,7 @@ pub async fn call<T: Send + 'static>(
         + Send
         + 'static,
 ) -> Result<T, ApiError> {
+    let tenant = &caller.tenant;
     let (st, t) = (state.clone(), tenant.clone());
     let p = plugin.clone();
     let (result, elapsed) = tokio::task::spawn_blocking(move || {
@@ -64,6 +65,10 @@ pub async fn call<T: Send + 'static>(
     })
     .await
     .map_err(|e| ApiError::internal(format!("plugin task failed: {e}")))?;
+    caller.plugin_us.fetch_add(
+        elapsed.as_micros() as u64,
+        std::sync::atomic::Ordering::Relaxed,
+    );
     let m = &state.metrics;
     m.plugin_calls
         .with_label_values(&[&tenant.name, &plugin.name])
@@ -200,7 +205,7 @@ async fn rerank_inner(
         originals.push(original);
     }
     let query = req.query;
-    let scored = call(state, tenant, plugin, move |p, rt, values| {
+    let scored = call(state, caller, plugin, move |p, rt, values| {
         p.rerank(rt, values, &query, &candidates)
     })
     .await?;

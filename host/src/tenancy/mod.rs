@@ -66,10 +66,13 @@ pub enum Denied {
 
 /// An admitted request: its tenant, the key it used, and one of the tenant's in-flight slots.
 /// The slot is shared with the request's `Reservation`, so a stream keeps it until it ends.
+#[derive(Clone)]
 pub struct Caller {
     pub tenant: Arc<Tenant>,
     pub key_id: Arc<str>,
     slot: Arc<Slot>,
+    /// Time this request spent in plugins, in microseconds (for the ledger).
+    pub plugin_us: Arc<AtomicU64>,
 }
 
 impl std::ops::Deref for Caller {
@@ -222,6 +225,7 @@ impl Tenancy {
                 tenant,
                 key_id,
                 slot: Arc::new(slot),
+                plugin_us: Arc::default(),
             }),
             Err(r) => {
                 self.metrics
@@ -273,6 +277,7 @@ impl Tenancy {
             ts: now,
             settled: std::sync::atomic::AtomicBool::new(false),
             _slot: caller.slot.clone(),
+            plugin_us: caller.plugin_us.clone(),
         })
     }
 
@@ -300,7 +305,7 @@ impl Tenancy {
                 completion_tokens: 0,
                 latency_ms: started.elapsed().as_secs_f64() * 1e3,
                 status,
-                plugin_ms: 0.0,
+                plugin_ms: caller.plugin_us.load(Ordering::Relaxed) as f64 / 1e3,
             });
         }
     }
@@ -321,6 +326,7 @@ pub struct Reservation {
     ts: i64,
     settled: std::sync::atomic::AtomicBool,
     _slot: Arc<Slot>,
+    plugin_us: Arc<AtomicU64>,
 }
 
 impl Reservation {
@@ -358,7 +364,7 @@ impl Reservation {
                 completion_tokens,
                 latency_ms: self.started.elapsed().as_secs_f64() * 1e3,
                 status,
-                plugin_ms: 0.0,
+                plugin_ms: self.plugin_us.load(Ordering::Relaxed) as f64 / 1e3,
             });
         }
     }

@@ -297,7 +297,7 @@ fn overload_is_refused_with_503() {
     let cfg = dir.join("gateway.toml");
     std::fs::write(
         &cfg,
-        format!("[[models]]\nname = \"{MODEL}\"\npath = \"{}\"\n[models.engine]\nmax_num_seqs = 1\nmax_waiting = 1\n", support::model_path()),
+        format!("ledger = \"{}/usage.sqlite\"\n[[models]]\nname = \"{MODEL}\"\npath = \"{}\"\n[models.engine]\nmax_num_seqs = 1\nmax_waiting = 1\n", dir.display(), support::model_path()),
     )
     .unwrap();
     let s = Server::start(&["--config", cfg.to_str().unwrap()]);

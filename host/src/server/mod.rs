@@ -7,6 +7,7 @@ mod completions;
 pub mod error;
 pub mod openai;
 mod plugins;
+mod reply;
 pub mod tls;
 mod validation;
 

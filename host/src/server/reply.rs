@@ -1,0 +1,418 @@
+//! One response of the completion endpoints: collecting each choice's events into a JSON body,
+//! or framing them as SSE chunks; the output-parser stage and the settlement of the tenant's
+//! token reservation happen here, at the end of each choice.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use futures_util::stream::{self, StreamExt};
+use serde_json::{json, Value};
+use tokio::sync::mpsc;
+
+use super::error::ApiError;
+use super::openai::*;
+use super::plugins::call;
+use super::validation::Generation;
+use super::{json_response, sse_response, AppState, Response};
+use crate::engine::tokenizer::token_bytes;
+use crate::engine::{Engine, Event, EventStream, FinishReason, TokenLogprobs, Usage};
+use crate::plugins::Plugin;
+use crate::tenancy::{Caller, Reservation};
+
+const DONE: &[u8] = b"data: [DONE]\n\n";
+
+#[derive(Clone, Copy, PartialEq)]
+pub(super) enum Kind {
+    Chat,
+    Completion,
+}
+
+/// What every chunk and body of one response shares.
+pub(super) struct Reply {
+    kind: Kind,
+    id: String,
+    created: u64,
+    model: String,
+    engine: Arc<Engine>,
+    n: usize,
+    include_usage: bool,
+    /// Completion `echo`: each prompt's text, put in front of its choices' text.
+    echo: Option<Vec<String>>,
+    /// Chat with structured output: the tenant's output parser runs on each choice's text.
+    pub(super) output: Option<OutputStage>,
+    /// The tenant's token reservation, settled with the usage reported (or, if the response
+    /// never completes, with the tokens counted so far when this is dropped).
+    pub(super) reservation: Option<Reservation>,
+}
+
+pub(super) struct OutputStage {
+    pub(super) state: Arc<AppState>,
+    pub(super) caller: Caller,
+    pub(super) plugin: Arc<Plugin>,
+    pub(super) schema: Option<String>,
+}
+
+impl OutputStage {
+    async fn parse(&self, text: String) -> Result<crate::plugins::Parsed, ApiError> {
+        let schema = self.schema.clone();
+        call(
+            &self.state,
+            &self.caller,
+            self.plugin.clone(),
+            move |p, rt, v| p.parse(rt, v, &text, schema.as_deref()),
+        )
+        .await
+    }
+}
+
+#[derive(Default)]
+struct Choice {
+    text: String,
+    tokens: Vec<(u32, TokenLogprobs)>,
+    finish: Option<FinishReason>,
+    usage: Usage,
+    /// Fixes the output parser applied, when one ran.
+    repairs: Option<Vec<String>>,
+}
+
+impl Reply {
+    pub(super) fn new(
+        kind: Kind,
+        prefix: &str,
+        model: String,
+        engine: Arc<Engine>,
+        gen: &Generation,
+        echo: Option<Vec<String>>,
+    ) -> Self {
+        let created = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        Self {
+            kind,
+            id: format!("{prefix}-{:032x}", rand::random::<u128>()),
+            created,
+            model,
+            engine,
+            n: gen.n,
+            include_usage: gen.include_usage,
+            echo,
+            output: None,
+            reservation: None,
+        }
+    }
+
+    pub(super) async fn run(
+        self,
+        streams: Vec<EventStream>,
+        stream: bool,
+    ) -> Result<Response, ApiError> {
+        if stream {
+            let (tx, rx) = mpsc::channel(64);
+            tokio::spawn(self.stream(streams, tx));
+            return Ok(sse_response(rx));
+        }
+        let mut choices = Vec::with_capacity(streams.len());
+        for mut s in streams {
+            let mut c = Choice::default();
+            while let Some(ev) = s.recv().await {
+                match ev {
+                    Event::Token { id, text, logprobs } => {
+                        self.count_token();
+                        c.text.push_str(&text);
+                        c.tokens.extend(logprobs.map(|l| (id, l)));
+                    }
+                    Event::Done(u, f) => {
+                        c.usage = u;
+                        c.finish = Some(f);
+                    }
+                    Event::Failed(m) => return Err(ApiError::internal(m)),
+                }
+            }
+            if c.finish.is_none() {
+                return Err(ApiError::internal(
+                    "The engine stopped before the generation finished.",
+                ));
+            }
+            if let Some(out) = &self.output {
+                let parsed = out.parse(std::mem::take(&mut c.text)).await?;
+                c.text = parsed.json;
+                c.repairs = Some(parsed.repairs);
+            }
+            choices.push(c);
+        }
+        let body = self.body(choices);
+        if let Some(r) = &self.reservation {
+            let u = &body["usage"];
+            let n = |k: &str| u[k].as_u64().unwrap_or(0);
+            r.settle(n("prompt_tokens"), n("completion_tokens"), "ok");
+        }
+        Ok(json_response(http::StatusCode::OK, &body))
+    }
+
+    fn body(&self, choices: Vec<Choice>) -> Value {
+        let usage = self.usage(choices.iter().map(|c| &c.usage).enumerate());
+        let choices: Vec<Value> = choices
+            .into_iter()
+            .enumerate()
+            .map(|(i, c)| {
+                let logprobs = self.logprobs(&c.tokens, c.text.len());
+                let finish = c.finish.map(FinishReason::as_str);
+                match self.kind {
+                    Kind::Chat => {
+                        let mut choice = json!({
+                            "index": i,
+                            "message": {"role": "assistant", "content": c.text},
+                            "logprobs": logprobs,
+                            "finish_reason": finish,
+                        });
+                        if let Some(repairs) = c.repairs {
+                            choice["repairs"] = json!(repairs);
+                        }
+                        choice
+                    }
+                    Kind::Completion => {
+                        let text = match &self.echo {
+                            Some(p) => format!("{}{}", p[i / self.n], c.text),
+                            None => c.text,
+                        };
+                        json!({"index": i, "text": text, "logprobs": logprobs, "finish_reason": finish})
+                    }
+                }
+            })
+            .collect();
+        let mut body = self.envelope(false);
+        body["choices"] = Value::Array(choices);
+        body["usage"] = serde_json::to_value(usage).expect("plain struct");
+        body
+    }
+
+    fn envelope(&self, chunk: bool) -> Value {
+        let object = match (self.kind, chunk) {
+            (Kind::Chat, false) => "chat.completion",
+            (Kind::Chat, true) => "chat.completion.chunk",
+            (Kind::Completion, _) => "text_completion",
+        };
+        json!({
+            "id": self.id,
+            "object": object,
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": super::SYSTEM_FINGERPRINT,
+        })
+    }
+
+    /// Usage over all choices: each prompt counts once however many choices it has.
+    fn usage<'a>(&self, usages: impl Iterator<Item = (usize, &'a Usage)>) -> UsageOut {
+        let (mut prompt, mut completion, mut cached) = (0, 0, 0);
+        for (i, u) in usages {
+            if i % self.n == 0 {
+                prompt += u.prompt_tokens;
+                cached += u.cached_tokens;
+            }
+            completion += u.completion_tokens;
+        }
+        UsageOut {
+            prompt_tokens: prompt,
+            completion_tokens: completion,
+            total_tokens: prompt + completion,
+            prompt_tokens_details: CachedTokens {
+                cached_tokens: cached,
+            },
+        }
+    }
+
+    fn count_token(&self) {
+        if let Some(r) = &self.reservation {
+            r.count_token();
+        }
+    }
+
+    fn token_str(&self, id: u32) -> String {
+        self.engine
+            .tokenizer
+            .decode(&[id], false)
+            .unwrap_or_default()
+    }
+
+    /// Logprobs in the endpoint's own shape; `text_start` is where these tokens' text begins.
+    fn logprobs(&self, tokens: &[(u32, TokenLogprobs)], text_start: usize) -> Value {
+        if tokens.is_empty() {
+            return Value::Null;
+        }
+        match self.kind {
+            Kind::Chat => {
+                let top = |(id, lp): &(u32, f32)| TopLogprob {
+                    bytes: token_bytes(&self.engine.tokenizer, *id),
+                    token: self.token_str(*id),
+                    logprob: *lp,
+                };
+                let content: Vec<ChatTokenLogprob> = tokens
+                    .iter()
+                    .map(|(id, l)| ChatTokenLogprob {
+                        bytes: token_bytes(&self.engine.tokenizer, *id),
+                        token: self.token_str(*id),
+                        logprob: l.logprob,
+                        top_logprobs: l.top.iter().map(top).collect(),
+                    })
+                    .collect();
+                json!({ "content": content })
+            }
+            Kind::Completion => {
+                let mut out = CompletionLogprobs::default();
+                let mut offset = text_start
+                    .saturating_sub(tokens.iter().map(|(id, _)| self.token_str(*id).len()).sum());
+                for (id, l) in tokens {
+                    let t = self.token_str(*id);
+                    out.text_offset.push(offset);
+                    offset += t.len();
+                    out.tokens.push(t);
+                    out.token_logprobs.push(l.logprob);
+                    out.top_logprobs.push(
+                        l.top
+                            .iter()
+                            .map(|(tid, lp)| (self.token_str(*tid), json!(lp)))
+                            .collect(),
+                    );
+                }
+                serde_json::to_value(out).expect("plain struct")
+            }
+        }
+    }
+
+    /// The prompt text for choice `i`'s first streamed text, once.
+    fn take_echo(&self, pending: &mut bool, i: usize) -> String {
+        match (&self.echo, std::mem::take(pending)) {
+            (Some(p), true) => p[i / self.n].clone(),
+            _ => String::new(),
+        }
+    }
+
+    fn chunk(&self, choice: Value) -> Value {
+        let mut c = self.envelope(true);
+        c["choices"] = json!([choice]);
+        if self.include_usage {
+            c["usage"] = Value::Null;
+        }
+        c
+    }
+
+    /// Feeds SSE events into `tx` until every choice is done. When the client goes away the
+    /// send fails, this returns, and dropping the streams cancels their sequences.
+    async fn stream(self, streams: Vec<EventStream>, tx: mpsc::Sender<Bytes>) {
+        let send = |v: &Value| {
+            let tx = tx.clone();
+            let frame = Bytes::from(format!("data: {v}\n\n"));
+            async move { tx.send(frame).await.is_ok() }
+        };
+        let total = streams.len();
+        let mut merged = stream::select_all(streams.into_iter().enumerate().map(|(i, s)| {
+            stream::unfold(s, |mut s| async move { s.recv().await.map(|e| (e, s)) })
+                .map(move |e| (i, e))
+                .boxed()
+        }));
+        if self.kind == Kind::Chat {
+            for i in 0..total {
+                if !send(&self.chunk(json!({"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null}))).await {
+                    return;
+                }
+            }
+        }
+        let mut usages = BTreeMap::new();
+        let mut failed = false;
+        let mut text_len = vec![0usize; total];
+        // The whole text of each choice, kept only when the output parser needs it at the end.
+        let mut texts = vec![String::new(); if self.output.is_some() { total } else { 0 }];
+        let mut echo_pending = vec![self.echo.is_some(); total];
+        while let Some((i, ev)) = merged.next().await {
+            let choice = match ev {
+                Event::Token { id, text, logprobs } => {
+                    self.count_token();
+                    if text.is_empty() && logprobs.is_none() {
+                        continue;
+                    }
+                    text_len[i] += text.len();
+                    if let Some(t) = texts.get_mut(i) {
+                        t.push_str(&text);
+                    }
+                    let lp =
+                        logprobs.map_or(Value::Null, |l| self.logprobs(&[(id, l)], text_len[i]));
+                    let text = self.take_echo(&mut echo_pending[i], i) + &text;
+                    match self.kind {
+                        Kind::Chat => {
+                            json!({"index": i, "delta": {"content": text}, "logprobs": lp, "finish_reason": null})
+                        }
+                        Kind::Completion => {
+                            json!({"index": i, "text": text, "logprobs": lp, "finish_reason": null})
+                        }
+                    }
+                }
+                Event::Done(u, f) => {
+                    usages.insert(i, u);
+                    match self.kind {
+                        Kind::Chat => {
+                            let mut choice = json!({"index": i, "delta": {}, "logprobs": null, "finish_reason": f.as_str()});
+                            if let Some(out) = &self.output {
+                                match out.parse(std::mem::take(&mut texts[i])).await {
+                                    Ok(p) => {
+                                        choice["parsed"] =
+                                            serde_json::from_str(&p.json).unwrap_or(Value::Null);
+                                        choice["repairs"] = json!(p.repairs);
+                                    }
+                                    Err(e) => {
+                                        send(&e.body()).await;
+                                        let _ = tx.send(Bytes::from_static(DONE)).await;
+                                        return;
+                                    }
+                                }
+                            }
+                            choice
+                        }
+                        Kind::Completion => {
+                            // A choice that produced no text still echoes its prompt.
+                            let text = self.take_echo(&mut echo_pending[i], i);
+                            json!({"index": i, "text": text, "logprobs": null, "finish_reason": f.as_str()})
+                        }
+                    }
+                }
+                Event::Failed(m) => {
+                    send(&ApiError::internal(m).body()).await;
+                    failed = true;
+                    break;
+                }
+            };
+            if !send(&self.chunk(choice)).await {
+                return;
+            }
+        }
+        if usages.len() < total {
+            // A choice ended without its finish: say so rather than end as if it were complete.
+            if !failed {
+                send(
+                    &ApiError::internal("The engine stopped before the generation finished.")
+                        .body(),
+                )
+                .await;
+            }
+            let _ = tx.send(Bytes::from_static(DONE)).await;
+            return;
+        }
+        let usage = self.usage(usages.iter().map(|(i, u)| (*i, u)));
+        if let Some(r) = &self.reservation {
+            r.settle(
+                usage.prompt_tokens as u64,
+                usage.completion_tokens as u64,
+                "ok",
+            );
+        }
+        if self.include_usage {
+            let mut c = self.envelope(true);
+            c["choices"] = json!([]);
+            c["usage"] = serde_json::to_value(usage).expect("plain struct");
+            if !send(&c).await {
+                return;
+            }
+        }
+        let _ = tx.send(Bytes::from_static(DONE)).await;
+    }
+}

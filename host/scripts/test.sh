@@ -7,6 +7,8 @@ cd "$(dirname "$0")/../.."
 host/scripts/fetch-models.sh
 # The plugin tests build real WebAssembly components from plugins/ and tests/plugins/.
 rustup target list --installed | grep -qx wasm32-wasip2 || rustup target add wasm32-wasip2
-# The end-to-end suite drives the server with the official OpenAI Python SDK.
-python3 -c 'import openai' 2>/dev/null || python3 -m pip install --quiet --disable-pip-version-check 'openai>=1.40,<3'
+# The end-to-end suite drives the server with the official OpenAI Python SDK, and computes
+# reference embeddings with numpy from the model's own files.
+python3 -c 'import openai, numpy, safetensors, tokenizers' 2>/dev/null ||
+  python3 -m pip install --quiet --disable-pip-version-check 'openai>=1.40,<3' numpy safetensors tokenizers
 cargo test --release --workspace "$@"

@@ -9,6 +9,8 @@ use serde::Deserialize;
 /// Where the embedded default model lives after `scripts/fetch-models.sh` (or the README's run command).
 pub const DEFAULT_MODEL_PATH: &str = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
 pub const DEFAULT_MODEL_NAME: &str = "smollm2-135m-instruct";
+pub const DEFAULT_EMBEDDING_PATH: &str = "models/all-MiniLM-L6-v2";
+pub const DEFAULT_EMBEDDING_NAME: &str = "all-minilm-l6-v2";
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -19,6 +21,9 @@ pub struct Config {
     pub max_body_bytes: usize,
     /// Models to serve; each has its own engine thread and KV pool.
     pub models: Vec<ModelConfig>,
+    /// Embedding models (BERT-family HF folders) for `/v1/embeddings`. The default one is
+    /// skipped with a warning when its folder is missing; a configured one must load.
+    pub embeddings: Vec<EmbeddingModelConfig>,
     /// Bearer token for `/admin/*`; without it the admin API is off.
     pub admin_token: Option<String>,
     pub plugins: PluginsConfig,
@@ -32,6 +37,24 @@ pub struct Config {
     /// Serve HTTPS (both listeners) with these PEM files.
     pub tls: Option<TlsConfig>,
     pub admin: AdminConfig,
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct EmbeddingModelConfig {
+    /// Name clients put in `model`.
+    pub name: String,
+    /// HF folder: config.json + *.safetensors + tokenizer.json.
+    pub path: PathBuf,
+}
+
+impl Default for EmbeddingModelConfig {
+    fn default() -> Self {
+        Self {
+            name: DEFAULT_EMBEDDING_NAME.into(),
+            path: DEFAULT_EMBEDDING_PATH.into(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -116,6 +139,7 @@ impl Default for Config {
             listen: "127.0.0.1:8080".parse().expect("static address"),
             max_body_bytes: 4 << 20,
             models: vec![ModelConfig::default()],
+            embeddings: vec![EmbeddingModelConfig::default()],
             admin_token: None,
             plugins: PluginsConfig::default(),
             policies: None,

@@ -6,5 +6,6 @@ pub mod config;
 pub mod engine;
 pub mod metrics;
 pub mod plugins;
+pub mod search;
 pub mod server;
 pub mod tenancy;

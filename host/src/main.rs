@@ -53,6 +53,10 @@ struct EngineArgs {
     /// config file's [[models]].
     #[arg(long = "model", short)]
     models: Vec<String>,
+    /// Embedding model for /v1/embeddings: an HF BERT folder, optionally as NAME=PATH.
+    /// Repeat for several. Replaces the config file's [[embeddings]].
+    #[arg(long = "embedding-model")]
+    embedding_models: Vec<String>,
     /// Bytes of KV cache per model (all layers, K and V).
     #[arg(long)]
     kv_cache_bytes: Option<usize>,
@@ -145,6 +149,25 @@ impl EngineArgs {
                 })
                 .collect();
         }
+        if !self.embedding_models.is_empty() {
+            cfg.embeddings = self
+                .embedding_models
+                .iter()
+                .map(|m| {
+                    let (name, path) = match m.split_once('=') {
+                        Some((n, p)) => (n.to_string(), PathBuf::from(p)),
+                        None => {
+                            let p = PathBuf::from(m);
+                            let name = p
+                                .file_name()
+                                .map_or_else(|| m.clone(), |s| s.to_string_lossy().to_lowercase());
+                            (name, p)
+                        }
+                    };
+                    gateway::config::EmbeddingModelConfig { name, path }
+                })
+                .collect();
+        }
         for m in &mut cfg.models {
             let e = &mut m.engine;
             e.kv_cache_bytes = self.kv_cache_bytes.unwrap_or(e.kv_cache_bytes);
@@ -215,6 +238,19 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     }
     cfg.validate()?;
     let (plugins, _watcher) = load_plugins(&cfg)?;
+    let mut embedders = std::collections::BTreeMap::new();
+    for e in &cfg.embeddings {
+        if *e == gateway::config::EmbeddingModelConfig::default() && !e.path.exists() {
+            tracing::warn!(path = %e.path.display(), "default embedding model not found (host/scripts/fetch-models.sh fetches it); /v1/embeddings has no model");
+            continue;
+        }
+        let loaded = tokio::task::block_in_place(|| {
+            gateway::search::embedder::Embedder::load(&e.name, &e.path)
+        })
+        .with_context(|| format!("loading embedding model {}", e.name))?;
+        tracing::info!(model = %e.name, dim = loaded.dim, "embedding model ready");
+        embedders.insert(e.name.clone(), Arc::new(loaded));
+    }
     let ledger = match &cfg.ledger {
         Some(p) => Some(
             Ledger::open(p).with_context(|| format!("opening the usage ledger {}", p.display()))?,
@@ -294,6 +330,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .as_secs();
     let state = Arc::new(AppState {
         engines,
+        embedders,
         metrics,
         max_body_bytes: cfg.max_body_bytes,
         started,

@@ -4,6 +4,7 @@
 
 mod admin;
 mod completions;
+mod embeddings;
 pub mod error;
 pub mod openai;
 mod plugins;
@@ -37,6 +38,7 @@ pub const SYSTEM_FINGERPRINT: &str = concat!("fp_gateway_", env!("CARGO_PKG_VERS
 
 pub struct AppState {
     pub engines: BTreeMap<String, Arc<Engine>>,
+    pub embedders: BTreeMap<String, Arc<crate::search::embedder::Embedder>>,
     pub metrics: Arc<Metrics>,
     pub max_body_bytes: usize,
     pub started: u64,
@@ -49,6 +51,30 @@ pub struct AppState {
 }
 
 impl AppState {
+    /// The embedding model `model`, if the tenant may use it.
+    pub fn embedder(
+        &self,
+        tenant: &crate::tenancy::Tenant,
+        model: &str,
+    ) -> Result<Arc<crate::search::embedder::Embedder>, ApiError> {
+        let e = self.embedders.get(model).cloned().ok_or_else(|| {
+            let allowed: Vec<String> = self
+                .embedders
+                .keys()
+                .filter(|m| tenant.allows_model(m))
+                .cloned()
+                .collect();
+            ApiError::model_not_found(model, &allowed)
+        })?;
+        if !tenant.allows_model(model) {
+            return Err(ApiError::forbidden(
+                "model",
+                format!("Tenant `{}` may not use model `{model}`.", tenant.name),
+            ));
+        }
+        Ok(e)
+    }
+
     /// The engine serving `model`, if the tenant may use it.
     pub fn engine(
         &self,
@@ -136,7 +162,9 @@ async fn route(state: Arc<AppState>, req: http::Request<Incoming>) -> Result<Res
     let method = req.method().clone();
     let post = |m: &Method| m == Method::POST;
     match path.as_str() {
-        "/v1/chat/completions" | "/v1/completions" | "/v1/rerank" if post(&method) => {
+        "/v1/chat/completions" | "/v1/completions" | "/v1/rerank" | "/v1/embeddings"
+            if post(&method) =>
+        {
             let caller = state
                 .tenancy
                 .admit(req.headers())
@@ -145,6 +173,7 @@ async fn route(state: Arc<AppState>, req: http::Request<Incoming>) -> Result<Res
             match path.as_str() {
                 "/v1/chat/completions" => completions::chat(&state, &caller, &body).await,
                 "/v1/completions" => completions::completion(&state, &caller, &body).await,
+                "/v1/embeddings" => embeddings::embeddings(&state, &caller, &body).await,
                 _ => plugins::rerank(&state, &caller, &body).await,
             }
         }
@@ -153,12 +182,19 @@ async fn route(state: Arc<AppState>, req: http::Request<Incoming>) -> Result<Res
                 .tenancy
                 .admit(req.headers())
                 .map_err(ApiError::denied)?;
-            let data: Vec<_> = state
+            let mut data: Vec<_> = state
                 .engines
                 .values()
                 .filter(|e| caller.allows_model(&e.info.name))
                 .map(|e| model_card(&state, e))
                 .collect();
+            data.extend(
+                state
+                    .embedders
+                    .values()
+                    .filter(|e| caller.allows_model(&e.name))
+                    .map(|e| embeddings::model_card(e, state.started)),
+            );
             Ok(json_response(
                 StatusCode::OK,
                 &json!({"object": "list", "data": data}),
@@ -169,7 +205,13 @@ async fn route(state: Arc<AppState>, req: http::Request<Incoming>) -> Result<Res
                 .tenancy
                 .admit(req.headers())
                 .map_err(ApiError::denied)?;
-            let engine = state.engine(&caller, &p["/v1/models/".len()..])?;
+            let id = &p["/v1/models/".len()..];
+            if state.embedders.contains_key(id) {
+                let e = state.embedder(&caller, id)?;
+                let card = embeddings::model_card(&e, state.started);
+                return Ok(json_response(StatusCode::OK, &card));
+            }
+            let engine = state.engine(&caller, id)?;
             Ok(json_response(StatusCode::OK, &model_card(&state, &engine)))
         }
         "/health" if method == Method::GET => {
@@ -205,6 +247,7 @@ async fn route(state: Arc<AppState>, req: http::Request<Incoming>) -> Result<Res
         "/v1/chat/completions"
         | "/v1/completions"
         | "/v1/rerank"
+        | "/v1/embeddings"
         | "/v1/models"
         | "/health"
         | "/ready"
@@ -233,6 +276,7 @@ fn route_label(path: &str) -> &'static str {
         "/ready" => "ready",
         "/metrics" => "metrics",
         "/v1/rerank" => "rerank",
+        "/v1/embeddings" => "embeddings",
         p if p.starts_with("/v1/models") => "models",
         p if p.starts_with("/admin/") => "admin",
         _ => "other",

@@ -227,7 +227,6 @@ impl Embedder {
                 });
             }
         }
-        let mut out = Vec::with_capacity(inputs.len());
         // Similar lengths together: less padding computed.
         let mut order: Vec<usize> = (0..inputs.len()).collect();
         order.sort_by_key(|&i| inputs[i].len());
@@ -238,8 +237,7 @@ impl Embedder {
                 results[i] = v;
             }
         }
-        out.extend(results);
-        Ok(out)
+        Ok(results)
     }
 
     fn forward(&self, batch: &[&Vec<u32>]) -> Result<Vec<Vec<f32>>, EmbedError> {

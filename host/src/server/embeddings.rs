@@ -22,8 +22,6 @@ struct EmbeddingRequest {
     input: Prompt,
     encoding_format: Option<String>,
     dimensions: Option<usize>,
-    #[allow(dead_code)]
-    user: Option<String>,
 }
 
 pub async fn embeddings(

@@ -57,22 +57,7 @@ impl AppState {
         tenant: &crate::tenancy::Tenant,
         model: &str,
     ) -> Result<Arc<crate::search::embedder::Embedder>, ApiError> {
-        let e = self.embedders.get(model).cloned().ok_or_else(|| {
-            let allowed: Vec<String> = self
-                .embedders
-                .keys()
-                .filter(|m| tenant.allows_model(m))
-                .cloned()
-                .collect();
-            ApiError::model_not_found(model, &allowed)
-        })?;
-        if !tenant.allows_model(model) {
-            return Err(ApiError::forbidden(
-                "model",
-                format!("Tenant `{}` may not use model `{model}`.", tenant.name),
-            ));
-        }
-        Ok(e)
+        allowed_model(&self.embedders, tenant, model)
     }
 
     /// The engine serving `model`, if the tenant may use it.
@@ -81,23 +66,32 @@ impl AppState {
         tenant: &crate::tenancy::Tenant,
         model: &str,
     ) -> Result<Arc<Engine>, ApiError> {
-        let engine = self.engines.get(model).cloned().ok_or_else(|| {
-            let allowed: Vec<String> = self
-                .engines
-                .keys()
-                .filter(|m| tenant.allows_model(m))
-                .cloned()
-                .collect();
-            ApiError::model_not_found(model, &allowed)
-        })?;
-        if !tenant.allows_model(model) {
-            return Err(ApiError::forbidden(
-                "model",
-                format!("Tenant `{}` may not use model `{model}`.", tenant.name),
-            ));
-        }
-        Ok(engine)
+        allowed_model(&self.engines, tenant, model)
     }
+}
+
+/// `model` from `models`: 404 (listing the tenant's models) when it does not exist, 403 when
+/// the tenant's policy does not allow it.
+fn allowed_model<T>(
+    models: &BTreeMap<String, Arc<T>>,
+    tenant: &crate::tenancy::Tenant,
+    model: &str,
+) -> Result<Arc<T>, ApiError> {
+    let found = models.get(model).cloned().ok_or_else(|| {
+        let allowed: Vec<String> = models
+            .keys()
+            .filter(|m| tenant.allows_model(m))
+            .cloned()
+            .collect();
+        ApiError::model_not_found(model, &allowed)
+    })?;
+    if !tenant.allows_model(model) {
+        return Err(ApiError::forbidden(
+            "model",
+            format!("Tenant `{}` may not use model `{model}`.", tenant.name),
+        ));
+    }
+    Ok(found)
 }
 
 pub fn json_response(status: StatusCode, v: &serde_json::Value) -> Response {

@@ -60,9 +60,19 @@ impl Rates {
     }
 
     fn check_request(&self) -> Result<(), Rejection> {
-        for (limiter, limit, n) in [
-            (&self.per_second, "requests_per_second", self.quotas.0),
-            (&self.per_minute, "requests_per_minute", self.quotas.1),
+        for (limiter, limit, n, per) in [
+            (
+                &self.per_second,
+                "requests_per_second",
+                self.quotas.0,
+                "second",
+            ),
+            (
+                &self.per_minute,
+                "requests_per_minute",
+                self.quotas.1,
+                "minute",
+            ),
         ] {
             if let Some(l) = limiter {
                 if let Err(not_until) = l.check() {
@@ -70,13 +80,8 @@ impl Rates {
                     return Err(Rejection {
                         limit,
                         message: format!(
-                            "Rate limit reached: {} requests per {}.",
-                            n.unwrap_or(0),
-                            if limit.ends_with("second") {
-                                "second"
-                            } else {
-                                "minute"
-                            }
+                            "Rate limit reached: {} requests per {per}.",
+                            n.unwrap_or(0)
                         ),
                         retry_after: Some(wait),
                     });

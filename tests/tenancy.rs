@@ -100,6 +100,22 @@ fn keys_and_allow_lists() {
     let (_, list) = s.request("GET", "/v1/models", vec![], Some("k-acme"));
     assert_eq!(list["data"][0]["id"], MODEL);
     assert_eq!(s.request("GET", "/v1/models", vec![], None).0, 401);
+    // A request refused before its body was read must not leave a half-read connection in the
+    // client's pool: the gateway drains the body, and the same client goes on working.
+    let client = reqwest::blocking::Client::new();
+    let url = format!("http://{}/v1/chat/completions", s.addr());
+    for _ in 0..20 {
+        let r = client
+            .post(&url)
+            .bearer_auth("wrong")
+            .body(vec![b' '; 1 << 20])
+            .send()
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 401);
+        assert!(r.headers().get("connection").is_none());
+        let r = client.get(format!("http://{}/health", s.addr())).send();
+        assert_eq!(r.unwrap().status().as_u16(), 200);
+    }
     let _ = std::fs::remove_dir_all(dir);
 }
 

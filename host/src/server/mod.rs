@@ -131,9 +131,14 @@ impl From<&ApiError> for Response {
     }
 }
 
-async fn read_body(req: http::Request<Incoming>, limit: usize) -> Result<Bytes, ApiError> {
-    if let Some(len) = req
-        .headers()
+/// Takes the request body (once) and reads it whole, up to `limit` bytes.
+async fn read_body(
+    headers: &http::HeaderMap,
+    body: &mut Option<Incoming>,
+    limit: usize,
+) -> Result<Bytes, ApiError> {
+    let body = body.take().expect("a request body is read at most once");
+    if let Some(len) = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok()?.parse::<usize>().ok())
     {
@@ -141,7 +146,7 @@ async fn read_body(req: http::Request<Incoming>, limit: usize) -> Result<Bytes, 
             return Err(ApiError::too_large(limit));
         }
     }
-    match Limited::new(req.into_body(), limit).collect().await {
+    match Limited::new(body, limit).collect().await {
         Ok(b) => Ok(b.to_bytes()),
         Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(ApiError::too_large(limit)),
         Err(e) => Err(ApiError::invalid(
@@ -151,9 +156,24 @@ async fn read_body(req: http::Request<Incoming>, limit: usize) -> Result<Bytes, 
     }
 }
 
-async fn route(state: Arc<AppState>, req: http::Request<Incoming>) -> Result<Response, ApiError> {
-    let path = req.uri().path().to_string();
-    let method = req.method().clone();
+/// Reads and discards an unread body so the answer to a refused request reaches the client
+/// and the connection stays usable (a "lingering close", bounded in bytes and time). False if
+/// the body was too large, too slow or broken: the connection must then close.
+async fn discard(body: Incoming, limit: usize) -> bool {
+    let drain = Limited::new(body, limit).collect();
+    matches!(
+        tokio::time::timeout(std::time::Duration::from_secs(2), drain).await,
+        Ok(Ok(_))
+    )
+}
+
+async fn route(
+    state: Arc<AppState>,
+    req: &http::request::Parts,
+    body: &mut Option<Incoming>,
+) -> Result<Response, ApiError> {
+    let path = req.uri.path().to_string();
+    let method = req.method.clone();
     let post = |m: &Method| m == Method::POST;
     match path.as_str() {
         "/v1/chat/completions" | "/v1/completions" | "/v1/rerank" | "/v1/embeddings"
@@ -161,9 +181,9 @@ async fn route(state: Arc<AppState>, req: http::Request<Incoming>) -> Result<Res
         {
             let caller = state
                 .tenancy
-                .admit(req.headers())
+                .admit(&req.headers)
                 .map_err(ApiError::denied)?;
-            let body = read_body(req, state.max_body_bytes).await?;
+            let body = read_body(&req.headers, body, state.max_body_bytes).await?;
             match path.as_str() {
                 "/v1/chat/completions" => completions::chat(&state, &caller, &body).await,
                 "/v1/completions" => completions::completion(&state, &caller, &body).await,
@@ -174,7 +194,7 @@ async fn route(state: Arc<AppState>, req: http::Request<Incoming>) -> Result<Res
         "/v1/models" if method == Method::GET => {
             let caller = state
                 .tenancy
-                .admit(req.headers())
+                .admit(&req.headers)
                 .map_err(ApiError::denied)?;
             let mut data: Vec<_> = state
                 .engines
@@ -197,7 +217,7 @@ async fn route(state: Arc<AppState>, req: http::Request<Incoming>) -> Result<Res
         p if p.starts_with("/v1/models/") && method == Method::GET => {
             let caller = state
                 .tenancy
-                .admit(req.headers())
+                .admit(&req.headers)
                 .map_err(ApiError::denied)?;
             let id = &p["/v1/models/".len()..];
             if state.embedders.contains_key(id) {
@@ -229,10 +249,10 @@ async fn route(state: Arc<AppState>, req: http::Request<Incoming>) -> Result<Res
             state.metrics.render(),
         )),
         p if p.starts_with("/admin/") => {
-            admin::authorized(&state, req.headers())?;
-            let query = req.uri().query().map(str::to_string);
+            admin::authorized(&state, &req.headers)?;
+            let query = req.uri.query().map(str::to_string);
             let body = if method == Method::PUT {
-                Some(read_body(req, state.max_upload_bytes).await?)
+                Some(read_body(&req.headers, body, state.max_upload_bytes).await?)
             } else {
                 None
             };
@@ -293,8 +313,11 @@ async fn handle(
         Role::Api => !admin,
         Role::Admin => admin || shared,
     };
+    let (parts, body) = req.into_parts();
+    let http1 = parts.version < http::Version::HTTP_2;
+    let mut body = Some(body);
     let routed = if allowed {
-        route(state.clone(), req).await
+        route(state.clone(), &parts, &mut body).await
     } else {
         Err(ApiError::not_found(&path))
     };
@@ -304,7 +327,23 @@ async fn handle(
             if e.status.is_server_error() {
                 tracing::warn!(status = %e.status, message = %e.message, "request failed");
             }
-            Response::from(&e)
+            let mut r = Response::from(&e);
+            // An HTTP/1 connection whose request body was left half-read cannot carry another
+            // request: hyper closes it, and a client that pooled it would fail its next request
+            // on a dead socket. Refusals that never looked at the body drain it first; what
+            // cannot be drained (or was cut off by the size limit) says `connection: close`.
+            let reusable = match body.take() {
+                Some(b) if hyper::body::Body::is_end_stream(&b) => true,
+                Some(b) => discard(b, state.max_body_bytes).await,
+                None => e.status != StatusCode::PAYLOAD_TOO_LARGE,
+            };
+            if http1 && !reusable {
+                r.headers_mut().insert(
+                    header::CONNECTION,
+                    header::HeaderValue::from_static("close"),
+                );
+            }
+            r
         }
     };
     let elapsed = start.elapsed();

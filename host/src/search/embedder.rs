@@ -209,6 +209,31 @@ impl Embedder {
             .collect()
     }
 
+    /// Byte offsets of the tokens of `text` without special tokens: what chunking counts.
+    pub fn offsets(&self, text: &str) -> Result<Vec<(usize, usize)>, EmbedError> {
+        self.tokenizer
+            .encode(text, false)
+            .map(|e| e.get_offsets().to_vec())
+            .map_err(|e| EmbedError::Tokenizer(e.to_string()))
+    }
+
+    /// Token ids with special tokens, cut to the model's length (keeping the final [SEP]):
+    /// for queries and chunks, where a slightly shorter input beats a refusal.
+    pub fn tokenize_truncated(&self, text: &str) -> Result<Vec<u32>, EmbedError> {
+        let mut ids = self
+            .tokenizer
+            .encode(text, true)
+            .map_err(|e| EmbedError::Tokenizer(e.to_string()))?
+            .get_ids()
+            .to_vec();
+        if ids.len() > self.max_tokens {
+            let last = ids[ids.len() - 1];
+            ids.truncate(self.max_tokens - 1);
+            ids.push(last);
+        }
+        Ok(ids)
+    }
+
     /// Unit-length embeddings of already tokenized inputs, in order.
     pub fn embed(&self, inputs: &[Vec<u32>]) -> Result<Vec<Vec<f32>>, EmbedError> {
         for (index, ids) in inputs.iter().enumerate() {

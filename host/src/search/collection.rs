@@ -1,0 +1,536 @@
+//! One tenant's collection: documents chunked and embedded, stored durably, indexed for BM25
+//! and vectors, searched by either or both with metadata filters.
+//!
+//! Write path (serialised per collection): chunk + embed (no lock held) → store transaction
+//! commits (the durability point; touched documents marked pending) → tantivy commit → pending
+//! cleared → vector graph and in-memory catalog updated. A crash after the store commit loses
+//! nothing: on open the catalog and graph are rebuilt from the store, pending documents are
+//! re-indexed into tantivy, and a tantivy index that does not match the store is rebuilt. Search results are materialised from the catalog, so a chunk that
+//! an index still holds after its document changed is never returned.
+
+use std::collections::{HashMap, HashSet};
+use std::path::Path;
+use std::sync::Arc;
+
+use parking_lot::{Mutex, RwLock};
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use super::bm25::{Analysis, Bm25};
+use super::chunk;
+use super::embedder::Embedder;
+use super::filter::{check_metadata, Filter};
+use super::fusion;
+use super::store::{NewChunk, NewDoc, Store};
+use super::vectors::Vectors;
+use super::SearchError;
+
+/// Longest document id, in bytes.
+const MAX_ID_BYTES: usize = 512;
+
+/// Fixed at creation; stored in the collection's database.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Settings {
+    pub chunk_tokens: usize,
+    pub chunk_overlap: usize,
+    #[serde(flatten)]
+    pub analysis: Analysis,
+    pub embedding_model: String,
+    pub dimensions: usize,
+    pub created: u64,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DocInput {
+    pub id: String,
+    pub text: String,
+    #[serde(default)]
+    pub metadata: Map<String, Value>,
+}
+
+struct ChunkEntry {
+    doc: Arc<str>,
+    start: usize,
+    end: usize,
+    metadata: Arc<Map<String, Value>>,
+}
+
+#[derive(Default)]
+struct Catalog {
+    docs: HashMap<Arc<str>, Vec<u64>>,
+    chunks: HashMap<u64, ChunkEntry>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    Bm25,
+    Vector,
+    #[default]
+    Hybrid,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub enum Fusion {
+    Rrf { k: f32 },
+    Weighted { alpha: f32 },
+}
+
+pub struct Query<'a> {
+    pub text: &'a str,
+    pub top_k: usize,
+    pub mode: Mode,
+    pub fusion: Fusion,
+    pub filter: Option<&'a Filter>,
+    /// How many candidates each first stage contributes (at least `top_k`).
+    pub candidates: usize,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Hit {
+    pub id: String,
+    pub chunk_id: u64,
+    /// Character offsets of the chunk in its document's text.
+    pub start: usize,
+    pub end: usize,
+    pub text: String,
+    pub metadata: Arc<Map<String, Value>>,
+    pub score: f32,
+    pub scores: StageScores,
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct StageScores {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bm25: Option<f32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub vector: Option<f32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fused: Option<f32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rerank: Option<f32>,
+}
+
+/// Documents chunked and tokenized, not yet embedded or stored.
+pub struct Prepared {
+    docs: Vec<NewDoc>,
+    texts: Vec<String>,
+    ids: Vec<Vec<u32>>,
+    /// Tokens the embedding will process.
+    pub tokens: usize,
+}
+
+pub struct Upserted {
+    pub documents: usize,
+    pub chunks: usize,
+    pub tokens: usize,
+}
+
+pub struct Collection {
+    pub name: String,
+    pub settings: Settings,
+    embedder: Arc<Embedder>,
+    store: Mutex<Store>,
+    bm25: Bm25,
+    vectors: Vectors,
+    catalog: RwLock<Catalog>,
+    writes: Mutex<()>,
+}
+
+fn internal(what: &str) -> impl Fn(&dyn std::fmt::Display) -> SearchError + '_ {
+    move |e| SearchError::Internal(format!("{what}: {e}"))
+}
+
+impl Collection {
+    /// Opens (or, with `create`, creates) the collection stored in `dir`.
+    pub fn open(
+        name: &str,
+        dir: &Path,
+        embedder: Arc<Embedder>,
+        create: Option<&Settings>,
+    ) -> Result<Self, SearchError> {
+        std::fs::create_dir_all(dir).map_err(|e| internal("creating the folder")(&e))?;
+        let db = internal("collection store");
+        let mut store = Store::open(&dir.join("store.sqlite")).map_err(|e| db(&e))?;
+        let settings = match create {
+            Some(s) => {
+                let text = serde_json::to_string(s).map_err(|e| db(&e))?;
+                store.set_meta("settings", &text).map_err(|e| db(&e))?;
+                s.clone()
+            }
+            None => {
+                let text = store.meta("settings").map_err(|e| db(&e))?.ok_or_else(|| {
+                    SearchError::Internal(format!("{}: no settings", dir.display()))
+                })?;
+                serde_json::from_str(&text).map_err(|e| db(&e))?
+            }
+        };
+        if settings.dimensions != embedder.dim {
+            return Err(SearchError::Internal(format!(
+                "collection `{name}` holds {}-dimensional vectors but embedding model `{}` makes {}",
+                settings.dimensions, embedder.name, embedder.dim
+            )));
+        }
+        let (docs, chunks) = store.load().map_err(|e| db(&e))?;
+        let bm25_dir = dir.join("bm25");
+        let bm25 = match Bm25::open(&bm25_dir, &settings.analysis) {
+            Ok(b) => b,
+            Err(e) => {
+                tracing::warn!(collection = name, error = %e, "BM25 index unreadable; rebuilding it");
+                let _ = std::fs::remove_dir_all(&bm25_dir);
+                Bm25::open(&bm25_dir, &settings.analysis).map_err(|e| internal("BM25 index")(&e))?
+            }
+        };
+        let pending = store.pending().map_err(|e| db(&e))?;
+        if !pending.is_empty() {
+            tracing::info!(
+                collection = name,
+                documents = pending.len(),
+                "replaying writes into the BM25 index"
+            );
+            let mut rows = Vec::new();
+            for d in &pending {
+                for (id, text) in store.doc_chunks(d).map_err(|e| db(&e))? {
+                    rows.push((id, d.clone(), text));
+                }
+            }
+            let rows: Vec<_> = rows.iter().map(|(i, d, t)| (*i, &d[..], &t[..])).collect();
+            bm25.apply(&pending, &rows)
+                .map_err(|e| internal("BM25 index")(&e))?;
+            store.clear_pending(&pending).map_err(|e| db(&e))?;
+        }
+        // The keyword index is derived data: if it does not hold exactly the store's chunks
+        // (lost, replaced, or from an older copy), rebuild it rather than serve wrong results.
+        if bm25.num_chunks() != chunks.len() as u64 {
+            tracing::warn!(
+                collection = name,
+                indexed = bm25.num_chunks(),
+                stored = chunks.len(),
+                "BM25 index out of step with the store; rebuilding it"
+            );
+            let all = store.all_texts().map_err(|e| db(&e))?;
+            bm25.clear().map_err(|e| internal("BM25 index")(&e))?;
+            let rows: Vec<_> = all.iter().map(|(i, d, t)| (*i, &d[..], &t[..])).collect();
+            bm25.apply(&[], &rows)
+                .map_err(|e| internal("BM25 index")(&e))?;
+        }
+        let docs: HashMap<Arc<str>, Arc<Map<String, Value>>> = docs
+            .into_iter()
+            .map(|(id, m)| (Arc::from(id), Arc::new(m)))
+            .collect();
+        let mut catalog = Catalog::default();
+        let mut vectors = Vec::with_capacity(chunks.len());
+        for c in chunks {
+            let Some((doc, meta)) = docs.get_key_value(c.doc.as_str()) else {
+                continue;
+            };
+            catalog.docs.entry(doc.clone()).or_default().push(c.id);
+            catalog.chunks.insert(
+                c.id,
+                ChunkEntry {
+                    doc: doc.clone(),
+                    start: c.start,
+                    end: c.end,
+                    metadata: meta.clone(),
+                },
+            );
+            vectors.push((c.id, c.vector));
+        }
+        for d in docs.keys() {
+            catalog.docs.entry(d.clone()).or_default();
+        }
+        Ok(Self {
+            name: name.into(),
+            settings,
+            embedder,
+            store: Mutex::new(store),
+            bm25,
+            vectors: Vectors::build(vectors),
+            catalog: RwLock::new(catalog),
+            writes: Mutex::new(()),
+        })
+    }
+
+    pub fn documents(&self) -> usize {
+        self.catalog.read().docs.len()
+    }
+
+    pub fn chunks(&self) -> usize {
+        self.catalog.read().chunks.len()
+    }
+
+    /// Inserts or replaces documents by id; returns once they are durable and searchable.
+    pub fn upsert(&self, docs: Vec<DocInput>) -> Result<Upserted, SearchError> {
+        self.commit(self.prepare(docs)?)
+    }
+
+    /// Validates, chunks and tokenizes documents: everything but the embedding and the write,
+    /// so a caller can account for the tokens before paying for them.
+    pub fn prepare(&self, docs: Vec<DocInput>) -> Result<Prepared, SearchError> {
+        // Within one batch the last version of an id wins, as if sent one by one.
+        let mut seen = HashSet::new();
+        let mut docs: Vec<DocInput> = docs
+            .into_iter()
+            .rev()
+            .filter(|d| seen.insert(d.id.clone()))
+            .collect();
+        docs.reverse();
+        let mut new_docs = Vec::with_capacity(docs.len());
+        let mut texts = Vec::new();
+        for (i, d) in docs.into_iter().enumerate() {
+            check_id(&d.id).map_err(|m| SearchError::Invalid(format!("documents[{i}]: {m}")))?;
+            check_metadata(&d.metadata)
+                .map_err(|m| SearchError::Invalid(format!("documents[{i}] ({}): {m}", d.id)))?;
+            if d.text.trim().is_empty() {
+                return Err(SearchError::Invalid(format!(
+                    "documents[{i}] ({}): `text` is empty",
+                    d.id
+                )));
+            }
+            let offsets = self.embedder.offsets(&d.text).map_err(SearchError::embed)?;
+            let spans = chunk::split(
+                &d.text,
+                &offsets,
+                self.settings.chunk_tokens,
+                self.settings.chunk_overlap,
+            );
+            let chunks = spans
+                .into_iter()
+                .map(|s| {
+                    texts.push(d.text[s.start..s.end].to_string());
+                    NewChunk {
+                        start: chunk::char_offset(&d.text, s.start),
+                        end: chunk::char_offset(&d.text, s.end),
+                        text: String::new(),
+                        vector: Vec::new(),
+                    }
+                })
+                .collect();
+            new_docs.push(NewDoc {
+                id: d.id,
+                metadata: d.metadata,
+                chunks,
+            });
+        }
+        let ids = texts
+            .iter()
+            .map(|t| self.embedder.tokenize_truncated(t))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(SearchError::embed)?;
+        Ok(Prepared {
+            tokens: ids.iter().map(Vec::len).sum(),
+            docs: new_docs,
+            texts,
+            ids,
+        })
+    }
+
+    /// Embeds prepared documents and writes them; returns once durable and searchable.
+    pub fn commit(&self, p: Prepared) -> Result<Upserted, SearchError> {
+        let Prepared {
+            mut docs,
+            texts,
+            ids,
+            tokens,
+        } = p;
+        let new_docs = &mut docs;
+        let mut vectors = self
+            .embedder
+            .embed(&ids)
+            .map_err(SearchError::embed)?
+            .into_iter();
+        let mut texts = texts.into_iter();
+        for c in new_docs.iter_mut().flat_map(|d| d.chunks.iter_mut()) {
+            c.text = texts.next().unwrap_or_default();
+            c.vector = vectors.next().unwrap_or_default();
+        }
+        let chunks = docs.iter().map(|d| d.chunks.len()).sum();
+        let documents = docs.len();
+        self.write(docs, Vec::new())?;
+        Ok(Upserted {
+            documents,
+            chunks,
+            tokens,
+        })
+    }
+
+    /// Deletes documents by id; unknown ids are ignored. Returns how many existed.
+    pub fn delete(&self, ids: Vec<String>) -> Result<usize, SearchError> {
+        let existing: Vec<String> = {
+            let cat = self.catalog.read();
+            ids.into_iter()
+                .filter(|id| cat.docs.contains_key(id.as_str()))
+                .collect()
+        };
+        let n = existing.len();
+        if n > 0 {
+            self.write(Vec::new(), existing)?;
+        }
+        Ok(n)
+    }
+
+    /// Deletes every document whose metadata passes `filter`. Returns how many.
+    pub fn delete_where(&self, filter: &Filter) -> Result<usize, SearchError> {
+        let ids: Vec<String> = {
+            let cat = self.catalog.read();
+            let mut ids: Vec<String> = cat
+                .chunks
+                .values()
+                .filter(|c| filter.matches(&c.metadata))
+                .map(|c| c.doc.to_string())
+                .collect();
+            ids.sort();
+            ids.dedup();
+            ids
+        };
+        self.delete(ids)
+    }
+
+    fn write(&self, docs: Vec<NewDoc>, deletes: Vec<String>) -> Result<(), SearchError> {
+        let _serial = self.writes.lock();
+        let written = self
+            .store
+            .lock()
+            .write(&docs, &deletes)
+            .map_err(|e| internal("collection store")(&e))?;
+        let touched: Vec<String> = written.iter().map(|w| w.doc.clone()).collect();
+        let mut rows = Vec::new();
+        for (d, w) in docs.iter().zip(written.iter().skip(deletes.len())) {
+            for (c, id) in d.chunks.iter().zip(&w.added) {
+                rows.push((*id, d.id.as_str(), c.text.as_str()));
+            }
+        }
+        self.bm25.apply(&touched, &rows).map_err(|e| {
+            SearchError::Internal(format!(
+                "the write is stored but the BM25 index failed ({e}); it is re-indexed on restart"
+            ))
+        })?;
+        // Durable in tantivy now; a failure to clear only means a redundant replay.
+        if let Err(e) = self.store.lock().clear_pending(&touched) {
+            tracing::warn!(collection = %self.name, error = %e, "could not clear pending BM25 marks");
+        }
+        let removed: Vec<u64> = written
+            .iter()
+            .flat_map(|w| w.removed.iter().copied())
+            .collect();
+        let mut added = Vec::new();
+        let mut cat = self.catalog.write();
+        for w in &written {
+            if let Some(old) = cat.docs.remove(w.doc.as_str()) {
+                for id in old {
+                    cat.chunks.remove(&id);
+                }
+            }
+        }
+        for (d, w) in docs.into_iter().zip(written.iter().skip(deletes.len())) {
+            let doc: Arc<str> = Arc::from(d.id.as_str());
+            let meta = Arc::new(d.metadata);
+            for (c, &id) in d.chunks.into_iter().zip(&w.added) {
+                cat.chunks.insert(
+                    id,
+                    ChunkEntry {
+                        doc: doc.clone(),
+                        start: c.start,
+                        end: c.end,
+                        metadata: meta.clone(),
+                    },
+                );
+                added.push((id, c.vector));
+            }
+            cat.docs.insert(doc, w.added.clone());
+        }
+        drop(cat);
+        self.vectors.update(&removed, added);
+        Ok(())
+    }
+
+    /// Ranked hits for a query; each carries the scores of the stages that found it.
+    pub fn search(&self, q: &Query) -> Result<Vec<Hit>, SearchError> {
+        let allowed: Option<Arc<HashSet<u64>>> = q.filter.map(|f| {
+            let cat = self.catalog.read();
+            Arc::new(
+                cat.chunks
+                    .iter()
+                    .filter(|(_, c)| f.matches(&c.metadata))
+                    .map(|(id, _)| *id)
+                    .collect(),
+            )
+        });
+        if allowed.as_ref().is_some_and(|a| a.is_empty()) || q.top_k == 0 {
+            return Ok(Vec::new());
+        }
+        let depth = q.candidates.max(q.top_k);
+        let bm25 = if q.mode != Mode::Vector {
+            self.bm25
+                .search(q.text, depth, allowed.as_ref())
+                .map_err(|e| internal("BM25 search")(&e))?
+        } else {
+            Vec::new()
+        };
+        let vector = if q.mode != Mode::Bm25 {
+            let ids = self
+                .embedder
+                .tokenize_truncated(q.text)
+                .map_err(SearchError::embed)?;
+            let v = self.embedder.embed(&[ids]).map_err(SearchError::embed)?;
+            self.vectors.search(&v[0], depth, allowed.as_ref())
+        } else {
+            Vec::new()
+        };
+        let ranked = match (q.mode, q.fusion) {
+            (Mode::Bm25, _) => bm25.clone(),
+            (Mode::Vector, _) => vector.clone(),
+            (Mode::Hybrid, Fusion::Rrf { k }) => fusion::rrf(&[&bm25, &vector], k),
+            (Mode::Hybrid, Fusion::Weighted { alpha }) => fusion::weighted(&bm25, &vector, alpha),
+        };
+        let bm25: HashMap<u64, f32> = bm25.into_iter().collect();
+        let vector: HashMap<u64, f32> = vector.into_iter().collect();
+        let cat = self.catalog.read();
+        let store = self.store.lock();
+        let mut hits = Vec::with_capacity(q.top_k);
+        for (id, score) in ranked {
+            if hits.len() == q.top_k {
+                break;
+            }
+            let Some(c) = cat.chunks.get(&id) else {
+                continue;
+            };
+            let Some(text) = store
+                .chunk_text(id)
+                .map_err(|e| internal("collection store")(&e))?
+            else {
+                continue;
+            };
+            hits.push(Hit {
+                id: c.doc.to_string(),
+                chunk_id: id,
+                start: c.start,
+                end: c.end,
+                text,
+                metadata: c.metadata.clone(),
+                score,
+                scores: StageScores {
+                    bm25: bm25.get(&id).copied(),
+                    vector: vector.get(&id).copied(),
+                    fused: (q.mode == Mode::Hybrid).then_some(score),
+                    rerank: None,
+                },
+            });
+        }
+        Ok(hits)
+    }
+}
+
+fn check_id(id: &str) -> Result<(), String> {
+    if id.is_empty() || id.len() > MAX_ID_BYTES {
+        return Err(format!(
+            "`id` must be 1 to {MAX_ID_BYTES} bytes, got {}",
+            id.len()
+        ));
+    }
+    if id.chars().any(char::is_control) {
+        return Err("`id` must not contain control characters".into());
+    }
+    Ok(())
+}

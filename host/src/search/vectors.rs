@@ -1,0 +1,207 @@
+//! The semantic side: an HNSW graph (hnsw_rs) over unit-length chunk embeddings, scored by
+//! cosine similarity (a dot product, since vectors are normalised). hnsw_rs cannot delete, so
+//! removed chunks stay in the graph as tombstones that searches skip, and the graph is rebuilt
+//! from the live vectors once tombstones outnumber them. The graph itself is not persisted: the
+//! store holds every vector, and `Vectors::build` recreates it on open.
+//!
+//! Filtered searches follow the query planning of dedicated vector databases: when the filter
+//! leaves few chunks, an exact scan over them beats walking a graph whose neighbours are
+//! mostly filtered out (and has perfect recall).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use hnsw_rs::prelude::{Distance, FilterT, Hnsw};
+use parking_lot::RwLock;
+
+/// Below this many allowed chunks a filtered search scans them exactly.
+const EXACT_SCAN_MAX: usize = 20_000;
+const M: usize = 16;
+const EF_CONSTRUCTION: usize = 100;
+
+/// `1 - cosine` of unit vectors, in eight lanes so the compiler vectorises it.
+#[derive(Clone, Copy, Default)]
+pub struct Dot;
+
+impl Distance<f32> for Dot {
+    fn eval(&self, a: &[f32], b: &[f32]) -> f32 {
+        (1.0 - dot(a, b)).max(0.0)
+    }
+}
+
+pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
+    let tail: f32 = ca
+        .remainder()
+        .iter()
+        .zip(cb.remainder())
+        .map(|(x, y)| x * y)
+        .sum();
+    for (x, y) in ca.zip(cb) {
+        for i in 0..8 {
+            acc[i] += x[i] * y[i];
+        }
+    }
+    acc.iter().sum::<f32>() + tail
+}
+
+type Graph = Hnsw<'static, f32, Dot>;
+
+pub struct Vectors {
+    graph: RwLock<Arc<Graph>>,
+    live: RwLock<HashMap<u64, Arc<[f32]>>>,
+    /// Points in the graph that are no longer live.
+    dead: RwLock<usize>,
+}
+
+fn new_graph(capacity: usize) -> Graph {
+    let layers = 16.min((capacity.max(2) as f32).ln().ceil() as usize).max(4);
+    Hnsw::new(M, capacity.max(1024), layers, EF_CONSTRUCTION, Dot)
+}
+
+impl Vectors {
+    /// A graph over `vectors` (id, unit vector), inserted in parallel.
+    pub fn build(vectors: Vec<(u64, Vec<f32>)>) -> Self {
+        let graph = new_graph(vectors.len());
+        let live: HashMap<u64, Arc<[f32]>> =
+            vectors.into_iter().map(|(id, v)| (id, v.into())).collect();
+        insert_all(&graph, &live);
+        Self {
+            graph: RwLock::new(Arc::new(graph)),
+            live: RwLock::new(live),
+            dead: RwLock::new(0),
+        }
+    }
+
+    /// Removes `removed` and adds `added`. Callers serialise writes.
+    pub fn update(&self, removed: &[u64], added: Vec<(u64, Vec<f32>)>) {
+        let added: Vec<(u64, Arc<[f32]>)> =
+            added.into_iter().map(|(id, v)| (id, v.into())).collect();
+        {
+            let graph = self.graph.read().clone();
+            let batch: Vec<(&[f32], usize)> =
+                added.iter().map(|(id, v)| (&v[..], *id as usize)).collect();
+            if batch.len() > 16 {
+                graph.parallel_insert_slice(&batch);
+            } else {
+                for item in batch {
+                    graph.insert_slice(item);
+                }
+            }
+        }
+        let mut live = self.live.write();
+        let mut dead = self.dead.write();
+        for id in removed {
+            if live.remove(id).is_some() {
+                *dead += 1;
+            }
+        }
+        live.extend(added);
+        if *dead > 1024 && *dead > live.len() {
+            let graph = new_graph(live.len());
+            insert_all(&graph, &live);
+            *self.graph.write() = Arc::new(graph);
+            *dead = 0;
+        }
+    }
+
+    /// The `k` nearest live chunks as (id, cosine similarity), optionally only among
+    /// `allowed`.
+    pub fn search(
+        &self,
+        query: &[f32],
+        k: usize,
+        allowed: Option<&Arc<HashSet<u64>>>,
+    ) -> Vec<(u64, f32)> {
+        if k == 0 {
+            return Vec::new();
+        }
+        let live = self.live.read();
+        if let Some(allowed) = allowed.filter(|a| a.len() <= EXACT_SCAN_MAX) {
+            let mut hits: Vec<(u64, f32)> = allowed
+                .iter()
+                .filter_map(|id| live.get(id).map(|v| (*id, dot(query, v))))
+                .collect();
+            hits.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+            hits.truncate(k);
+            return hits;
+        }
+        let graph = self.graph.read().clone();
+        let keep = |id: &usize| {
+            let id = *id as u64;
+            live.contains_key(&id) && allowed.is_none_or(|a| a.contains(&id))
+        };
+        let ef = (k * 2).max(64);
+        let mut hits: Vec<(u64, f32)> = graph
+            .search_filter(query, k, ef, Some(&keep as &dyn FilterT))
+            .into_iter()
+            .map(|n| (n.d_id as u64, 1.0 - n.distance))
+            .collect();
+        hits.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        hits
+    }
+}
+
+fn insert_all(graph: &Graph, live: &HashMap<u64, Arc<[f32]>>) {
+    let batch: Vec<(&[f32], usize)> = live.iter().map(|(id, v)| (&v[..], *id as usize)).collect();
+    for part in batch.chunks(4096) {
+        graph.parallel_insert_slice(&part.to_vec());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn unit(seed: u64, dim: usize) -> Vec<f32> {
+        let mut x = seed.wrapping_mul(6364136223846793005).wrapping_add(1);
+        let mut v: Vec<f32> = (0..dim)
+            .map(|_| {
+                x = x
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                ((x >> 33) as f32 / (1u64 << 31) as f32) - 0.5
+            })
+            .collect();
+        let n = dot(&v, &v).sqrt();
+        v.iter_mut().for_each(|a| *a /= n);
+        v
+    }
+
+    #[test]
+    fn finds_neighbours_skips_tombstones_and_honours_filters() {
+        let data: Vec<(u64, Vec<f32>)> = (0..2000).map(|i| (i, unit(i, 48))).collect();
+        let v = Vectors::build(data.clone());
+        // Every point finds itself first.
+        let mut found = 0;
+        for (id, x) in data.iter().step_by(40) {
+            let hits = v.search(x, 5, None);
+            found += usize::from(hits[0].0 == *id);
+            assert!((hits[0].1 - 1.0).abs() < 1e-4 || hits[0].0 != *id);
+        }
+        assert!(found >= 48, "recall@1 {found}/50");
+        // Deleted points never come back.
+        v.update(&[0, 40, 80], vec![(5000, unit(0, 48))]);
+        let hits = v.search(&data[0].1, 3, None);
+        assert_eq!(hits[0].0, 5000);
+        assert!(hits.iter().all(|h| h.0 != 0));
+        // A filter restricts results, exactly.
+        let allowed: Arc<HashSet<u64>> = Arc::new((100..110).collect());
+        let hits = v.search(&data[0].1, 20, Some(&allowed));
+        assert_eq!(hits.len(), 10);
+        assert!(hits.iter().all(|h| allowed.contains(&h.0)));
+        assert!(hits.windows(2).all(|w| w[0].1 >= w[1].1));
+    }
+
+    #[test]
+    fn rebuilds_once_tombstones_dominate() {
+        let v = Vectors::build((0..3000).map(|i| (i, unit(i, 16))).collect());
+        let gone: Vec<u64> = (0..2500).collect();
+        v.update(&gone, Vec::new());
+        assert_eq!(*v.dead.read(), 0, "rebuilt");
+        assert_eq!(v.graph.read().get_nb_point(), 500);
+        let hits = v.search(&unit(2600, 16), 1, None);
+        assert_eq!(hits[0].0, 2600);
+    }
+}

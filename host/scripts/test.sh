@@ -11,4 +11,10 @@ rustup target list --installed | grep -qx wasm32-wasip2 || rustup target add was
 # reference embeddings with numpy from the model's own files.
 python3 -c 'import openai, numpy, safetensors, tokenizers' 2>/dev/null ||
   python3 -m pip install --quiet --disable-pip-version-check 'openai>=1.40,<3' numpy safetensors tokenizers
+# The retrieval evaluation derives its labelled set from Debian's FAQ package (downloaded with
+# `apt-get download`, which needs the package lists).
+if ! apt-cache show debian-faq >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ]; then apt-get update -qq; else sudo -n apt-get update -qq; fi
+fi
+command -v dpkg-deb >/dev/null || { echo "dpkg-deb is required (Debian/Ubuntu)" >&2; exit 1; }
 cargo test --release --workspace "$@"

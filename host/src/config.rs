@@ -32,6 +32,8 @@ pub struct Config {
     pub policies: Option<PathBuf>,
     /// SQLite usage ledger (one row per request; budgets are counted from it after a restart).
     pub ledger: Option<PathBuf>,
+    /// Where tenants' search collections live (`<dir>/<tenant>/<collection>/`).
+    pub collections_dir: PathBuf,
     /// On SIGTERM, how long in-flight requests and streams may take to finish.
     pub drain_seconds: u64,
     /// Serve HTTPS (both listeners) with these PEM files.
@@ -144,6 +146,7 @@ impl Default for Config {
             plugins: PluginsConfig::default(),
             policies: None,
             ledger: Some("data/usage.sqlite".into()),
+            collections_dir: "data/collections".into(),
             drain_seconds: 30,
             tls: None,
             admin: AdminConfig::default(),

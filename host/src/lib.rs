@@ -2,6 +2,7 @@
 //! See ARCHITECTURE.md for the map.
 
 pub mod bench;
+pub mod cli;
 pub mod config;
 pub mod engine;
 pub mod metrics;

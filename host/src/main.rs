@@ -28,6 +28,51 @@ enum Command {
     /// Manage API keys.
     #[command(subcommand)]
     Keys(KeysCommand),
+    /// Load text, markdown or JSONL files into a collection of a running gateway.
+    Index(IndexArgs),
+    /// Measure retrieval quality (nDCG@10, Recall@100, MRR@10 per mode) on a labelled set.
+    EvalRetrieval(EvalArgs),
+}
+
+#[derive(Args)]
+struct IndexArgs {
+    /// The collection (created if missing).
+    collection: String,
+    /// Files or folders: JSONL is one document per line (`id`, `text`, `metadata`); any
+    /// other file is one document.
+    #[arg(required = true)]
+    paths: Vec<PathBuf>,
+    /// The gateway's base URL.
+    #[arg(long, default_value = "http://127.0.0.1:8080")]
+    url: String,
+    /// The tenant's API key.
+    #[arg(long, env = "GATEWAY_API_KEY", hide_env_values = true)]
+    api_key: Option<String>,
+    /// A CA certificate (PEM) to trust for an HTTPS gateway.
+    #[arg(long)]
+    ca_cert: Option<PathBuf>,
+}
+
+#[derive(Args)]
+struct EvalArgs {
+    /// Documents: BEIR corpus.jsonl (`_id`, `title`, `text`) or TSV (`id<TAB>text`).
+    #[arg(long)]
+    corpus: PathBuf,
+    /// Queries: BEIR queries.jsonl or TSV.
+    #[arg(long)]
+    queries: PathBuf,
+    /// Judgements: BEIR qrels TSV or TREC qrels.
+    #[arg(long)]
+    qrels: PathBuf,
+    /// The embedding model folder, optionally as NAME=PATH.
+    #[arg(long, default_value = "all-minilm-l6-v2=models/all-MiniLM-L6-v2")]
+    embedding_model: String,
+    /// Tokens per chunk (default: the server's default).
+    #[arg(long)]
+    chunk_tokens: Option<usize>,
+    /// Print the results as JSON.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Subcommand)]
@@ -102,6 +147,9 @@ struct ServeArgs {
     /// SQLite usage ledger.
     #[arg(long)]
     ledger: Option<PathBuf>,
+    /// Folder of the tenants' search collections.
+    #[arg(long)]
+    collections_dir: Option<PathBuf>,
     /// Bearer token for the admin API (`/admin/*`); off when unset.
     #[arg(long, env = "GATEWAY_ADMIN_TOKEN", hide_env_values = true)]
     admin_token: Option<String>,
@@ -187,7 +235,8 @@ impl EngineArgs {
 fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "info,hnsw_rs=warn".into()),
         )
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
@@ -201,6 +250,31 @@ fn main() -> anyhow::Result<()> {
         Command::Bench(args) => {
             let cfg = args.engine.config()?;
             rt.block_on(gateway::bench::run(&cfg.models[0], &args.opts))
+        }
+        Command::Index(a) => gateway::cli::index(
+            &a.collection,
+            &a.paths,
+            &gateway::cli::IndexOptions {
+                url: a.url,
+                api_key: a.api_key,
+                ca_cert: a.ca_cert,
+            },
+        ),
+        Command::EvalRetrieval(a) => {
+            let (name, path) = a
+                .embedding_model
+                .split_once('=')
+                .map_or(("embeddings", a.embedding_model.as_str()), |(n, p)| (n, p));
+            let embedder = gateway::search::embedder::Embedder::load(name, path.as_ref())
+                .with_context(|| format!("loading embedding model {path}"))?;
+            gateway::cli::eval_retrieval(gateway::cli::EvalOptions {
+                corpus: a.corpus,
+                queries: a.queries,
+                qrels: a.qrels,
+                embedder: Arc::new(embedder),
+                chunk_tokens: a.chunk_tokens,
+                json: a.json,
+            })
         }
         Command::Keys(KeysCommand::New { tenant, id }) => {
             let (key, line) = gateway::tenancy::keys::new_key(&tenant, &id);
@@ -236,6 +310,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     if let Some(l) = args.ledger {
         cfg.ledger = Some(l);
     }
+    cfg.collections_dir = args.collections_dir.unwrap_or(cfg.collections_dir);
     cfg.validate()?;
     let (plugins, _watcher) = load_plugins(&cfg)?;
     let mut embedders = std::collections::BTreeMap::new();
@@ -251,6 +326,9 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         tracing::info!(model = %e.name, dim = loaded.dim, "embedding model ready");
         embedders.insert(e.name.clone(), Arc::new(loaded));
     }
+    let collections = tokio::task::block_in_place(|| {
+        gateway::search::Collections::open(cfg.collections_dir.clone(), embedders.clone())
+    });
     let ledger = match &cfg.ledger {
         Some(p) => Some(
             Ledger::open(p).with_context(|| format!("opening the usage ledger {}", p.display()))?,
@@ -331,6 +409,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let state = Arc::new(AppState {
         engines,
         embedders,
+        collections: Arc::new(collections),
         metrics,
         max_body_bytes: cfg.max_body_bytes,
         started,

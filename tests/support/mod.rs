@@ -41,6 +41,14 @@ impl Server {
             ));
             cmd.args(["--model", &format!("{MODEL}={model}")]);
             cmd.args(["--ledger", ledger.to_str().unwrap()]);
+            if !extra.contains(&"--collections-dir") {
+                let dir = std::env::temp_dir().join(format!(
+                    "gateway-test-collections-{}-{}",
+                    std::process::id(),
+                    rand::random::<u64>()
+                ));
+                cmd.args(["--collections-dir", dir.to_str().unwrap()]);
+            }
         }
         let mut child = cmd
             .args(extra)
@@ -97,6 +105,12 @@ impl Server {
     }
 
     /// Sends SIGTERM and waits for the process to exit; returns its exit code.
+    /// SIGKILL: no drain, no flush, as a crash or an OOM kill would end it.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
     pub fn terminate(&mut self) -> Option<i32> {
         let _ = Command::new("kill")
             .args(["-TERM", &self.child.id().to_string()])

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use super::error::ApiError;
 use super::openai::*;
 use super::plugins::{bound, call};
+use super::rag;
 use super::reply::{Kind, OutputStage, Reply};
 use super::validation::{self, MAX_TOP_LOGPROBS};
 use super::{AppState, Response};
@@ -58,7 +59,33 @@ pub async fn chat(
     gen.cache_salt = tenant.cache_salt;
     gen.weight = tenant.policy.weight;
     let output = output_stage(state, caller, req.response_format)?;
-    let text = prompt_stage(state, caller, &engine, &req.model, messages, req.documents).await?;
+    let rag = rag::settings(req.rag, caller)?;
+    let specials: Vec<String> = engine
+        .tokenizer
+        .get_added_tokens_decoder()
+        .into_values()
+        .filter(|t| t.special)
+        .map(|t| t.content)
+        .collect();
+    // Passages the client sent (vLLM's `documents`) are data just like retrieved ones.
+    let mut context: Vec<ContextChunk> = req
+        .documents
+        .unwrap_or_default()
+        .into_iter()
+        .enumerate()
+        .map(|(i, d)| ContextChunk {
+            id: d.id.unwrap_or_else(|| i.to_string()),
+            text: rag::strip_specials(&d.text, &specials),
+            title: d.title.map(|t| rag::strip_specials(&t, &specials)),
+        })
+        .collect();
+    let mut citations = None;
+    if let Some(r) = &rag {
+        let (chunks, cites) = rag::retrieve(state, caller, r, &messages, &specials).await?;
+        context.extend(chunks);
+        citations = Some(cites);
+    }
+    let text = prompt_stage(state, caller, &engine, &req.model, messages, context).await?;
     // The template already wrote any BOS it wants.
     let prompt = encode(&engine, vec![text], false, "messages")
         .await?
@@ -75,19 +102,21 @@ pub async fn chat(
     let mut reply = Reply::new(Kind::Chat, "chatcmpl", req.model, engine, &gen, None);
     reply.output = output;
     reply.reservation = Some(reservation);
+    reply.citations = citations;
     reply.run(streams, gen.stream).await
 }
 
 /// The prompt text: the tenant's prompt-template plugin when one is bound, else the model's
 /// own chat template. A plugin may return the final text or rewritten messages, which then go
-/// through the model's template.
+/// through the model's template. Context chunks go to the plugin, or without one into the
+/// system message as numbered sources.
 async fn prompt_stage(
     state: &Arc<AppState>,
     caller: &Caller,
     engine: &Engine,
     model: &str,
     messages: Vec<ChatMessage>,
-    documents: Option<Vec<Document>>,
+    context: Vec<ContextChunk>,
 ) -> Result<String, ApiError> {
     let tenant = &caller.tenant;
     let messages = match &tenant.policy.prompt_template {
@@ -103,16 +132,7 @@ async fn prompt_stage(
                         name: m.name,
                     })
                     .collect(),
-                context: documents
-                    .unwrap_or_default()
-                    .into_iter()
-                    .enumerate()
-                    .map(|(i, d)| ContextChunk {
-                        id: d.id.unwrap_or_else(|| i.to_string()),
-                        text: d.text,
-                        title: d.title,
-                    })
-                    .collect(),
+                context,
             };
             match call(state, caller, plugin, move |p, rt, v| {
                 p.render(rt, v, &request)
@@ -130,16 +150,7 @@ async fn prompt_stage(
                     .collect(),
             }
         }
-        None if documents.is_some() => {
-            return Err(ApiError::invalid(
-                "documents",
-                format!(
-                "`documents` need a prompt-template plugin, and tenant `{}` has none configured.",
-                tenant.name
-            ),
-            ))
-        }
-        None => messages,
+        None => rag::ground(messages, &context),
     };
     engine.template.render(&messages, true).map_err(|e| {
         ApiError::invalid(

@@ -206,3 +206,31 @@ impl ApiError {
         }
     }
 }
+
+impl From<crate::search::SearchError> for ApiError {
+    fn from(e: crate::search::SearchError) -> Self {
+        use crate::search::SearchError;
+        let (status, kind, code) = match &e {
+            SearchError::Invalid(_) => (StatusCode::BAD_REQUEST, "invalid_request_error", None),
+            SearchError::NotFound(_) => (
+                StatusCode::NOT_FOUND,
+                "invalid_request_error",
+                Some("collection_not_found"),
+            ),
+            SearchError::Conflict(_) => (
+                StatusCode::CONFLICT,
+                "invalid_request_error",
+                Some("collection_exists"),
+            ),
+            SearchError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "server_error", None),
+        };
+        Self {
+            status,
+            kind,
+            message: e.to_string(),
+            param: None,
+            code,
+            retry_after: None,
+        }
+    }
+}

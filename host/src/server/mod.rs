@@ -3,11 +3,13 @@
 //! engine threads, so no handler blocks the runtime on compute.
 
 mod admin;
+mod collections;
 mod completions;
 mod embeddings;
 pub mod error;
 pub mod openai;
 mod plugins;
+mod rag;
 mod reply;
 pub mod tls;
 mod validation;
@@ -39,6 +41,7 @@ pub const SYSTEM_FINGERPRINT: &str = concat!("fp_gateway_", env!("CARGO_PKG_VERS
 pub struct AppState {
     pub engines: BTreeMap<String, Arc<Engine>>,
     pub embedders: BTreeMap<String, Arc<crate::search::embedder::Embedder>>,
+    pub collections: Arc<crate::search::Collections>,
     pub metrics: Arc<Metrics>,
     pub max_body_bytes: usize,
     pub started: u64,
@@ -228,6 +231,32 @@ async fn route(
             let engine = state.engine(&caller, id)?;
             Ok(json_response(StatusCode::OK, &model_card(&state, &engine)))
         }
+        p if p == "/v1/collections" || p.starts_with("/v1/collections/") => {
+            let caller = state
+                .tenancy
+                .admit(&req.headers)
+                .map_err(ApiError::denied)?;
+            let content_type = req
+                .headers
+                .get(header::CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string);
+            let body = if matches!(method, Method::POST | Method::PUT) {
+                read_body(&req.headers, body, state.max_body_bytes).await?
+            } else {
+                Bytes::new()
+            };
+            let rest = &p["/v1/collections".len()..];
+            collections::route(
+                &state,
+                &caller,
+                &method,
+                rest,
+                content_type.as_deref(),
+                body,
+            )
+            .await
+        }
         "/health" if method == Method::GET => {
             Ok(json_response(StatusCode::OK, &json!({"status": "ok"})))
         }
@@ -291,6 +320,7 @@ fn route_label(path: &str) -> &'static str {
         "/metrics" => "metrics",
         "/v1/rerank" => "rerank",
         "/v1/embeddings" => "embeddings",
+        p if p.starts_with("/v1/collections") => "collections",
         p if p.starts_with("/v1/models") => "models",
         p if p.starts_with("/admin/") => "admin",
         _ => "other",

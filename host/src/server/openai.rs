@@ -59,9 +59,12 @@ pub struct ChatCompletionRequest {
     pub logprobs: bool,
     pub top_logprobs: Option<usize>,
     pub response_format: Option<ResponseFormat>,
-    /// Passages to ground the answer in (vLLM's extension), handed to the tenant's
-    /// prompt-template plugin as context chunks.
+    /// Passages to ground the answer in (vLLM's extension): context chunks for the tenant's
+    /// prompt-template plugin, or numbered sources in the system message.
     pub documents: Option<Vec<Document>>,
+    /// Retrieval from a collection (`{"collection": ..., "top_k": ...}`), or `false` to skip
+    /// the tenant's default.
+    pub rag: Option<super::rag::RagField>,
     #[serde(flatten)]
     pub sampling: SamplingFields,
 }

@@ -44,6 +44,8 @@ pub(super) struct Reply {
     /// The tenant's token reservation, settled with the usage reported (or, if the response
     /// never completes, with the tokens counted so far when this is dropped).
     pub(super) reservation: Option<Reservation>,
+    /// Chunks retrieved for the prompt (RAG), reported with the answer.
+    pub(super) citations: Option<Vec<Value>>,
 }
 
 pub(super) struct OutputStage {
@@ -99,6 +101,7 @@ impl Reply {
             echo,
             output: None,
             reservation: None,
+            citations: None,
         }
     }
 
@@ -184,6 +187,9 @@ impl Reply {
         let mut body = self.envelope(false);
         body["choices"] = Value::Array(choices);
         body["usage"] = serde_json::to_value(usage).expect("plain struct");
+        if let Some(c) = &self.citations {
+            body["citations"] = json!(c);
+        }
         body
     }
 
@@ -325,6 +331,7 @@ impl Reply {
         let mut texts = vec![String::new(); if self.output.is_some() { total } else { 0 }];
         let mut echo_pending = vec![self.echo.is_some(); total];
         while let Some((i, ev)) = merged.next().await {
+            let finished = matches!(ev, Event::Done(..));
             let choice = match ev {
                 Event::Token { id, text, logprobs } => {
                     self.count_token();
@@ -381,7 +388,11 @@ impl Reply {
                     break;
                 }
             };
-            if !send(&self.chunk(choice)).await {
+            let mut chunk = self.chunk(choice);
+            if let (true, Some(c)) = (finished, &self.citations) {
+                chunk["citations"] = json!(c);
+            }
+            if !send(&chunk).await {
                 return;
             }
         }

@@ -47,6 +47,10 @@ impl Tenant {
     pub fn allows_plugin(&self, plugin: &str) -> bool {
         policy::allows(&self.policy.plugins, plugin)
     }
+
+    pub fn allows_collection(&self, collection: &str) -> bool {
+        policy::allows(&self.policy.collections, collection)
+    }
 }
 
 struct PolicySet {

@@ -50,6 +50,8 @@ pub struct TenantPolicy {
     /// Values the tenant's plugins read with `config-get`.
     #[serde(default)]
     pub config: BTreeMap<String, String>,
+    /// Retrieval applied to every chat request that does not set `rag` itself.
+    pub rag: Option<crate::search::request::RagSettings>,
 }
 
 #[derive(Debug, Clone, Deserialize, PartialEq)]
@@ -156,6 +158,27 @@ impl Policies {
             }
             if t.weight == 0 {
                 problems.push(format!("{at}.weight: must be at least 1"));
+            }
+            if let Some(r) = &t.rag {
+                if let Err(m) = crate::search::valid_name(&r.collection) {
+                    problems.push(format!("{at}.rag.collection: {m}"));
+                } else if !allows(&t.collections, &r.collection) {
+                    problems.push(format!(
+                        "{at}.rag.collection: {:?} is not in `collections`",
+                        r.collection
+                    ));
+                }
+                if !(1..=crate::search::request::MAX_RAG_TOP_K).contains(&r.top_k) {
+                    problems.push(format!(
+                        "{at}.rag.top_k: must be 1 to {}",
+                        crate::search::request::MAX_RAG_TOP_K
+                    ));
+                }
+                if let Some(f) = &r.filter {
+                    if let Err(m) = crate::search::filter::Filter::parse(f) {
+                        problems.push(format!("{at}.rag.filter: {m}"));
+                    }
+                }
             }
             if t.token_budget.is_some_and(|b| b.tokens == 0) {
                 problems.push(format!("{at}.token_budget.tokens: must be at least 1"));

@@ -1,0 +1,389 @@
+//! `/v1/collections`: a tenant's search collections — create, list, delete, upsert documents
+//! (JSON or JSONL), delete by id or filter, and search (BM25, vector or hybrid, filtered,
+//! optionally reranked by the tenant's reranker plugin). Index work runs on the blocking pool.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use http::{Method, StatusCode};
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::error::ApiError;
+use super::plugins::{bound, call};
+use super::{json_response, AppState, Response};
+use crate::plugins::{Candidate, PluginKind};
+use crate::search::collection::{Collection, DocInput, Fusion, Hit, Query};
+use crate::search::filter::Filter;
+use crate::search::request::{FusionKind, RerankChoice, SearchRequest};
+use crate::search::CreateOptions;
+use crate::tenancy::Caller;
+
+const MAX_TOP_K: usize = 1000;
+
+/// Runs blocking index work off the runtime's I/O threads.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, crate::search::SearchError> + Send + 'static,
+) -> Result<T, ApiError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| ApiError::internal(format!("index task failed: {e}")))?
+        .map_err(ApiError::from)
+}
+
+/// The caller's collection `name`, if its policy allows it.
+pub fn open(state: &AppState, caller: &Caller, name: &str) -> Result<Arc<Collection>, ApiError> {
+    if !caller.tenant.allows_collection(name) {
+        return Err(ApiError::forbidden(
+            "collection",
+            format!(
+                "Tenant `{}` may not use collection `{name}`.",
+                caller.tenant.name
+            ),
+        ));
+    }
+    Ok(state.collections.get(&caller.tenant.name, name)?)
+}
+
+fn card(c: &Collection) -> Value {
+    let s = &c.settings;
+    json!({
+        "id": c.name, "object": "collection", "created": s.created,
+        "documents": c.documents(), "chunks": c.chunks(),
+        "embedding_model": s.embedding_model, "dimensions": s.dimensions,
+        "chunk_tokens": s.chunk_tokens, "chunk_overlap": s.chunk_overlap,
+        "language": s.analysis.language, "stemming": s.analysis.stemming,
+        "stop_words": s.analysis.stop_words,
+    })
+}
+
+/// Routes `/v1/collections[/...]`; `rest` is the path after `/v1/collections`.
+pub async fn route(
+    state: &Arc<AppState>,
+    caller: &Caller,
+    method: &Method,
+    rest: &str,
+    content_type: Option<&str>,
+    body: bytes::Bytes,
+) -> Result<Response, ApiError> {
+    let parts: Vec<&str> = rest.trim_start_matches('/').split('/').collect();
+    let tenant = caller.tenant.name.to_string();
+    match (method, parts.as_slice()) {
+        (&Method::GET, [""]) => {
+            let data: Vec<Value> = state
+                .collections
+                .list(&tenant)
+                .iter()
+                .filter(|c| caller.tenant.allows_collection(&c.name))
+                .map(|c| card(c))
+                .collect();
+            Ok(json_response(
+                StatusCode::OK,
+                &json!({"object": "list", "data": data}),
+            ))
+        }
+        (&Method::POST, [""]) => {
+            #[derive(Deserialize)]
+            struct Create {
+                name: String,
+                #[serde(flatten)]
+                opts: CreateOptions,
+            }
+            let req: Create = serde_json::from_slice(&body)?;
+            if !caller.tenant.allows_collection(&req.name) {
+                return Err(ApiError::forbidden(
+                    "name",
+                    format!("Tenant `{tenant}` may not use collection `{}`.", req.name),
+                ));
+            }
+            let st = state.clone();
+            let c = blocking(move || st.collections.create(&tenant, &req.name, req.opts)).await?;
+            Ok(json_response(StatusCode::CREATED, &card(&c)))
+        }
+        (&Method::GET, [name]) => Ok(json_response(
+            StatusCode::OK,
+            &card(&*open(state, caller, name)?),
+        )),
+        (&Method::DELETE, [name]) => {
+            open(state, caller, name)?;
+            let (st, n) = (state.clone(), name.to_string());
+            blocking(move || st.collections.delete(&tenant, &n)).await?;
+            Ok(json_response(
+                StatusCode::OK,
+                &json!({"id": name, "object": "collection.deleted", "deleted": true}),
+            ))
+        }
+        (&Method::POST, [name, "documents"]) => {
+            let c = open(state, caller, name)?;
+            upsert(state, caller, c, content_type, &body).await
+        }
+        (&Method::DELETE, [name, "documents", id]) => {
+            let c = open(state, caller, name)?;
+            let id = percent_decode(id);
+            let n = blocking(move || c.delete(vec![id])).await?;
+            Ok(json_response(StatusCode::OK, &json!({"deleted": n})))
+        }
+        (&Method::POST, [name, "documents", "delete"]) => {
+            let c = open(state, caller, name)?;
+            delete(c, &body).await
+        }
+        (&Method::POST, [name, "search"]) => {
+            let c = open(state, caller, name)?;
+            let req: SearchRequest = serde_json::from_slice(&body)?;
+            let started = Instant::now();
+            let result = search(state, caller, c, &req).await;
+            let status = if result.is_ok() { "ok" } else { "error" };
+            state
+                .tenancy
+                .record_plain(caller, name, "search", started, status);
+            let hits = result?;
+            Ok(json_response(
+                StatusCode::OK,
+                &json!({"object": "list", "data": hits}),
+            ))
+        }
+        _ => Err(ApiError::not_found(&format!("/v1/collections{rest}"))),
+    }
+}
+
+/// `%xx` escapes in a path segment (document ids may hold any character).
+fn percent_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let hex = |c: u8| (c as char).to_digit(16);
+        if b[i] == b'%' && i + 2 < b.len() {
+            if let (Some(h), Some(l)) = (hex(b[i + 1]), hex(b[i + 2])) {
+                out.push((h * 16 + l) as u8);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Documents from a JSON body (`{"documents": [...]}`) or JSONL (one document per line, for
+/// bulk loads; chosen by content type `application/x-ndjson`/`application/jsonl`).
+fn parse_documents(content_type: Option<&str>, body: &[u8]) -> Result<Vec<DocInput>, ApiError> {
+    let jsonl = content_type.is_some_and(|t| {
+        let t = t.split(';').next().unwrap_or("").trim();
+        matches!(
+            t,
+            "application/x-ndjson" | "application/jsonl" | "application/json-lines"
+        )
+    });
+    if !jsonl {
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Upsert {
+            documents: Vec<DocInput>,
+        }
+        return Ok(serde_json::from_slice::<Upsert>(body)?.documents);
+    }
+    let text = std::str::from_utf8(body)
+        .map_err(|_| ApiError::invalid("documents", "The JSONL body is not UTF-8."))?;
+    text.lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+        .map(|(n, l)| {
+            serde_json::from_str(l)
+                .map_err(|e| ApiError::invalid("documents", format!("JSONL line {}: {e}.", n + 1)))
+        })
+        .collect()
+}
+
+async fn upsert(
+    state: &Arc<AppState>,
+    caller: &Caller,
+    c: Arc<Collection>,
+    content_type: Option<&str>,
+    body: &[u8],
+) -> Result<Response, ApiError> {
+    let docs = parse_documents(content_type, body)?;
+    if docs.is_empty() {
+        return Err(ApiError::invalid(
+            "documents",
+            "`documents` must hold at least one document.",
+        ));
+    }
+    let col = c.clone();
+    let prepared = blocking(move || col.prepare(docs)).await?;
+    let tokens = prepared.tokens as u64;
+    let reservation = state
+        .tenancy
+        .reserve(
+            caller,
+            &c.settings.embedding_model,
+            "documents",
+            tokens,
+            tokens,
+        )
+        .map_err(ApiError::limited)?;
+    let col = c.clone();
+    let done = blocking(move || col.commit(prepared)).await;
+    reservation.settle(tokens, 0, if done.is_ok() { "ok" } else { "error" });
+    let done = done?;
+    Ok(json_response(
+        StatusCode::OK,
+        &json!({
+            "object": "collection.upsert", "collection": c.name,
+            "documents": done.documents, "chunks": done.chunks,
+            "usage": {"prompt_tokens": done.tokens, "total_tokens": done.tokens},
+        }),
+    ))
+}
+
+async fn delete(c: Arc<Collection>, body: &[u8]) -> Result<Response, ApiError> {
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Delete {
+        ids: Option<Vec<String>>,
+        filter: Option<Value>,
+    }
+    let req: Delete = serde_json::from_slice(body)?;
+    let n = match (req.ids, req.filter) {
+        (Some(ids), None) => blocking(move || c.delete(ids)).await?,
+        (None, Some(f)) => {
+            let f = Filter::parse(&f).map_err(|m| ApiError::invalid("filter", m))?;
+            blocking(move || c.delete_where(&f)).await?
+        }
+        _ => {
+            return Err(ApiError::invalid(
+                None,
+                "Give either `ids` (a list of document ids) or `filter`.",
+            ))
+        }
+    };
+    Ok(json_response(StatusCode::OK, &json!({"deleted": n})))
+}
+
+/// Hits for `req` in `c`, reranked when asked.
+pub async fn search(
+    state: &Arc<AppState>,
+    caller: &Caller,
+    c: Arc<Collection>,
+    req: &SearchRequest,
+) -> Result<Vec<Hit>, ApiError> {
+    if req.query.trim().is_empty() {
+        return Err(ApiError::invalid("query", "`query` must not be empty."));
+    }
+    if req.top_k == 0 || req.top_k > MAX_TOP_K {
+        return Err(ApiError::invalid(
+            "top_k",
+            format!("`top_k` must be 1 to {MAX_TOP_K}."),
+        ));
+    }
+    if !(req.rrf_k > 0.0 && req.rrf_k.is_finite()) {
+        return Err(ApiError::invalid("rrf_k", "`rrf_k` must be positive."));
+    }
+    if !(0.0..=1.0).contains(&req.alpha) {
+        return Err(ApiError::invalid(
+            "alpha",
+            "`alpha` must be between 0 and 1.",
+        ));
+    }
+    let filter = req
+        .filter
+        .as_ref()
+        .map(Filter::parse)
+        .transpose()
+        .map_err(|m| ApiError::invalid("filter", m))?;
+    let reranker = match &req.rerank {
+        None | Some(RerankChoice::On(false)) => None,
+        Some(RerankChoice::Plugin(name)) => Some(name.clone()),
+        Some(RerankChoice::On(true)) => {
+            Some(caller.tenant.policy.reranker.clone().ok_or_else(|| {
+                ApiError::invalid(
+                    "rerank",
+                    format!(
+                        "Tenant `{}` has no default reranker; give the plugin's name in `rerank`.",
+                        caller.tenant.name
+                    ),
+                )
+            })?)
+        }
+    };
+    let plugin = reranker
+        .map(|n| bound(&state.plugins, &caller.tenant, &n, PluginKind::Reranker))
+        .transpose()?;
+    let candidates = req.candidates.unwrap_or(50).clamp(req.top_k, MAX_TOP_K);
+    // A reranker sees a deeper pool than it returns, or it could only reorder.
+    let first_k = if plugin.is_some() {
+        (req.top_k * 3).clamp(req.top_k, candidates.max(req.top_k))
+    } else {
+        req.top_k
+    };
+    let (text, mode) = (req.query.clone(), req.mode);
+    let fusion = match req.fusion {
+        FusionKind::Rrf => Fusion::Rrf { k: req.rrf_k },
+        FusionKind::Weighted => Fusion::Weighted { alpha: req.alpha },
+    };
+    let mut hits = blocking(move || {
+        c.search(&Query {
+            text: &text,
+            top_k: first_k,
+            mode,
+            fusion,
+            filter: filter.as_ref(),
+            candidates,
+        })
+    })
+    .await?;
+    let Some(plugin) = plugin else {
+        return Ok(hits);
+    };
+    if hits.is_empty() {
+        return Ok(hits);
+    }
+    let cands: Vec<Candidate> = hits
+        .iter()
+        .enumerate()
+        .map(|(i, h)| Candidate {
+            id: i.to_string(),
+            text: h.text.clone(),
+            metadata: h
+                .metadata
+                .iter()
+                .map(|(k, v)| {
+                    let v = match v {
+                        Value::String(s) => s.clone(),
+                        Value::Array(items) => items
+                            .iter()
+                            .filter_map(Value::as_str)
+                            .collect::<Vec<_>>()
+                            .join(","),
+                        other => other.to_string(),
+                    };
+                    (k.clone(), v)
+                })
+                .chain([("document_id".to_string(), h.id.clone())])
+                .collect(),
+            score: h.score,
+        })
+        .collect();
+    let query = req.query.clone();
+    let scored = call(state, caller, plugin, move |p, rt, values| {
+        p.rerank(rt, values, &query, &cands)
+    })
+    .await?;
+    let mut order: Vec<(usize, f32)> = scored
+        .into_iter()
+        .filter_map(|s| Some((s.id.parse::<usize>().ok()?, s.score)))
+        .collect();
+    order.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    order.truncate(req.top_k);
+    let mut slots: Vec<Option<Hit>> = hits.drain(..).map(Some).collect();
+    Ok(order
+        .into_iter()
+        .filter_map(|(i, s)| {
+            let mut h = slots.get_mut(i)?.take()?;
+            h.scores.rerank = Some(s);
+            h.score = s;
+            Some(h)
+        })
+        .collect())
+}

@@ -116,6 +116,19 @@ fn collections_search_filter_update_delete_and_isolation() {
     );
     let (st, e) = s.post_as("k-acme", "/v1/collections", &json!({"name": "../x"}));
     assert_eq!(st, 400, "{e}");
+    let (st, e) = s.post_as(
+        "k-acme",
+        "/v1/collections",
+        &json!({"name": "y", "chunk_size": 9}),
+    );
+    assert!(
+        st == 400
+            && e["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("chunk_size"),
+        "{e}"
+    );
     let (st, up) = s.post_as("k-acme", "/v1/collections/kb/documents", &kb());
     assert_eq!(st, 200, "{up}");
     assert_eq!(
@@ -466,7 +479,9 @@ fn acknowledged_writes_survive_kill_9() {
     }
     // The derived BM25 index can be lost entirely: it is rebuilt from the store.
     drop(s);
-    let _ = std::fs::remove_dir_all(cols.join("acme/kb/bm25"));
+    for d in std::fs::read_dir(cols.join("acme")).unwrap().flatten() {
+        let _ = std::fs::remove_dir_all(d.path().join("bm25"));
+    }
     let s = start(&dir, &cols);
     assert_eq!(
         ids(&search(

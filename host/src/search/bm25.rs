@@ -17,6 +17,8 @@ use tantivy::tokenizer::{
 use tantivy::{Index, IndexReader, IndexWriter, ReloadPolicy, TantivyDocument, Term};
 
 const ANALYZER: &str = "gateway";
+/// Distinct terms of one query that are scored; more cost CPU without changing the ranking much.
+const MAX_QUERY_TERMS: usize = 256;
 
 /// How text is analysed for BM25, fixed when the collection is created.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -127,17 +129,24 @@ impl Bm25 {
     /// durably and makes the result visible to searches.
     pub fn apply(&self, docs: &[String], chunks: &[(u64, &str, &str)]) -> tantivy::Result<()> {
         let mut writer = self.writer.lock();
-        for d in docs {
-            writer.delete_term(Term::from_field_text(self.doc, d));
+        let mut run = || -> tantivy::Result<()> {
+            for d in docs {
+                writer.delete_term(Term::from_field_text(self.doc, d));
+            }
+            for &(id, doc, text) in chunks {
+                let mut d = TantivyDocument::default();
+                d.add_u64(self.chunk, id);
+                d.add_text(self.doc, doc);
+                d.add_text(self.text, text);
+                writer.add_document(d)?;
+            }
+            writer.commit().map(drop)
+        };
+        if let Err(e) = run() {
+            // Nothing of a failed batch may ride along with the next commit.
+            let _ = writer.rollback();
+            return Err(e);
         }
-        for &(id, doc, text) in chunks {
-            let mut d = TantivyDocument::default();
-            d.add_u64(self.chunk, id);
-            d.add_text(self.doc, doc);
-            d.add_text(self.text, text);
-            writer.add_document(d)?;
-        }
-        writer.commit()?;
         self.reader.reload()
     }
 
@@ -163,6 +172,9 @@ impl Bm25 {
         let mut seen = HashSet::new();
         let mut stream = analyzer.token_stream(query);
         while let Some(t) = stream.next() {
+            if terms.len() == MAX_QUERY_TERMS {
+                break;
+            }
             if seen.insert(t.text.clone()) {
                 terms.push(Term::from_field_text(self.text, &t.text));
             }

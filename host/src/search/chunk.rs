@@ -53,8 +53,8 @@ fn ends_sentence(text: &str, offsets: &[(usize, usize)], b: usize) -> bool {
     matches!(last, "." | "!" | "?" | ":") || gap.contains('\n')
 }
 
-/// Character (not byte) offset of `byte` in `text`: what callers slicing strings in Python or
-/// JavaScript expect.
+/// Unicode code point (not byte) offset of `byte` in `text`: what Python string slicing uses.
+/// (JavaScript counts UTF-16 units, which differ beyond the Basic Multilingual Plane.)
 pub fn char_offset(text: &str, byte: usize) -> usize {
     text.get(..byte).map_or(0, |t| t.chars().count())
 }

@@ -130,6 +130,10 @@ pub struct Upserted {
 pub struct Collection {
     pub name: String,
     pub settings: Settings,
+    /// This incarnation's folder.
+    pub dir: std::path::PathBuf,
+    /// Set when the collection is deleted: writes through a handle still held are refused.
+    closed: std::sync::atomic::AtomicBool,
     embedder: Arc<Embedder>,
     store: Mutex<Store>,
     bm25: Bm25,
@@ -243,6 +247,8 @@ impl Collection {
         Ok(Self {
             name: name.into(),
             settings,
+            dir: dir.to_path_buf(),
+            closed: Default::default(),
             embedder,
             store: Mutex::new(store),
             bm25,
@@ -250,6 +256,12 @@ impl Collection {
             catalog: RwLock::new(catalog),
             writes: Mutex::new(()),
         })
+    }
+
+    /// Refuses further writes and waits for one in progress to finish.
+    pub fn close(&self) {
+        let _serial = self.writes.lock();
+        self.closed.store(true, std::sync::atomic::Ordering::SeqCst);
     }
 
     pub fn documents(&self) -> usize {
@@ -295,6 +307,12 @@ impl Collection {
                 self.settings.chunk_tokens,
                 self.settings.chunk_overlap,
             );
+            if spans.is_empty() {
+                return Err(SearchError::Invalid(format!(
+                    "documents[{i}] ({}): `text` has no searchable content",
+                    d.id
+                )));
+            }
             let chunks = spans
                 .into_iter()
                 .map(|s| {
@@ -389,6 +407,12 @@ impl Collection {
 
     fn write(&self, docs: Vec<NewDoc>, deletes: Vec<String>) -> Result<(), SearchError> {
         let _serial = self.writes.lock();
+        if self.closed.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(SearchError::NotFound(format!(
+                "Collection `{}` was deleted.",
+                self.name
+            )));
+        }
         let written = self
             .store
             .lock()
@@ -401,14 +425,17 @@ impl Collection {
                 rows.push((*id, d.id.as_str(), c.text.as_str()));
             }
         }
-        self.bm25.apply(&touched, &rows).map_err(|e| {
-            SearchError::Internal(format!(
-                "the write is stored but the BM25 index failed ({e}); it is re-indexed on restart"
-            ))
-        })?;
-        // Durable in tantivy now; a failure to clear only means a redundant replay.
-        if let Err(e) = self.store.lock().clear_pending(&touched) {
-            tracing::warn!(collection = %self.name, error = %e, "could not clear pending BM25 marks");
+        // The store has committed: the write is acknowledged whatever happens to the derived
+        // indexes. A BM25 failure leaves the documents pending, replayed at the next open.
+        match self.bm25.apply(&touched, &rows) {
+            Ok(()) => {
+                if let Err(e) = self.store.lock().clear_pending(&touched) {
+                    tracing::warn!(collection = %self.name, error = %e, "could not clear pending BM25 marks");
+                }
+            }
+            Err(e) => {
+                tracing::error!(collection = %self.name, error = %e, "BM25 index update failed; the documents are stored and re-indexed at the next start")
+            }
         }
         let removed: Vec<u64> = written
             .iter()
@@ -447,7 +474,9 @@ impl Collection {
 
     /// Ranked hits for a query; each carries the scores of the stages that found it.
     pub fn search(&self, q: &Query) -> Result<Vec<Hit>, SearchError> {
-        let allowed: Option<Arc<HashSet<u64>>> = q.filter.map(|f| {
+        // A filter that admits everything (`{}`) costs no scan.
+        let filter = q.filter.filter(|f| **f != Filter::And(Vec::new()));
+        let allowed: Option<Arc<HashSet<u64>>> = filter.map(|f| {
             let cat = self.catalog.read();
             Arc::new(
                 cat.chunks

@@ -34,6 +34,10 @@ pub fn load_corpus(path: &Path) -> anyhow::Result<Vec<DocInput>> {
             } else {
                 format!("{title}\n{body}")
             };
+            if text.trim().is_empty() {
+                eprintln!("{}: document {id} has no text; skipped", at());
+                continue;
+            }
             docs.push(DocInput {
                 id,
                 text,
@@ -180,13 +184,14 @@ pub fn evaluate(
         let mut times = Vec::with_capacity(judged.len());
         for (qid, text) in &judged {
             let started = std::time::Instant::now();
+            // Deep enough that 100 distinct documents remain after folding chunks into them.
             let hits = col.search(&Query {
                 text,
-                top_k: 300,
+                top_k: 1000,
                 mode,
                 fusion,
                 filter: None,
-                candidates: 300,
+                candidates: 1000,
             })?;
             times.push(started.elapsed().as_secs_f64() * 1e3);
             let mut seen = HashSet::new();

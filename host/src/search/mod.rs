@@ -14,11 +14,11 @@ pub mod request;
 mod store;
 pub mod vectors;
 
-use std::collections::{BTreeMap, HashMap};
-use std::path::PathBuf;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use parking_lot::RwLock;
+use parking_lot::{Mutex, RwLock};
 
 use collection::{Collection, Settings};
 use embedder::{EmbedError, Embedder};
@@ -45,8 +45,7 @@ impl SearchError {
 }
 
 /// What a create request may choose; the rest comes from the server's defaults.
-#[derive(Debug, Default, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Debug, Default)]
 pub struct CreateOptions {
     pub chunk_tokens: Option<usize>,
     pub chunk_overlap: Option<usize>,
@@ -56,13 +55,21 @@ pub struct CreateOptions {
     pub embedding_model: Option<String>,
 }
 
-/// Every tenant's collections, under `root/<tenant>/<collection>/`.
+/// Every tenant's collections. Each incarnation of a collection has its own folder,
+/// `root/<tenant>/<name>@<id>/`, so a request still finishing on a deleted collection can never
+/// touch the files of a new one created under the same name.
 pub struct Collections {
     root: PathBuf,
     embedders: BTreeMap<String, Arc<Embedder>>,
     default_embedder: Option<String>,
     open: RwLock<HashMap<(String, String), Arc<Collection>>>,
+    /// Names being created (their files are written outside the `open` lock).
+    creating: Mutex<HashSet<(String, String)>>,
 }
+
+/// Written into a collection's folder before its files are removed: a folder left half-deleted
+/// by a crash is finished off at the next start instead of coming back.
+const DELETED: &str = "DELETED";
 
 pub fn valid_name(name: &str) -> Result<(), String> {
     let ok = !name.is_empty()
@@ -91,6 +98,7 @@ impl Collections {
             embedders,
             default_embedder,
             open: RwLock::new(HashMap::new()),
+            creating: Mutex::new(HashSet::new()),
         };
         let tenants = std::fs::read_dir(&this.root)
             .into_iter()
@@ -99,12 +107,18 @@ impl Collections {
         for t in tenants {
             let tenant = t.file_name().to_string_lossy().to_string();
             for c in std::fs::read_dir(t.path()).into_iter().flatten().flatten() {
-                let name = c.file_name().to_string_lossy().to_string();
-                if !c.path().join("store.sqlite").exists() {
+                let dir = c.path();
+                let folder = c.file_name().to_string_lossy().to_string();
+                let name = folder.rsplit_once('@').map_or(folder.as_str(), |(n, _)| n);
+                if dir.join(DELETED).exists() {
+                    let _ = std::fs::remove_dir_all(&dir);
+                    continue;
+                }
+                if valid_name(name).is_err() || !dir.join("store.sqlite").exists() {
                     continue;
                 }
                 let started = std::time::Instant::now();
-                match this.load(&tenant, &name) {
+                match this.load(name, &dir) {
                     Ok(col) => {
                         tracing::info!(
                             tenant,
@@ -114,9 +128,14 @@ impl Collections {
                             seconds = started.elapsed().as_secs_f32(),
                             "collection opened"
                         );
-                        this.open
-                            .write()
-                            .insert((tenant.clone(), name), Arc::new(col));
+                        let key = (tenant.clone(), name.to_string());
+                        let mut open = this.open.write();
+                        let newer = open
+                            .get(&key)
+                            .is_none_or(|o| o.settings.created <= col.settings.created);
+                        if newer {
+                            open.insert(key, Arc::new(col));
+                        }
                     }
                     Err(e) => {
                         tracing::error!(tenant, collection = name, error = %e, "collection not opened")
@@ -127,8 +146,7 @@ impl Collections {
         this
     }
 
-    fn load(&self, tenant: &str, name: &str) -> Result<Collection, SearchError> {
-        let dir = self.root.join(tenant).join(name);
+    fn load(&self, name: &str, dir: &Path) -> Result<Collection, SearchError> {
         let settings = rusqlite::Connection::open(dir.join("store.sqlite"))
             .and_then(|db| {
                 db.query_row("SELECT value FROM meta WHERE key = 'settings'", [], |r| {
@@ -147,7 +165,7 @@ impl Collections {
                     settings.embedding_model
                 ))
             })?;
-        Collection::open(name, &dir, embedder.clone(), None)
+        Collection::open(name, dir, embedder.clone(), None)
     }
 
     pub fn get(&self, tenant: &str, name: &str) -> Result<Arc<Collection>, SearchError> {
@@ -198,7 +216,7 @@ impl Collections {
             )));
         }
         let chunk_overlap = opts.chunk_overlap.unwrap_or(chunk_tokens / 5);
-        if chunk_overlap * 2 > chunk_tokens {
+        if chunk_overlap > chunk_tokens / 2 {
             return Err(SearchError::Invalid(
                 "`chunk_overlap` must be at most half of `chunk_tokens`".into(),
             ));
@@ -218,32 +236,46 @@ impl Collections {
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs()),
         };
-        let mut open = self.open.write();
         let key = (tenant.to_string(), name.to_string());
-        let dir = self.root.join(tenant).join(name);
-        if open.contains_key(&key) || dir.exists() {
-            return Err(SearchError::Conflict(format!(
-                "A collection named `{name}` already exists."
-            )));
+        {
+            let open = self.open.read();
+            let mut creating = self.creating.lock();
+            if open.contains_key(&key) || !creating.insert(key.clone()) {
+                return Err(SearchError::Conflict(format!(
+                    "A collection named `{name}` already exists."
+                )));
+            }
         }
-        let col =
+        let dir = self
+            .root
+            .join(tenant)
+            .join(format!("{name}@{:016x}", rand::random::<u64>()));
+        let made =
             Collection::open(name, &dir, embedder.clone(), Some(&settings)).inspect_err(|_| {
                 let _ = std::fs::remove_dir_all(&dir);
-            })?;
-        let col = Arc::new(col);
-        open.insert(key, col.clone());
-        Ok(col)
+            });
+        let result = made.map(|c| {
+            let c = Arc::new(c);
+            self.open.write().insert(key.clone(), c.clone());
+            c
+        });
+        self.creating.lock().remove(&key);
+        result
     }
 
-    /// Removes a collection and its files. Searches already running finish on their handle.
+    /// Removes a collection and its files. Searches already running finish on their handle;
+    /// writes still running finish first, and later writes through an old handle are refused.
     pub fn delete(&self, tenant: &str, name: &str) -> Result<(), SearchError> {
         let key = (tenant.to_string(), name.to_string());
-        if self.open.write().remove(&key).is_none() {
+        let Some(col) = self.open.write().remove(&key) else {
             return Err(SearchError::NotFound(format!(
                 "No collection named `{name}`."
             )));
-        }
-        std::fs::remove_dir_all(self.root.join(tenant).join(name))
+        };
+        col.close();
+        let dir = col.dir.clone();
+        std::fs::write(dir.join(DELETED), b"")
+            .and_then(|()| std::fs::remove_dir_all(&dir))
             .map_err(|e| SearchError::Internal(format!("removing the collection's files: {e}")))
     }
 }

@@ -56,8 +56,8 @@ pub struct Vectors {
 }
 
 fn new_graph(capacity: usize) -> Graph {
-    let layers = 16.min((capacity.max(2) as f32).ln().ceil() as usize).max(4);
-    Hnsw::new(M, capacity.max(1024), layers, EF_CONSTRUCTION, Dot)
+    // hnsw_rs's maximum; a collection created empty must still hold millions of points well.
+    Hnsw::new(M, capacity.max(1024), 16, EF_CONSTRUCTION, Dot)
 }
 
 impl Vectors {

@@ -83,13 +83,27 @@ pub async fn route(
             ))
         }
         (&Method::POST, [""]) => {
+            // Fields listed here, not flattened: `deny_unknown_fields` then catches typos.
             #[derive(Deserialize)]
+            #[serde(deny_unknown_fields)]
             struct Create {
                 name: String,
-                #[serde(flatten)]
-                opts: CreateOptions,
+                chunk_tokens: Option<usize>,
+                chunk_overlap: Option<usize>,
+                language: Option<String>,
+                stemming: Option<bool>,
+                stop_words: Option<bool>,
+                embedding_model: Option<String>,
             }
             let req: Create = serde_json::from_slice(&body)?;
+            let opts = CreateOptions {
+                chunk_tokens: req.chunk_tokens,
+                chunk_overlap: req.chunk_overlap,
+                language: req.language,
+                stemming: req.stemming,
+                stop_words: req.stop_words,
+                embedding_model: req.embedding_model,
+            };
             if !caller.tenant.allows_collection(&req.name) {
                 return Err(ApiError::forbidden(
                     "name",
@@ -97,7 +111,7 @@ pub async fn route(
                 ));
             }
             let st = state.clone();
-            let c = blocking(move || st.collections.create(&tenant, &req.name, req.opts)).await?;
+            let c = blocking(move || st.collections.create(&tenant, &req.name, opts)).await?;
             Ok(json_response(StatusCode::CREATED, &card(&c)))
         }
         (&Method::GET, [name]) => Ok(json_response(

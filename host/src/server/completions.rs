@@ -60,11 +60,12 @@ pub async fn chat(
     gen.weight = tenant.policy.weight;
     let output = output_stage(state, caller, req.response_format)?;
     let rag = rag::settings(req.rag, caller)?;
+    // Every added token, special or not: each is matched as one control token when the prompt
+    // is encoded (`<|im_end|>`, but also e.g. `<tool_call>` or `</think>` in other models).
     let specials: Vec<String> = engine
         .tokenizer
         .get_added_tokens_decoder()
         .into_values()
-        .filter(|t| t.special)
         .map(|t| t.content)
         .collect();
     // Passages the client sent (vLLM's `documents`) are data just like retrieved ones.
@@ -74,14 +75,15 @@ pub async fn chat(
         .into_iter()
         .enumerate()
         .map(|(i, d)| ContextChunk {
-            id: d.id.unwrap_or_else(|| i.to_string()),
+            id: rag::strip_specials(&d.id.unwrap_or_else(|| i.to_string()), &specials),
             text: rag::strip_specials(&d.text, &specials),
             title: d.title.map(|t| rag::strip_specials(&t, &specials)),
         })
         .collect();
     let mut citations = None;
     if let Some(r) = &rag {
-        let (chunks, cites) = rag::retrieve(state, caller, r, &messages, &specials).await?;
+        let first = context.len() + 1;
+        let (chunks, cites) = rag::retrieve(state, caller, r, &messages, &specials, first).await?;
         context.extend(chunks);
         citations = Some(cites);
     }

@@ -3,9 +3,9 @@
 //! the tenant's template plugin as context chunks, else as a numbered source list in the
 //! system message — and are returned as citations.
 //!
-//! Retrieved text is data, not instructions the model's template understands: every special
-//! token of the model (`<|im_start|>`, `<|im_end|>`, ...) is removed from it before it reaches
-//! the prompt, so a document cannot open or close a role.
+//! Retrieved text is data, not instructions the model's template understands: every added
+//! token of the model (`<|im_start|>`, `<|im_end|>`, ...) is removed from it (text, title and
+//! id) before it reaches the prompt, so a document cannot open or close a role.
 
 use std::sync::Arc;
 
@@ -56,13 +56,15 @@ pub fn settings(field: Option<RagField>, caller: &Caller) -> Result<Option<RagSe
     Ok(Some(s))
 }
 
-/// Context chunks found for the last user message, and their citations.
+/// Context chunks found for the last user message, and their citations, numbered from
+/// `first` (after any passages the client sent), as the prompt numbers them.
 pub async fn retrieve(
     state: &Arc<AppState>,
     caller: &Caller,
     settings: &RagSettings,
     messages: &[ChatMessage],
     specials: &[String],
+    first: usize,
 ) -> Result<(Vec<ContextChunk>, Vec<Value>), ApiError> {
     let query = messages
         .iter()
@@ -81,7 +83,7 @@ pub async fn retrieve(
     let mut citations = Vec::with_capacity(hits.len());
     for (i, h) in hits.into_iter().enumerate() {
         citations.push(json!({
-            "index": i + 1, "collection": settings.collection, "document_id": h.id,
+            "index": first + i, "collection": settings.collection, "document_id": h.id,
             "chunk_id": h.chunk_id, "start": h.start, "end": h.end, "score": h.score,
         }));
         let title = h
@@ -90,7 +92,7 @@ pub async fn retrieve(
             .and_then(Value::as_str)
             .map(|t| strip_specials(t, specials));
         chunks.push(ContextChunk {
-            id: h.id,
+            id: strip_specials(&h.id, specials),
             text: strip_specials(&h.text, specials),
             title,
         });

@@ -18,3 +18,6 @@ if ! apt-cache show debian-faq >/dev/null 2>&1; then
 fi
 command -v dpkg-deb >/dev/null || { echo "dpkg-deb is required (Debian/Ubuntu)" >&2; exit 1; }
 cargo test --release --workspace "$@"
+# The CUDA kernels, compiled for sm_80 and sm_90 by nvcc from PyPI (no driver needed), so a
+# kernel that does not compile fails here; without a GPU their device tests print SKIPPED.
+CUDA_HOME="$(kernels/install-nvcc.sh)" cargo test --release -p gateway-kernels --features cuda

@@ -1,0 +1,237 @@
+//! Launchers for the kernels in `attention.cu`, compiled by `build.rs` into one fatbin (SASS
+//! for sm_80 and sm_90, PTX for newer GPUs) and loaded through cudarc. The driver library is
+//! opened at run time, so a binary built here starts on a machine without one and only fails,
+//! with an error, when a CUDA context is asked for.
+
+use std::sync::Arc;
+
+use cudarc::driver::{
+    CudaFunction, CudaModule, CudaSlice, CudaStream, DeviceRepr, DriverError, LaunchConfig,
+    PushKernelArg, ValidAsZeroBits,
+};
+use cudarc::nvrtc::Ptx;
+
+use crate::{Shape, HEAD_SIZES, PARTITION_SIZE};
+
+const FATBIN: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/attention.fatbin"));
+const THREADS: u32 = 128;
+
+/// Element types of the cache and activations the kernels are built for.
+pub trait Element: DeviceRepr + ValidAsZeroBits + Copy + Unpin + 'static {
+    const NAME: &'static str;
+}
+impl Element for f32 {
+    const NAME: &'static str = "f32";
+}
+impl Element for half::f16 {
+    const NAME: &'static str = "f16";
+}
+impl Element for half::bf16 {
+    const NAME: &'static str = "bf16";
+}
+
+#[derive(Debug)]
+pub enum Error {
+    Driver(DriverError),
+    Unsupported(String),
+}
+
+impl std::fmt::Display for Error {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Driver(e) => write!(f, "CUDA: {e:?}"),
+            Self::Unsupported(m) => f.write_str(m),
+        }
+    }
+}
+
+impl std::error::Error for Error {}
+
+impl From<DriverError> for Error {
+    fn from(e: DriverError) -> Self {
+        Self::Driver(e)
+    }
+}
+
+pub struct Kernels {
+    stream: Arc<CudaStream>,
+    module: Arc<CudaModule>,
+}
+
+impl Kernels {
+    /// Loads the kernels into the stream's context.
+    pub fn new(stream: Arc<CudaStream>) -> Result<Self, Error> {
+        let module = stream
+            .context()
+            .load_module(Ptx::from_binary(FATBIN.to_vec()))?;
+        Ok(Self { stream, module })
+    }
+
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    fn function(&self, name: &str) -> Result<CudaFunction, Error> {
+        Ok(self.module.load_function(name)?)
+    }
+
+    /// `out[r][h] = softmax(q[r][h] · K[ctx]) · V[ctx]` for every row through the block
+    /// tables (see `Shape`). Contexts longer than one partition are split and reduced.
+    /// `max_ctx` bounds `row_ctx` (it sizes the partition grid); every `row_ctx` must be ≥ 1.
+    #[allow(clippy::too_many_arguments)]
+    pub fn paged_attention<T: Element>(
+        &self,
+        out: &mut CudaSlice<T>,
+        q: &CudaSlice<T>,
+        k_cache: &CudaSlice<T>,
+        v_cache: &CudaSlice<T>,
+        block_tables: &CudaSlice<u32>,
+        row_seq: &CudaSlice<u32>,
+        row_ctx: &CudaSlice<u32>,
+        s: &Shape,
+        max_ctx: usize,
+    ) -> Result<(), Error> {
+        if !HEAD_SIZES.contains(&s.head_size) {
+            return Err(Error::Unsupported(format!(
+                "head size {} (kernels exist for {HEAD_SIZES:?})",
+                s.head_size
+            )));
+        }
+        if s.num_kv_heads == 0 || !s.num_heads.is_multiple_of(s.num_kv_heads) {
+            return Err(Error::Unsupported(format!(
+                "{} query heads over {} KV heads",
+                s.num_heads, s.num_kv_heads
+            )));
+        }
+        if s.rows == 0 || max_ctx == 0 {
+            return Ok(());
+        }
+        let parts = max_ctx.div_ceil(PARTITION_SIZE);
+        if parts > 1024 {
+            return Err(Error::Unsupported(format!(
+                "context of {max_ctx} tokens (at most {})",
+                1024 * PARTITION_SIZE
+            )));
+        }
+        let partials = if parts > 1 {
+            s.rows * s.num_heads * parts
+        } else {
+            1
+        };
+        let mut part_out = self.stream.alloc_zeros::<f32>(partials * s.head_size)?;
+        let mut part_max = self.stream.alloc_zeros::<f32>(partials)?;
+        let mut part_sum = self.stream.alloc_zeros::<f32>(partials)?;
+        let f = self.function(&format!("paged_attention_{}_{}", T::NAME, s.head_size))?;
+        let (kvh, bs, mb) = (
+            s.num_kv_heads as i32,
+            s.block_size as i32,
+            s.max_blocks as i32,
+        );
+        let cfg = LaunchConfig {
+            grid_dim: (s.num_heads as u32, s.rows as u32, parts as u32),
+            block_dim: (THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(&mut *out)
+            .arg(&mut part_out)
+            .arg(&mut part_max)
+            .arg(&mut part_sum)
+            .arg(q)
+            .arg(k_cache)
+            .arg(v_cache)
+            .arg(block_tables)
+            .arg(row_seq)
+            .arg(row_ctx)
+            .arg(&kvh)
+            .arg(&bs)
+            .arg(&mb)
+            .arg(&s.scale);
+        // SAFETY: argument types and order match the kernel's signature; buffer sizes follow
+        // `Shape`, which the caller guarantees matches the buffers.
+        unsafe { b.launch(cfg) }?;
+        if parts > 1 {
+            let f = self.function(&format!("paged_attention_reduce_{}", T::NAME))?;
+            let (p, hs) = (parts as i32, s.head_size as i32);
+            let cfg = LaunchConfig {
+                grid_dim: (s.num_heads as u32, s.rows as u32, 1),
+                block_dim: (THREADS, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            let mut b = self.stream.launch_builder(&f);
+            b.arg(&mut *out)
+                .arg(&part_out)
+                .arg(&part_max)
+                .arg(&part_sum)
+                .arg(&p)
+                .arg(&hs);
+            // SAFETY: as above; the partial buffers were sized for `parts`.
+            unsafe { b.launch(cfg) }?;
+        }
+        Ok(())
+    }
+
+    /// Scatters this step's K and V (`[tokens][num_kv_heads * head_size]`) into their slots
+    /// (`slots[t] = block * block_size + offset`, negative = skip).
+    pub fn reshape_and_cache<T: Element>(
+        &self,
+        key: &CudaSlice<T>,
+        value: &CudaSlice<T>,
+        k_cache: &mut CudaSlice<T>,
+        v_cache: &mut CudaSlice<T>,
+        slots: &CudaSlice<i64>,
+        token_elems: usize,
+    ) -> Result<(), Error> {
+        if slots.is_empty() {
+            return Ok(());
+        }
+        let f = self.function(&format!("reshape_and_cache_{}", T::NAME))?;
+        let te = token_elems as i32;
+        let cfg = LaunchConfig {
+            grid_dim: (slots.len() as u32, 1, 1),
+            block_dim: (token_elems.clamp(32, 1024) as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(key)
+            .arg(value)
+            .arg(k_cache)
+            .arg(v_cache)
+            .arg(slots)
+            .arg(&te);
+        // SAFETY: matches the kernel's signature; slots index blocks inside the caches.
+        unsafe { b.launch(cfg) }?;
+        Ok(())
+    }
+
+    /// Copies whole blocks of one layer's K and V: `pairs` holds (src, dst) block numbers
+    /// flattened; `block_bytes` is one block's size in bytes (a multiple of 4).
+    pub fn copy_blocks<T: Element>(
+        &self,
+        k_cache: &mut CudaSlice<T>,
+        v_cache: &mut CudaSlice<T>,
+        pairs: &CudaSlice<i64>,
+        block_bytes: usize,
+    ) -> Result<(), Error> {
+        if pairs.len() < 2 {
+            return Ok(());
+        }
+        if !block_bytes.is_multiple_of(4) {
+            return Err(Error::Unsupported(format!(
+                "blocks of {block_bytes} bytes (copied as 32-bit words)"
+            )));
+        }
+        let f = self.function("copy_blocks")?;
+        let words = (block_bytes / 4) as i32;
+        let cfg = LaunchConfig {
+            grid_dim: ((pairs.len() / 2) as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(k_cache).arg(v_cache).arg(pairs).arg(&words);
+        // SAFETY: the kernel reads the caches as 32-bit words; block numbers are in range.
+        unsafe { b.launch(cfg) }?;
+        Ok(())
+    }
+}

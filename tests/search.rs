@@ -405,6 +405,8 @@ fn collections_search_filter_update_delete_and_isolation() {
         "{e}"
     );
 
+    assert!(s.metric("gateway_indexed_chunks_total{tenant=\"acme\"}") >= 10.0);
+    assert!(s.metric("gateway_search_seconds_count{mode=\"hybrid\"}") >= 3.0);
     let del = s.request("DELETE", "/v1/collections/kb", vec![], Some("k-globex"));
     assert_eq!(del.0, 200);
     assert_eq!(

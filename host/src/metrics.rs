@@ -26,6 +26,8 @@ pub struct Metrics {
     pub plugin_calls: IntCounterVec,
     pub plugin_failures: IntCounterVec,
     pub plugin_seconds: HistogramVec,
+    pub search_seconds: HistogramVec,
+    pub indexed_chunks: IntCounterVec,
     pub tenant_requests: IntCounterVec,
     pub tenant_tokens: IntCounterVec,
     pub tenant_rejections: IntCounterVec,
@@ -154,6 +156,20 @@ impl Metrics {
                     &["kind"],
                 )
                 .expect("valid"),
+            ),
+            search_seconds: reg(
+                &r,
+                HistogramVec::new(
+                    HistogramOpts::new("gateway_search_seconds", "Collection search time (query embedding, both indexes, fusion), reranking excluded")
+                        .buckets(vec![1e-4, 5e-4, 1e-3, 2e-3, 5e-3, 0.01, 0.02, 0.05, 0.1, 0.5]),
+                    &["mode"],
+                )
+                .expect("valid"),
+            ),
+            indexed_chunks: counter(
+                "gateway_indexed_chunks_total",
+                "Chunks embedded and indexed into collections, by tenant",
+                &["tenant"],
             ),
             tenant_requests: counter(
                 "gateway_tenant_requests_total",

@@ -21,7 +21,7 @@ use super::chunk;
 use super::embedder::Embedder;
 use super::filter::{check_metadata, Filter};
 use super::fusion;
-use super::store::{NewChunk, NewDoc, Store};
+use super::store::{NewChunk, NewDoc, Reader, Store};
 use super::vectors::Vectors;
 use super::SearchError;
 
@@ -136,6 +136,8 @@ pub struct Collection {
     closed: std::sync::atomic::AtomicBool,
     embedder: Arc<Embedder>,
     store: Mutex<Store>,
+    /// Read-only connections for searches, so they neither queue behind writes nor each other.
+    readers: Vec<Mutex<Reader>>,
     bm25: Bm25,
     vectors: Vectors,
     catalog: RwLock<Catalog>,
@@ -177,6 +179,10 @@ impl Collection {
             )));
         }
         let (docs, chunks) = store.load().map_err(|e| db(&e))?;
+        let readers = (0..4)
+            .map(|_| Reader::open(&dir.join("store.sqlite")).map(Mutex::new))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| db(&e))?;
         let bm25_dir = dir.join("bm25");
         let bm25 = match Bm25::open(&bm25_dir, &settings.analysis) {
             Ok(b) => b,
@@ -251,6 +257,7 @@ impl Collection {
             closed: Default::default(),
             embedder,
             store: Mutex::new(store),
+            readers,
             bm25,
             vectors: Vectors::build(vectors),
             catalog: RwLock::new(catalog),
@@ -515,39 +522,62 @@ impl Collection {
         };
         let bm25: HashMap<u64, f32> = bm25.into_iter().collect();
         let vector: HashMap<u64, f32> = vector.into_iter().collect();
-        let cat = self.catalog.read();
-        let store = self.store.lock();
-        let mut hits = Vec::with_capacity(q.top_k);
-        for (id, score) in ranked {
-            if hits.len() == q.top_k {
-                break;
-            }
-            let Some(c) = cat.chunks.get(&id) else {
-                continue;
-            };
-            let Some(text) = store
-                .chunk_text(id)
-                .map_err(|e| internal("collection store")(&e))?
-            else {
-                continue;
-            };
-            hits.push(Hit {
-                id: c.doc.to_string(),
-                chunk_id: id,
-                start: c.start,
-                end: c.end,
-                text,
-                metadata: c.metadata.clone(),
-                score,
-                scores: StageScores {
-                    bm25: bm25.get(&id).copied(),
-                    vector: vector.get(&id).copied(),
-                    fused: (q.mode == Mode::Hybrid).then_some(score),
-                    rerank: None,
-                },
-            });
-        }
+        // The best live chunks (a few spare, in case one is deleted before its text is read),
+        // chosen under the catalog lock; their texts are read after it is released.
+        let picked: Vec<Hit> = {
+            let cat = self.catalog.read();
+            ranked
+                .into_iter()
+                .filter_map(|(id, score)| {
+                    let c = cat.chunks.get(&id)?;
+                    Some(Hit {
+                        id: c.doc.to_string(),
+                        chunk_id: id,
+                        start: c.start,
+                        end: c.end,
+                        text: String::new(),
+                        metadata: c.metadata.clone(),
+                        score,
+                        scores: StageScores {
+                            bm25: bm25.get(&id).copied(),
+                            vector: vector.get(&id).copied(),
+                            fused: (q.mode == Mode::Hybrid).then_some(score),
+                            rerank: None,
+                        },
+                    })
+                })
+                .take(q.top_k + 16)
+                .collect()
+        };
+        let ids: Vec<u64> = picked.iter().map(|h| h.chunk_id).collect();
+        let mut texts = self
+            .reader()
+            .chunk_texts(&ids)
+            .map_err(|e| internal("collection store")(&e))?;
+        let hits = picked
+            .into_iter()
+            .filter_map(|mut h| {
+                h.text = texts.remove(&h.chunk_id)?;
+                Some(h)
+            })
+            .take(q.top_k)
+            .collect();
         Ok(hits)
+    }
+}
+
+impl Collection {
+    /// A free read connection, or (all busy) one picked by thread so waiters spread out.
+    fn reader(&self) -> parking_lot::MutexGuard<'_, Reader> {
+        for r in &self.readers {
+            if let Some(g) = r.try_lock() {
+                return g;
+            }
+        }
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        std::hash::Hash::hash(&std::thread::current().id(), &mut h);
+        let i = std::hash::Hasher::finish(&h) as usize % self.readers.len();
+        self.readers[i].lock()
     }
 }
 

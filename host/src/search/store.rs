@@ -203,13 +203,37 @@ impl Store {
         })?;
         rows.collect()
     }
+}
 
-    /// The text of one chunk (None if it has been deleted since it was found).
-    pub fn chunk_text(&self, id: u64) -> rusqlite::Result<Option<String>> {
-        self.db
-            .prepare_cached("SELECT text FROM chunks WHERE id = ?1")?
-            .query_row([id as i64], |r| r.get(0))
-            .optional()
+/// A read-only connection for searches: in WAL mode readers never wait for the writer's
+/// fsync, and several readers run side by side.
+pub struct Reader {
+    db: Connection,
+}
+
+impl Reader {
+    pub fn open(path: &Path) -> rusqlite::Result<Self> {
+        let db = Connection::open_with_flags(
+            path,
+            rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )?;
+        Ok(Self { db })
+    }
+
+    /// The texts of the given chunks that still exist, in one query.
+    pub fn chunk_texts(&self, ids: &[u64]) -> rusqlite::Result<HashMap<u64, String>> {
+        if ids.is_empty() {
+            return Ok(HashMap::new());
+        }
+        let marks = vec!["?"; ids.len()].join(",");
+        let mut q = self.db.prepare(&format!(
+            "SELECT id, text FROM chunks WHERE id IN ({marks})"
+        ))?;
+        let rows = q.query_map(
+            rusqlite::params_from_iter(ids.iter().map(|&i| i as i64)),
+            |r| Ok((r.get::<_, i64>(0)? as u64, r.get(1)?)),
+        )?;
+        rows.collect()
     }
 }
 

@@ -90,19 +90,25 @@ impl Vectors {
                 }
             }
         }
-        let mut live = self.live.write();
-        let mut dead = self.dead.write();
-        for id in removed {
-            if live.remove(id).is_some() {
-                *dead += 1;
+        let rebuild = {
+            let mut live = self.live.write();
+            let mut dead = self.dead.write();
+            for id in removed {
+                if live.remove(id).is_some() {
+                    *dead += 1;
+                }
             }
-        }
-        live.extend(added);
-        if *dead > 1024 && *dead > live.len() {
-            let graph = new_graph(live.len());
-            insert_all(&graph, &live);
+            live.extend(added);
+            *dead > 1024 && *dead > live.len()
+        };
+        if rebuild {
+            // Built beside the old graph, which keeps serving searches until the swap; writers
+            // are serialised by the caller, so the snapshot cannot go stale meanwhile.
+            let snapshot: HashMap<u64, Arc<[f32]>> = self.live.read().clone();
+            let graph = new_graph(snapshot.len());
+            insert_all(&graph, &snapshot);
             *self.graph.write() = Arc::new(graph);
-            *dead = 0;
+            *self.dead.write() = 0;
         }
     }
 

@@ -237,10 +237,22 @@ async fn upsert(
             tokens,
         )
         .map_err(ApiError::limited)?;
+    // One bulk embedding at a time: each already uses every core, and two at once would only
+    // slow both and starve generation longer.
+    static EMBEDDING: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(1);
+    let _turn = EMBEDDING
+        .acquire()
+        .await
+        .map_err(|e| ApiError::internal(e.to_string()))?;
     let col = c.clone();
     let done = blocking(move || col.commit(prepared)).await;
     reservation.settle(tokens, 0, if done.is_ok() { "ok" } else { "error" });
     let done = done?;
+    state
+        .metrics
+        .indexed_chunks
+        .with_label_values(&[&caller.tenant.name])
+        .inc_by(done.chunks as u64);
     Ok(json_response(
         StatusCode::OK,
         &json!({
@@ -336,6 +348,7 @@ pub async fn search(
         FusionKind::Rrf => Fusion::Rrf { k: req.rrf_k },
         FusionKind::Weighted => Fusion::Weighted { alpha: req.alpha },
     };
+    let started = Instant::now();
     let mut hits = blocking(move || {
         c.search(&Query {
             text: &text,
@@ -347,6 +360,16 @@ pub async fn search(
         })
     })
     .await?;
+    let label = match mode {
+        crate::search::collection::Mode::Bm25 => "bm25",
+        crate::search::collection::Mode::Vector => "vector",
+        crate::search::collection::Mode::Hybrid => "hybrid",
+    };
+    state
+        .metrics
+        .search_seconds
+        .with_label_values(&[label])
+        .observe(started.elapsed().as_secs_f64());
     let Some(plugin) = plugin else {
         return Ok(hits);
     };

@@ -149,11 +149,12 @@ fn internal(what: &str) -> impl Fn(&dyn std::fmt::Display) -> SearchError + '_ {
 }
 
 impl Collection {
-    /// Opens (or, with `create`, creates) the collection stored in `dir`.
+    /// Opens (or, with `create`, creates) the collection stored in `dir`, with the embedding
+    /// model `embedder` picks for its settings.
     pub fn open(
         name: &str,
         dir: &Path,
-        embedder: Arc<Embedder>,
+        embedder: impl FnOnce(&Settings) -> Result<Arc<Embedder>, SearchError>,
         create: Option<&Settings>,
     ) -> Result<Self, SearchError> {
         std::fs::create_dir_all(dir).map_err(|e| internal("creating the folder")(&e))?;
@@ -172,6 +173,7 @@ impl Collection {
                 serde_json::from_str(&text).map_err(|e| db(&e))?
             }
         };
+        let embedder = embedder(&settings)?;
         if settings.dimensions != embedder.dim {
             return Err(SearchError::Internal(format!(
                 "collection `{name}` holds {}-dimensional vectors but embedding model `{}` makes {}",

@@ -147,25 +147,18 @@ impl Collections {
     }
 
     fn load(&self, name: &str, dir: &Path) -> Result<Collection, SearchError> {
-        let settings = rusqlite::Connection::open(dir.join("store.sqlite"))
-            .and_then(|db| {
-                db.query_row("SELECT value FROM meta WHERE key = 'settings'", [], |r| {
-                    r.get::<_, String>(0)
+        let embedder = |s: &Settings| {
+            self.embedders
+                .get(&s.embedding_model)
+                .cloned()
+                .ok_or_else(|| {
+                    SearchError::Internal(format!(
+                        "embedding model `{}` is not loaded",
+                        s.embedding_model
+                    ))
                 })
-            })
-            .map_err(|e| SearchError::Internal(e.to_string()))?;
-        let settings: Settings =
-            serde_json::from_str(&settings).map_err(|e| SearchError::Internal(e.to_string()))?;
-        let embedder = self
-            .embedders
-            .get(&settings.embedding_model)
-            .ok_or_else(|| {
-                SearchError::Internal(format!(
-                    "embedding model `{}` is not loaded",
-                    settings.embedding_model
-                ))
-            })?;
-        Collection::open(name, dir, embedder.clone(), None)
+        };
+        Collection::open(name, dir, embedder, None)
     }
 
     pub fn get(&self, tenant: &str, name: &str) -> Result<Arc<Collection>, SearchError> {
@@ -250,8 +243,8 @@ impl Collections {
             .root
             .join(tenant)
             .join(format!("{name}@{:016x}", rand::random::<u64>()));
-        let made =
-            Collection::open(name, &dir, embedder.clone(), Some(&settings)).inspect_err(|_| {
+        let made = Collection::open(name, &dir, |_| Ok(embedder.clone()), Some(&settings))
+            .inspect_err(|_| {
                 let _ = std::fs::remove_dir_all(&dir);
             });
         let result = made.map(|c| {

@@ -543,20 +543,13 @@ fn rag_grounds_chat_in_retrieved_chunks_with_citations() {
 
     // Same prompt as writing the sources by hand, with the special tokens taken out.
     let clean = evil.replace("<|im_end|>", "").replace("<|im_start|>", "");
-    let system = format!("Answer using the sources below. Cite the sources you use by number, like [1]. If they do not contain the answer, say that you do not know.\n\nSources:\n\n[1] {}", clean.trim());
+    let system = format!("{}\n\n[1] {}", support::GROUNDING, clean.trim());
     let (_, by_hand) = s.post_as(
         "k-helpdesk",
         "/v1/chat/completions",
         &chat(json!({"rag": false, "messages": [{"role": "system", "content": system}, question]})),
     );
-    assert_eq!(
-        grounded["usage"]["prompt_tokens"],
-        by_hand["usage"]["prompt_tokens"]
-    );
-    assert_eq!(
-        grounded["choices"][0]["message"],
-        by_hand["choices"][0]["message"]
-    );
+    support::assert_same_prompt(&grounded, &by_hand);
     assert!(by_hand.get("citations").is_none());
 
     // `rag: false` opts out; explicit settings override the default.

@@ -14,6 +14,16 @@ pub use model::model_path;
 
 pub const MODEL: &str = "smollm2-135m-instruct";
 
+/// The gateway's built-in grounding instruction, before the numbered sources.
+pub const GROUNDING: &str = "Answer using the sources below. Cite the sources you use by number, like [1]. If they do not contain the answer, say that you do not know.\n\nSources:";
+
+/// Two chat responses came from the same prompt: equal prompt token counts and (greedy)
+/// equal messages.
+pub fn assert_same_prompt(a: &Value, b: &Value) {
+    assert_eq!(a["usage"]["prompt_tokens"], b["usage"]["prompt_tokens"]);
+    assert_eq!(a["choices"][0]["message"], b["choices"][0]["message"]);
+}
+
 pub struct Server {
     child: Child,
     pub base: String,

@@ -15,6 +15,8 @@ use crate::{Shape, HEAD_SIZES, PARTITION_SIZE};
 
 const FATBIN: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/attention.fatbin"));
 const THREADS: u32 = 128;
+/// Rows go in the grid's y dimension, which CUDA caps at 65535.
+pub const MAX_ROWS: usize = 65535;
 
 /// Element types of the cache and activations the kernels are built for.
 pub trait Element: DeviceRepr + ValidAsZeroBits + Copy + Unpin + 'static {
@@ -51,6 +53,21 @@ impl From<DriverError> for Error {
     fn from(e: DriverError) -> Self {
         Self::Driver(e)
     }
+}
+
+/// Whether the attention kernel is built for this head layout.
+pub fn supported(num_heads: usize, num_kv_heads: usize, head_size: usize) -> Result<(), Error> {
+    if !HEAD_SIZES.contains(&head_size) {
+        return Err(Error::Unsupported(format!(
+            "head size {head_size} (kernels exist for {HEAD_SIZES:?})"
+        )));
+    }
+    if num_kv_heads == 0 || !num_heads.is_multiple_of(num_kv_heads) {
+        return Err(Error::Unsupported(format!(
+            "{num_heads} query heads over {num_kv_heads} KV heads"
+        )));
+    }
+    Ok(())
 }
 
 pub struct Kernels {
@@ -91,20 +108,15 @@ impl Kernels {
         s: &Shape,
         max_ctx: usize,
     ) -> Result<(), Error> {
-        if !HEAD_SIZES.contains(&s.head_size) {
-            return Err(Error::Unsupported(format!(
-                "head size {} (kernels exist for {HEAD_SIZES:?})",
-                s.head_size
-            )));
-        }
-        if s.num_kv_heads == 0 || !s.num_heads.is_multiple_of(s.num_kv_heads) {
-            return Err(Error::Unsupported(format!(
-                "{} query heads over {} KV heads",
-                s.num_heads, s.num_kv_heads
-            )));
-        }
+        supported(s.num_heads, s.num_kv_heads, s.head_size)?;
         if s.rows == 0 || max_ctx == 0 {
             return Ok(());
+        }
+        if s.rows > MAX_ROWS {
+            return Err(Error::Unsupported(format!(
+                "{} query rows in one call (at most {MAX_ROWS})",
+                s.rows
+            )));
         }
         let parts = max_ctx.div_ceil(PARTITION_SIZE);
         if parts > 1024 {
@@ -118,9 +130,16 @@ impl Kernels {
         } else {
             1
         };
-        let mut part_out = self.stream.alloc_zeros::<f32>(partials * s.head_size)?;
-        let mut part_max = self.stream.alloc_zeros::<f32>(partials)?;
-        let mut part_sum = self.stream.alloc_zeros::<f32>(partials)?;
+        // SAFETY: every partition of every (row, head) writes its slots, empty ones included
+        // (max -inf, sum 0), before the reduction reads them; single-partition calls never
+        // touch them.
+        let (mut part_out, mut part_max, mut part_sum) = unsafe {
+            (
+                self.stream.alloc::<f32>(partials * s.head_size)?,
+                self.stream.alloc::<f32>(partials)?,
+                self.stream.alloc::<f32>(partials)?,
+            )
+        };
         let f = self.function(&format!("paged_attention_{}_{}", T::NAME, s.head_size))?;
         let (kvh, bs, mb) = (
             s.num_kv_heads as i32,

@@ -1,11 +1,14 @@
-//! Paged-attention kernels for NVIDIA GPUs (`src/attention.cu`), their launchers (feature
-//! `cuda`, through cudarc with the driver loaded at run time), and the CPU reference they are
-//! tested against. Without the feature only the reference is built.
+//! Paged-attention kernels for NVIDIA GPUs (`src/attention.cu`), the per-row layer kernels
+//! around them (`src/layers.cu`), their launchers (feature `cuda`, through cudarc with the
+//! driver loaded at run time), and the CPU reference they are tested against. Without the
+//! feature only the reference is built.
 
 pub mod reference;
 
 #[cfg(feature = "cuda")]
 pub mod cuda;
+#[cfg(feature = "cuda")]
+pub mod layers;
 
 /// Context tokens one thread block handles; longer contexts are split into partitions and
 /// combined by the reduction kernel (must match `PARTITION_SIZE` in `attention.cu`).

@@ -24,6 +24,7 @@ fn main() {
 mod gpu {
     use cudarc::driver::CudaContext;
     use gateway_kernels::cuda::{Element, Kernels};
+    use gateway_kernels::layers::{Heads, Layers};
     use gateway_kernels::{reference, Shape};
     use half::{bf16, f16};
 
@@ -105,8 +106,12 @@ mod gpu {
             }
         }
         cache_ops(&k).unwrap_or_else(|m| fail(&m));
+        let layers = Layers::new(ctx.default_stream()).unwrap_or_else(|e| fail(&e.to_string()));
+        for neox in [false, true] {
+            layer_ops(&layers, neox).unwrap_or_else(|m| fail(&m));
+        }
         println!(
-            "gpu kernel tests: {cases} attention cases passed (worst relative error f32 {:.2e}, f16 {:.2e}, bf16 {:.2e}); reshape_and_cache and copy_blocks exact",
+            "gpu kernel tests: {cases} attention cases passed (worst relative error f32 {:.2e}, f16 {:.2e}, bf16 {:.2e}); reshape_and_cache and copy_blocks exact; layer kernels (embed, rms_norm, rope_split both styles, silu_mul, gather_rows) within 1e-5",
             worst[0], worst[1], worst[2]
         );
         Ok(())
@@ -231,5 +236,138 @@ mod gpu {
             return Err("reshape_and_cache / copy_blocks differ from the reference".into());
         }
         Ok(())
+    }
+
+    /// The per-row layer kernels in f32 against plain loops (the host's CPU formulas).
+    fn layer_ops(l: &Layers, neox: bool) -> Result<(), String> {
+        let e = |e: cudarc::driver::DriverError| format!("{e:?}");
+        let k = |e: gateway_kernels::cuda::Error| e.to_string();
+        let st = l.stream();
+        let (rows, hidden, vocab, inter) = (5, 96, 11, 40);
+        let (nh, nkv, hd) = (4, 2, 16);
+        let (qd, kvd, half) = (nh * hd, nkv * hd, hd / 2);
+        let mut rng = Rng(7);
+        let check = |what: &str, got: &[f32], want: &[f32]| -> Result<(), String> {
+            let err = got
+                .iter()
+                .zip(want)
+                .map(|(g, w)| (g - w).abs())
+                .fold(0f32, f32::max);
+            match got.len() == want.len() && err <= 1e-5 {
+                true => Ok(()),
+                false => Err(format!("{what} (neox {neox}): max error {err:.3e}")),
+            }
+        };
+        let table = rng.vec(vocab * hidden);
+        let ids: Vec<u32> = vec![3, 0, 10, 3, 7];
+        let mut x = st.alloc_zeros::<f32>(rows * hidden).map_err(e)?;
+        l.embed(
+            &mut x,
+            &st.clone_htod(&table).map_err(e)?,
+            &st.clone_htod(&ids).map_err(e)?,
+            hidden,
+        )
+        .map_err(k)?;
+        let xs: Vec<f32> = ids
+            .iter()
+            .flat_map(|&i| table[i as usize * hidden..][..hidden].to_vec())
+            .collect();
+        check("embed", &st.clone_dtoh(&x).map_err(e)?, &xs)?;
+
+        let w = rng.vec(hidden);
+        let mut h = st.alloc_zeros::<f32>(rows * hidden).map_err(e)?;
+        l.rms_norm(&mut h, &x, &st.clone_htod(&w).map_err(e)?, 1e-5, rows)
+            .map_err(k)?;
+        let normed: Vec<f32> = xs
+            .chunks(hidden)
+            .flat_map(|r| {
+                let inv =
+                    1.0 / (r.iter().map(|v| v * v).sum::<f32>() / hidden as f32 + 1e-5).sqrt();
+                r.iter().zip(&w).map(move |(v, g)| v * inv * g)
+            })
+            .collect();
+        check("rms_norm", &st.clone_dtoh(&h).map_err(e)?, &normed)?;
+
+        let qkv = rng.vec(rows * (qd + 2 * kvd));
+        let bias = rng.vec(qd + 2 * kvd);
+        let pos: Vec<u32> = vec![0, 1, 7, 30, 2];
+        let (cos, sin): (Vec<f32>, Vec<f32>) = (0..32 * half)
+            .map(|i| {
+                let a = (i / half) as f32 * 10000f32.powf(-((2 * (i % half)) as f32) / hd as f32);
+                (a.cos(), a.sin())
+            })
+            .unzip();
+        let mut want = vec![Vec::new(); 3];
+        for (r, row) in qkv.chunks(qd + 2 * kvd).enumerate() {
+            let mut row: Vec<f32> = row.iter().zip(&bias).map(|(a, b)| a + b).collect();
+            let p = pos[r] as usize * half;
+            for head in row[..qd + kvd].chunks_mut(hd) {
+                for i in 0..half {
+                    let (a, b) = if neox {
+                        (i, i + half)
+                    } else {
+                        (2 * i, 2 * i + 1)
+                    };
+                    let (x, y) = (head[a], head[b]);
+                    head[a] = x * cos[p + i] - y * sin[p + i];
+                    head[b] = x * sin[p + i] + y * cos[p + i];
+                }
+            }
+            want[0].extend_from_slice(&row[..qd]);
+            want[1].extend_from_slice(&row[qd..qd + kvd]);
+            want[2].extend_from_slice(&row[qd + kvd..]);
+        }
+        let mut q = st.alloc_zeros::<f32>(rows * qd).map_err(e)?;
+        let mut kk = st.alloc_zeros::<f32>(rows * kvd).map_err(e)?;
+        let mut v = st.alloc_zeros::<f32>(rows * kvd).map_err(e)?;
+        let heads = Heads {
+            num_heads: nh,
+            num_kv_heads: nkv,
+            head_size: hd,
+            neox,
+        };
+        let (dc, ds) = (
+            st.clone_htod(&cos).map_err(e)?,
+            st.clone_htod(&sin).map_err(e)?,
+        );
+        l.rope_split(
+            (&mut q, &mut kk, &mut v),
+            &st.clone_htod(&qkv).map_err(e)?,
+            &st.clone_htod(&bias).map_err(e)?,
+            &st.clone_htod(&pos).map_err(e)?,
+            (&dc, &ds),
+            heads,
+        )
+        .map_err(k)?;
+        for (name, (d, w)) in ["rope q", "rope k", "split v"]
+            .iter()
+            .zip([&q, &kk, &v].into_iter().zip(&want))
+        {
+            check(name, &st.clone_dtoh(d).map_err(e)?, w)?;
+        }
+
+        let gu = rng.vec(rows * 2 * inter);
+        let mut act = st.alloc_zeros::<f32>(rows * inter).map_err(e)?;
+        l.silu_mul(&mut act, &st.clone_htod(&gu).map_err(e)?, inter, rows)
+            .map_err(k)?;
+        let swiglu: Vec<f32> = gu
+            .chunks(2 * inter)
+            .flat_map(|r| (0..inter).map(move |i| r[i] / (1.0 + (-r[i]).exp()) * r[inter + i]))
+            .collect();
+        check("silu_mul", &st.clone_dtoh(&act).map_err(e)?, &swiglu)?;
+
+        let idx: Vec<u32> = vec![4, 1];
+        let mut picked = st.alloc_zeros::<f32>(2 * hidden).map_err(e)?;
+        l.gather_rows(&mut picked, &h, &st.clone_htod(&idx).map_err(e)?, hidden)
+            .map_err(k)?;
+        let rows_want: Vec<f32> = idx
+            .iter()
+            .flat_map(|&i| normed[i as usize * hidden..][..hidden].to_vec())
+            .collect();
+        check(
+            "gather_rows",
+            &st.clone_dtoh(&picked).map_err(e)?,
+            &rows_want,
+        )
     }
 }

@@ -19,5 +19,9 @@ fi
 command -v dpkg-deb >/dev/null || { echo "dpkg-deb is required (Debian/Ubuntu)" >&2; exit 1; }
 cargo test --release --workspace "$@"
 # The CUDA kernels, compiled for sm_80 and sm_90 by nvcc from PyPI (no driver needed), so a
-# kernel that does not compile fails here; without a GPU their device tests print SKIPPED.
-CUDA_HOME="$(kernels/install-nvcc.sh)" cargo test --release -p gateway-kernels --features cuda
+# kernel that does not compile fails here, and the gateway's CUDA engine path built against
+# them; without a GPU their device tests print SKIPPED.
+CUDA_HOME="$(kernels/install-nvcc.sh)"
+export CUDA_HOME
+cargo test --release -p gateway-kernels --features cuda
+cargo test --release -p gateway --features cuda --test gpu_parity

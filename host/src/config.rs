@@ -133,6 +133,66 @@ pub struct EngineConfig {
     pub prefix_caching: bool,
     /// Compute threads of this model's engine (0 = one per core).
     pub threads: usize,
+    /// Where the model runs: `cpu`, or `cuda` / `cuda:N` (a build with `--features cuda`).
+    pub device: ComputeDevice,
+    /// Element type of weights, activations and KV cache on CUDA (`auto` = bf16). The CPU path
+    /// always computes in f32 over an f16 cache.
+    pub dtype: GpuDtype,
+    /// Fraction of the GPU's memory this engine may take in all (weights, step workspace, KV
+    /// pool); the KV pool gets what is left of it. On CUDA this replaces `kv_cache_bytes`.
+    pub gpu_memory_utilization: f32,
+}
+
+/// Where a model's engine computes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ComputeDevice {
+    #[default]
+    Cpu,
+    /// A CUDA device by ordinal.
+    Cuda(usize),
+}
+
+impl std::str::FromStr for ComputeDevice {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "cpu" => Ok(Self::Cpu),
+            "cuda" => Ok(Self::Cuda(0)),
+            _ => s
+                .strip_prefix("cuda:")
+                .and_then(|n| n.parse().ok())
+                .map(Self::Cuda)
+                .ok_or_else(|| format!("unknown device {s:?} (expected cpu, cuda or cuda:N)")),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for ComputeDevice {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        String::deserialize(d)?
+            .parse()
+            .map_err(serde::de::Error::custom)
+    }
+}
+
+impl std::fmt::Display for ComputeDevice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Cpu => f.write_str("cpu"),
+            Self::Cuda(n) => write!(f, "cuda:{n}"),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum GpuDtype {
+    #[default]
+    Auto,
+    F32,
+    F16,
+    Bf16,
 }
 
 impl Default for Config {
@@ -191,6 +251,9 @@ impl Default for EngineConfig {
             max_waiting: 256,
             prefix_caching: true,
             threads: 0,
+            device: ComputeDevice::Cpu,
+            dtype: GpuDtype::Auto,
+            gpu_memory_utilization: 0.9,
         }
     }
 }
@@ -248,6 +311,19 @@ impl Config {
             }
             if !(0.0..0.5).contains(&e.watermark) {
                 return bad(format!("models.{}: watermark must be in [0, 0.5)", m.name));
+            }
+            if !(e.gpu_memory_utilization > 0.0 && e.gpu_memory_utilization <= 1.0) {
+                return bad(format!(
+                    "models.{}: gpu_memory_utilization must be in (0, 1]",
+                    m.name
+                ));
+            }
+            if e.device != ComputeDevice::Cpu && !cfg!(feature = "cuda") {
+                return bad(format!(
+                    "models.{}: device {} needs a gateway built with CUDA support \
+                     (cargo build --release --features cuda; see README, GPU)",
+                    m.name, e.device
+                ));
             }
         }
         let p = &self.plugins;

@@ -120,6 +120,15 @@ struct EngineArgs {
     /// Turn off reuse of KV blocks across requests with the same prompt prefix.
     #[arg(long)]
     no_prefix_caching: bool,
+    /// Where models run: cpu, cuda or cuda:N (CUDA needs a build with --features cuda).
+    #[arg(long)]
+    device: Option<gateway::config::ComputeDevice>,
+    /// Element type on CUDA (auto = bf16).
+    #[arg(long, value_enum)]
+    dtype: Option<gateway::config::GpuDtype>,
+    /// Fraction of GPU memory an engine may use; its KV pool gets what weights leave of it.
+    #[arg(long)]
+    gpu_memory_utilization: Option<f32>,
 }
 
 #[derive(Args)]
@@ -225,6 +234,11 @@ impl EngineArgs {
                 .max_num_batched_tokens
                 .unwrap_or(e.max_num_batched_tokens);
             e.prefix_caching &= !self.no_prefix_caching;
+            e.device = self.device.unwrap_or(e.device);
+            e.dtype = self.dtype.unwrap_or(e.dtype);
+            e.gpu_memory_utilization = self
+                .gpu_memory_utilization
+                .unwrap_or(e.gpu_memory_utilization);
             m.max_model_len = self.max_model_len.unwrap_or(m.max_model_len);
         }
         cfg.validate()?;

@@ -13,11 +13,10 @@ use tokio::sync::mpsc as tokio_mpsc;
 
 use super::block_manager::BlockManager;
 use super::detokenizer::{IncrementalDecoder, StopMatcher, StopOutcome};
-use super::model::{BatchSeq, Model};
-use super::paged_attention::KvCache;
+use super::model::BatchSeq;
+use super::runner::Runner;
 use super::sampler::Sampler;
 use super::scheduler::{Scheduler, SchedulerConfig, SeqId, Sequence};
-use super::weights::LoadedModel;
 use super::{Command, Event, FinishReason, GenerationRequest, Usage};
 use crate::config::ModelConfig;
 use crate::metrics::Metrics;
@@ -39,10 +38,9 @@ struct SeqState {
 
 pub(super) struct EngineLoop {
     name: String,
-    model: Model,
+    runner: Runner,
     tokenizer: Tokenizer,
     eos_ids: Vec<u32>,
-    cache: KvCache,
     sched: Scheduler,
     states: HashMap<SeqId, SeqState>,
     metrics: Arc<Metrics>,
@@ -52,8 +50,11 @@ pub(super) struct EngineLoop {
 }
 
 impl EngineLoop {
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn new(
-        loaded: LoadedModel,
+        runner: Runner,
+        tokenizer: Tokenizer,
+        eos_ids: Vec<u32>,
         cfg: &ModelConfig,
         num_blocks: usize,
         watermark_blocks: usize,
@@ -61,15 +62,7 @@ impl EngineLoop {
         metrics: Arc<Metrics>,
         waiting: Arc<AtomicUsize>,
     ) -> Self {
-        let s = &loaded.model.shape;
         let e = &cfg.engine;
-        let cache = KvCache::new(
-            s.num_layers,
-            num_blocks,
-            e.block_size,
-            s.num_kv_heads,
-            s.head_dim,
-        );
         let sched = Scheduler::new(
             SchedulerConfig {
                 max_num_seqs: e.max_num_seqs,
@@ -101,10 +94,9 @@ impl EngineLoop {
         }
         let this = Self {
             name: cfg.name.clone(),
-            model: loaded.model,
-            tokenizer: loaded.tokenizer,
-            eos_ids: loaded.stop_ids,
-            cache,
+            runner,
+            tokenizer,
+            eos_ids,
             sched,
             states: HashMap::new(),
             metrics,
@@ -239,7 +231,7 @@ impl EngineLoop {
             .with_label_values(&[model])
             .observe(num_tokens as f64);
         let started = Instant::now();
-        let result = self.model.forward(&batch, &mut self.cache);
+        let result = self.runner.forward(&batch);
         tracing::trace!(
             seqs = batch.len(),
             tokens = num_tokens,

@@ -10,9 +10,12 @@ pub mod chat_template;
 mod cpu_ops;
 pub mod detokenizer;
 mod engine_loop;
+#[cfg(feature = "cuda")]
+mod gpu;
 pub mod model;
 pub mod paged_attention;
 pub mod quant_matmul;
+pub mod runner;
 pub mod sampler;
 pub mod scheduler;
 mod team;
@@ -30,6 +33,7 @@ use crate::config::ModelConfig;
 use crate::metrics::Metrics;
 use chat_template::ChatTemplate;
 pub use sampler::{SamplingParams, TokenLogprobs};
+use weights::LoadedModel;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {
@@ -47,6 +51,11 @@ pub enum ModelError {
     Template(#[from] minijinja::Error),
     #[error("KV cache budget of {budget} bytes holds {blocks} blocks; at least one is needed")]
     KvBudget { budget: usize, blocks: usize },
+    #[error("device: {0}")]
+    Device(String),
+    /// The machine has no usable GPU (no driver, no device, or no cuBLAS).
+    #[error("no GPU: {0}")]
+    NoGpu(String),
 }
 
 /// What the engine needs to generate: token ids in, limits and sampling settings.
@@ -169,29 +178,26 @@ impl Drop for EventStream {
 impl Engine {
     /// Loads the model and starts its scheduler thread.
     pub fn start(cfg: &ModelConfig, metrics: Arc<Metrics>) -> Result<Self, ModelError> {
-        let mut loaded = weights::load(&cfg.path)?;
-        loaded.model.set_threads(cfg.engine.threads);
-        let s = &loaded.model.shape;
+        let loaded = weights::load(&cfg.path)?;
         let e = &cfg.engine;
-        let block_bytes = paged_attention::KvCache::block_bytes(
-            s.num_layers,
-            e.block_size,
-            s.num_kv_heads,
-            s.head_dim,
-        );
-        let num_blocks = e.kv_cache_bytes / block_bytes;
-        if num_blocks == 0 {
-            return Err(ModelError::KvBudget {
-                budget: e.kv_cache_bytes,
-                blocks: 0,
-            });
-        }
-        let watermark_blocks = (num_blocks as f32 * e.watermark) as usize;
+        let shape = loaded.model.shape.clone();
+        let s = &shape;
+        let LoadedModel {
+            model,
+            tokenizer,
+            template,
+            stop_ids,
+            bos,
+            add_bos,
+        } = loaded;
         let window = if cfg.max_model_len == 0 {
             s.context_length
         } else {
             cfg.max_model_len.min(s.context_length)
         };
+        let (runner, pool) = runner::Runner::new(model, e, window)?;
+        let num_blocks = pool.num_blocks;
+        let watermark_blocks = (num_blocks as f32 * e.watermark) as usize;
         // A sequence must fit in the pool on its own, or it could never be scheduled.
         let max_model_len = window.min((num_blocks - watermark_blocks) * e.block_size);
         tracing::info!(
@@ -201,7 +207,8 @@ impl Engine {
             kv_heads = s.num_kv_heads,
             kv_blocks = num_blocks,
             block_size = e.block_size,
-            kv_mib = (num_blocks * block_bytes) >> 20,
+            device = %e.device,
+            kv_mib = (num_blocks * pool.block_bytes) >> 20,
             max_model_len,
             "model loaded"
         );
@@ -214,11 +221,10 @@ impl Engine {
         };
         let (tx, rx) = mpsc::channel();
         let waiting = Arc::new(AtomicUsize::new(0));
-        let tokenizer = Arc::new(loaded.tokenizer.clone());
-        let template = loaded.template.clone();
-        let (bos, add_bos) = (loaded.bos, loaded.add_bos);
-        let runner = engine_loop::EngineLoop::new(
-            loaded,
+        let engine_loop = engine_loop::EngineLoop::new(
+            runner,
+            tokenizer.clone(),
+            stop_ids,
             cfg,
             num_blocks,
             watermark_blocks,
@@ -228,11 +234,11 @@ impl Engine {
         );
         std::thread::Builder::new()
             .name(format!("engine-{}", cfg.name))
-            .spawn(move || runner.run(rx))
+            .spawn(move || engine_loop.run(rx))
             .map_err(|e| ModelError::Io("engine thread".into(), e))?;
         Ok(Self {
             info,
-            tokenizer,
+            tokenizer: Arc::new(tokenizer),
             template,
             bos,
             add_bos,

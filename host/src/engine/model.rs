@@ -72,6 +72,36 @@ impl Linear {
         };
         Ok(y.flatten_all()?.to_vec1()?)
     }
+
+    /// The weight dequantized, `[out][in]` row-major, with its shape (for the GPU path, which
+    /// multiplies dense matrices).
+    pub fn to_f32(&self) -> Result<(usize, usize, Vec<f32>), ModelError> {
+        match self {
+            Linear::Native(m) => Ok(dequantize_all(m)),
+            Linear::Quantized(QMatMul::QTensor(t)) => dense_f32(&t.dequantize(&Device::Cpu)?),
+            Linear::Quantized(QMatMul::Tensor(t) | QMatMul::TensorF16(t)) | Linear::Dense(t) => {
+                dense_f32(t)
+            }
+        }
+    }
+}
+
+fn dequantize_all(m: &QuantMatrix) -> (usize, usize, Vec<f32>) {
+    let (rows, cols) = (m.rows(), m.cols());
+    let mut out = vec![0f32; rows * cols];
+    for (r, o) in out.chunks_mut(cols).enumerate() {
+        m.dequantize_row(r, o);
+    }
+    (rows, cols, out)
+}
+
+fn dense_f32(t: &Tensor) -> Result<(usize, usize, Vec<f32>), ModelError> {
+    let (rows, cols) = t.dims2()?;
+    let v = t
+        .to_dtype(candle_core::DType::F32)?
+        .flatten_all()?
+        .to_vec1()?;
+    Ok((rows, cols, v))
 }
 
 pub enum Embedding {
@@ -79,6 +109,26 @@ pub enum Embedding {
     Native(Arc<QuantMatrix>),
     Quantized(QTensor),
     Dense(Tensor),
+}
+
+impl Embedding {
+    /// The table dequantized, `[vocab][hidden]`, with its shape.
+    pub fn to_f32(&self) -> Result<(usize, usize, Vec<f32>), ModelError> {
+        match self {
+            Embedding::Native(m) => Ok(dequantize_all(m)),
+            Embedding::Quantized(t) => dense_f32(&t.dequantize(&Device::Cpu)?),
+            Embedding::Dense(t) => dense_f32(t),
+        }
+    }
+
+    /// Whether `head` is this table (tied embeddings), so a copy can be shared.
+    pub fn is_tied_to(&self, head: &Linear) -> bool {
+        match (self, head) {
+            (Embedding::Native(e), Linear::Native(h)) => Arc::ptr_eq(e, h),
+            (Embedding::Dense(e), Linear::Dense(h)) => e.id() == h.id(),
+            _ => false,
+        }
+    }
 }
 
 pub struct Layer {
@@ -148,6 +198,11 @@ impl Model {
             rope_sin,
             team: Team::new(0),
         }
+    }
+
+    /// RoPE cos and sin, `[position][head_dim / 2]`.
+    pub fn rope_tables(&self) -> (&[f32], &[f32]) {
+        (&self.rope_cos, &self.rope_sin)
     }
 
     /// Compute threads for this model's kernels (0 = one per core).

@@ -1,0 +1,541 @@
+//! The CUDA path: the network of `model.rs` with weights, activations and the paged KV pool in
+//! GPU memory. Projections are cuBLAS GEMMs; attention and KV writes are our kernels
+//! (`kernels/src/attention.cu`), the per-row work around them `kernels/src/layers.cu`. The
+//! batch arrives as on the CPU path (block tables, start positions, tokens), so the scheduler
+//! and block manager do not know which device runs the step.
+//!
+//! Weights are dequantized once at load into the configured dtype (GGUF Q4/Q8 and k-quants
+//! alike): GEMMs on dense bf16/f16 use the tensor cores, and a quantized GPU matmul is a later
+//! step. Activations live in a workspace sized for the largest step at start, before the KV
+//! pool takes what is left of `gpu_memory_utilization`; the only per-step allocations are the
+//! batch metadata and the attention's split-K partials, which the sizing reserves.
+
+use std::sync::Arc;
+
+use std::ffi::c_void;
+
+use cudarc::cublas::sys::{
+    cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType_t,
+};
+use cudarc::cublas::CudaBlas;
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
+use gateway_kernels::cuda::{supported, Element, Kernels, MAX_ROWS};
+use gateway_kernels::layers::{Heads, Layers};
+use gateway_kernels::{Shape, PARTITION_SIZE};
+use half::{bf16, f16};
+
+use super::model::{BatchSeq, Linear, Model, ModelShape, RopeStyle};
+use super::runner::Pool;
+use super::ModelError;
+use crate::config::{EngineConfig, GpuDtype};
+
+/// An element type the GPU path computes in.
+pub trait GpuElement: Element {
+    /// The type's name for cuBLAS.
+    const CUDA: cudaDataType_t;
+    fn from_f32(x: f32) -> Self;
+}
+impl GpuElement for f32 {
+    const CUDA: cudaDataType_t = cudaDataType_t::CUDA_R_32F;
+    fn from_f32(x: f32) -> Self {
+        x
+    }
+}
+impl GpuElement for f16 {
+    const CUDA: cudaDataType_t = cudaDataType_t::CUDA_R_16F;
+    fn from_f32(x: f32) -> Self {
+        f16::from_f32(x)
+    }
+}
+impl GpuElement for bf16 {
+    const CUDA: cudaDataType_t = cudaDataType_t::CUDA_R_16BF;
+    fn from_f32(x: f32) -> Self {
+        bf16::from_f32(x)
+    }
+}
+
+fn dev_err(what: &str) -> impl Fn(&dyn std::fmt::Debug) -> ModelError + '_ {
+    move |e| ModelError::Device(format!("{what}: {e:?}"))
+}
+
+/// Scratch room held back from the KV pool for what steps allocate on the fly.
+const SLACK_BYTES: usize = 64 << 20;
+
+pub enum GpuModel {
+    F32(Net<f32>),
+    F16(Net<f16>),
+    Bf16(Net<bf16>),
+}
+
+impl GpuModel {
+    /// `window` is the longest sequence the engine will run (it sizes the attention's
+    /// split-K scratch).
+    pub fn new(
+        model: Model,
+        ordinal: usize,
+        e: &EngineConfig,
+        window: usize,
+    ) -> Result<(Self, Pool), ModelError> {
+        let s = &model.shape;
+        supported(s.num_heads, s.num_kv_heads, s.head_dim)
+            .map_err(|e| ModelError::Device(format!("this model on CUDA: {e}")))?;
+        if e.max_num_batched_tokens > MAX_ROWS {
+            return Err(ModelError::Device(format!(
+                "max_num_batched_tokens {} is above the CUDA path's {MAX_ROWS}",
+                e.max_num_batched_tokens
+            )));
+        }
+        // SAFETY: probing for the shared libraries only opens and closes them.
+        if !unsafe { cudarc::driver::sys::is_culib_present() } {
+            return Err(ModelError::NoGpu(
+                "no CUDA driver (libcuda.so) found on this machine".into(),
+            ));
+        }
+        // SAFETY: as above.
+        if !unsafe { cudarc::cublas::sys::is_culib_present() } {
+            return Err(ModelError::NoGpu(
+                "cuBLAS (libcublas.so.13) not found: install the CUDA 13 libraries or add \
+                 their folder to LD_LIBRARY_PATH"
+                    .into(),
+            ));
+        }
+        let ctx = CudaContext::new(ordinal)
+            .map_err(|e| ModelError::NoGpu(format!("cannot open CUDA device {ordinal}: {e:?}")))?;
+        // SAFETY: the engine uses one stream, so the cross-stream events cudarc would record
+        // on every buffer use order nothing.
+        unsafe { ctx.disable_event_tracking() };
+        // Its own stream, not the legacy default one, which would serialise this engine with
+        // every other engine of the process on the same GPU.
+        let stream = ctx
+            .new_stream()
+            .map_err(|e| dev_err("creating a stream")(&e))?;
+        let (free, total) = ctx
+            .mem_get_info()
+            .map_err(|e| dev_err("reading free memory")(&e))?;
+        let base = Baseline {
+            used: total - free,
+            window,
+        };
+        Ok(match e.dtype {
+            GpuDtype::F32 => {
+                let (n, p) = Net::new(model, &ctx, stream, e, base)?;
+                (Self::F32(n), p)
+            }
+            GpuDtype::F16 => {
+                let (n, p) = Net::new(model, &ctx, stream, e, base)?;
+                (Self::F16(n), p)
+            }
+            GpuDtype::Bf16 | GpuDtype::Auto => {
+                let (n, p) = Net::new(model, &ctx, stream, e, base)?;
+                (Self::Bf16(n), p)
+            }
+        })
+    }
+
+    pub fn forward(&mut self, seqs: &[BatchSeq]) -> Result<Vec<Vec<f32>>, ModelError> {
+        match self {
+            Self::F32(n) => n.forward(seqs),
+            Self::F16(n) => n.forward(seqs),
+            Self::Bf16(n) => n.forward(seqs),
+        }
+    }
+}
+
+/// What the sizing of the KV pool starts from.
+#[derive(Clone, Copy)]
+struct Baseline {
+    /// Device memory in use before this engine uploaded anything (other processes, other
+    /// engines): not counted against this engine's `gpu_memory_utilization`.
+    used: usize,
+    window: usize,
+}
+
+/// The dense `[rows][cols]` weight of `l`, checked against the shape the network expects so
+/// that a malformed checkpoint fails at load, not as an out-of-bounds read on the GPU.
+fn dense(l: &Linear, rows: usize, cols: usize, what: &str) -> Result<Vec<f32>, ModelError> {
+    let (r, c, w) = l.to_f32()?;
+    if (r, c) != (rows, cols) {
+        return Err(ModelError::Format(format!(
+            "{what} is [{r}, {c}], expected [{rows}, {cols}]"
+        )));
+    }
+    Ok(w)
+}
+
+struct GpuLayer<T> {
+    attn_norm: CudaSlice<T>,
+    qkv: CudaSlice<T>,
+    /// Zeros for models without a QKV bias.
+    qkv_bias: CudaSlice<T>,
+    o: CudaSlice<T>,
+    ffn_norm: CudaSlice<T>,
+    gate_up: CudaSlice<T>,
+    down: CudaSlice<T>,
+}
+
+/// Activations of one step, each sized for `max_rows` tokens (`logits*` for `max_seqs`).
+struct Workspace<T> {
+    x: CudaSlice<T>,
+    h: CudaSlice<T>,
+    qkv: CudaSlice<T>,
+    q: CudaSlice<T>,
+    k: CudaSlice<T>,
+    v: CudaSlice<T>,
+    attn: CudaSlice<T>,
+    gu: CudaSlice<T>,
+    act: CudaSlice<T>,
+    last: CudaSlice<T>,
+    /// Written in f32 straight by the vocab GEMM, so the sampler sees logits as precise as
+    /// the CPU path's whatever the dtype.
+    logits: CudaSlice<f32>,
+}
+
+pub struct Net<T> {
+    shape: ModelShape,
+    stream: Arc<CudaStream>,
+    blas: CudaBlas,
+    attention: Kernels,
+    ops: Layers,
+    embed: CudaSlice<T>,
+    /// `None` when the output projection is the embedding table (tied weights).
+    lm_head: Option<CudaSlice<T>>,
+    norm: CudaSlice<T>,
+    layers: Vec<GpuLayer<T>>,
+    rope_cos: CudaSlice<f32>,
+    rope_sin: CudaSlice<f32>,
+    /// Per layer, K and V: `[num_blocks][block_size][num_kv_heads][head_dim]`.
+    kv: Vec<(CudaSlice<T>, CudaSlice<T>)>,
+    block_size: usize,
+    max_rows: usize,
+    max_seqs: usize,
+    ws: Workspace<T>,
+}
+
+impl<T: GpuElement> Net<T> {
+    fn new(
+        model: Model,
+        ctx: &Arc<CudaContext>,
+        stream: Arc<CudaStream>,
+        e: &EngineConfig,
+        base: Baseline,
+    ) -> Result<(Self, Pool), ModelError> {
+        let s = model.shape.clone();
+        let up = |v: &[f32]| -> Result<CudaSlice<T>, ModelError> {
+            let host: Vec<T> = v.iter().map(|&x| T::from_f32(x)).collect();
+            stream
+                .clone_htod(&host)
+                .map_err(|e| dev_err("uploading weights")(&e))
+        };
+        let blas = CudaBlas::new(stream.clone()).map_err(|e| dev_err("cuBLAS")(&e))?;
+        let attention = Kernels::new(stream.clone()).map_err(|e| dev_err("kernels")(&e))?;
+        let ops = Layers::new(stream.clone()).map_err(|e| dev_err("kernels")(&e))?;
+        let (cos, sin) = model.rope_tables();
+        let rope_cos = stream.clone_htod(cos).map_err(|e| dev_err("upload")(&e))?;
+        let rope_sin = stream.clone_htod(sin).map_err(|e| dev_err("upload")(&e))?;
+        let (qdim, kvdim) = (s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim);
+        let zeros = vec![0f32; qdim + 2 * kvdim];
+        let mut layers = Vec::with_capacity(s.num_layers);
+        let (h, i) = (s.hidden, s.intermediate);
+        for l in &model.layers {
+            layers.push(GpuLayer {
+                attn_norm: up(&l.attn_norm)?,
+                qkv: up(&dense(&l.qkv, qdim + 2 * kvdim, h, "qkv")?)?,
+                qkv_bias: up(l.qkv_bias.as_deref().unwrap_or(&zeros))?,
+                o: up(&dense(&l.o, h, qdim, "attn_output")?)?,
+                ffn_norm: up(&l.ffn_norm)?,
+                gate_up: up(&dense(&l.gate_up, 2 * i, h, "gate_up")?)?,
+                down: up(&dense(&l.down, h, i, "ffn_down")?)?,
+            });
+        }
+        let (vocab, cols, table) = model.embed.to_f32()?;
+        if (vocab, cols) != (s.vocab_size, h) {
+            return Err(ModelError::Format(format!(
+                "token embedding is [{vocab}, {cols}], expected [{}, {h}]",
+                s.vocab_size
+            )));
+        }
+        let embed = up(&table)?;
+        drop(table);
+        let lm_head = match model.embed.is_tied_to(&model.lm_head) {
+            true => None,
+            false => Some(up(&dense(&model.lm_head, s.vocab_size, h, "output")?)?),
+        };
+        let norm = up(&model.norm)?;
+        drop(model);
+
+        let (max_rows, max_seqs) = (e.max_num_batched_tokens, e.max_num_seqs);
+        let alloc = |n: usize| {
+            stream
+                .alloc_zeros::<T>(n.max(1))
+                .map_err(|e| dev_err("allocating the step workspace")(&e))
+        };
+        let ws = Workspace {
+            x: alloc(max_rows * s.hidden)?,
+            h: alloc(max_rows * s.hidden)?,
+            qkv: alloc(max_rows * (qdim + 2 * kvdim))?,
+            q: alloc(max_rows * qdim)?,
+            k: alloc(max_rows * kvdim)?,
+            v: alloc(max_rows * kvdim)?,
+            attn: alloc(max_rows * qdim)?,
+            gu: alloc(max_rows * 2 * s.intermediate)?,
+            act: alloc(max_rows * s.intermediate)?,
+            last: alloc(max_seqs * s.hidden)?,
+            logits: stream
+                .alloc_zeros::<f32>(max_seqs * s.vocab_size)
+                .map_err(|e| dev_err("allocating the step workspace")(&e))?,
+        };
+
+        // The KV pool gets what `gpu_memory_utilization` leaves after this engine's weights and
+        // workspace, the attention's split-K partials for the largest step at the longest
+        // window, and some slack; never more than is actually free.
+        let (free, total) = ctx
+            .mem_get_info()
+            .map_err(|e| dev_err("reading free memory")(&e))?;
+        let ours = (total - free).saturating_sub(base.used);
+        let parts = base.window.div_ceil(PARTITION_SIZE);
+        let partials = match parts {
+            1 => 0,
+            _ => max_rows * s.num_heads * parts * (s.head_dim + 2) * 4,
+        };
+        let allowed = (total as f64 * e.gpu_memory_utilization as f64) as usize;
+        let budget = allowed
+            .saturating_sub(ours)
+            .min(free)
+            .saturating_sub(partials + SLACK_BYTES);
+        let elem = std::mem::size_of::<T>();
+        let block_bytes = 2 * s.num_layers * e.block_size * kvdim * elem;
+        let num_blocks = budget / block_bytes;
+        if num_blocks == 0 {
+            return Err(ModelError::KvBudget { budget, blocks: 0 });
+        }
+        let per_layer = num_blocks * e.block_size * kvdim;
+        let mut kv = Vec::with_capacity(s.num_layers);
+        for _ in 0..s.num_layers {
+            kv.push((alloc(per_layer)?, alloc(per_layer)?));
+        }
+        tracing::info!(
+            dtype = T::NAME,
+            gpu_total_mib = total >> 20,
+            weights_and_workspace_mib = ours >> 20,
+            kv_mib = (num_blocks * block_bytes) >> 20,
+            "GPU memory laid out"
+        );
+        let net = Self {
+            shape: s,
+            stream,
+            blas,
+            attention,
+            ops,
+            embed,
+            lm_head,
+            norm,
+            layers,
+            rope_cos,
+            rope_sin,
+            kv,
+            block_size: e.block_size,
+            max_rows,
+            max_seqs,
+            ws,
+        };
+        Ok((
+            net,
+            Pool {
+                num_blocks,
+                block_bytes,
+            },
+        ))
+    }
+
+    fn forward(&mut self, seqs: &[BatchSeq]) -> Result<Vec<Vec<f32>>, ModelError> {
+        let s = &self.shape;
+        let bs = self.block_size;
+        let rows: usize = seqs.iter().map(|q| q.tokens.len()).sum();
+        let wanted = seqs.iter().filter(|q| q.want_logits).count();
+        if rows == 0 {
+            return Ok(Vec::new());
+        }
+        if rows > self.max_rows || wanted > self.max_seqs {
+            return Err(ModelError::Device(format!(
+                "a step of {rows} tokens / {wanted} sequences exceeds the workspace \
+                 ({} / {})",
+                self.max_rows, self.max_seqs
+            )));
+        }
+        // Per-row metadata, built on the host and uploaded once per step.
+        let max_blocks = seqs.iter().map(|q| q.block_table.len()).max().unwrap_or(1);
+        let max_blocks = max_blocks.max(1);
+        let mut tables = vec![0u32; seqs.len() * max_blocks];
+        let (mut tokens, mut pos, mut slots) = (
+            Vec::with_capacity(rows),
+            Vec::with_capacity(rows),
+            Vec::with_capacity(rows),
+        );
+        let (mut row_seq, mut row_ctx, mut want) = (
+            Vec::with_capacity(rows),
+            Vec::with_capacity(rows),
+            Vec::new(),
+        );
+        for (i, q) in seqs.iter().enumerate() {
+            tables[i * max_blocks..i * max_blocks + q.block_table.len()]
+                .copy_from_slice(q.block_table);
+            for (j, &t) in q.tokens.iter().enumerate() {
+                let p = q.start + j;
+                tokens.push(t);
+                pos.push(p as u32);
+                slots.push(q.block_table[p / bs] as i64 * bs as i64 + (p % bs) as i64);
+                row_seq.push(i as u32);
+                row_ctx.push(p as u32 + 1);
+            }
+            if q.want_logits {
+                want.push((tokens.len() - 1) as u32);
+            }
+        }
+        let max_ctx = row_ctx.iter().copied().max().unwrap_or(1) as usize;
+        let st = &self.stream;
+        let up = |v: &[u32]| st.clone_htod(v).map_err(|e| dev_err("upload")(&e));
+        let (d_tokens, d_pos, d_tables) = (up(&tokens)?, up(&pos)?, up(&tables)?);
+        let (d_row_seq, d_row_ctx) = (up(&row_seq)?, up(&row_ctx)?);
+        let d_slots = st.clone_htod(&slots).map_err(|e| dev_err("upload")(&e))?;
+
+        let (qdim, kvdim) = (s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim);
+        let heads = Heads {
+            num_heads: s.num_heads,
+            num_kv_heads: s.num_kv_heads,
+            head_size: s.head_dim,
+            neox: s.rope_style == RopeStyle::Neox,
+        };
+        let shape = Shape {
+            rows,
+            num_heads: s.num_heads,
+            num_kv_heads: s.num_kv_heads,
+            head_size: s.head_dim,
+            block_size: bs,
+            max_blocks,
+            scale: 1.0 / (s.head_dim as f32).sqrt(),
+        };
+        let k_err = |e: gateway_kernels::cuda::Error| ModelError::Device(e.to_string());
+        let (ops, ws) = (&self.ops, &mut self.ws);
+        let blas = Blas(&self.blas, st);
+        let (hidden, inter) = (s.hidden, s.intermediate);
+        ops.embed(&mut ws.x, &self.embed, &d_tokens, hidden)
+            .map_err(k_err)?;
+        for (l, (kc, vc)) in self.layers.iter().zip(self.kv.iter_mut()) {
+            ops.rms_norm(&mut ws.h, &ws.x, &l.attn_norm, s.rms_eps, rows)
+                .map_err(k_err)?;
+            let width = qdim + 2 * kvdim;
+            blas.gemm(&ws.h, &l.qkv, &mut ws.qkv, (rows, hidden, width), false)?;
+            ops.rope_split(
+                (&mut ws.q, &mut ws.k, &mut ws.v),
+                &ws.qkv,
+                &l.qkv_bias,
+                &d_pos,
+                (&self.rope_cos, &self.rope_sin),
+                heads,
+            )
+            .map_err(k_err)?;
+            self.attention
+                .reshape_and_cache(&ws.k, &ws.v, kc, vc, &d_slots, kvdim)
+                .map_err(k_err)?;
+            self.attention
+                .paged_attention(
+                    &mut ws.attn,
+                    &ws.q,
+                    kc,
+                    vc,
+                    &d_tables,
+                    &d_row_seq,
+                    &d_row_ctx,
+                    &shape,
+                    max_ctx,
+                )
+                .map_err(k_err)?;
+            // Residual adds are the GEMMs' beta = 1.
+            blas.gemm(&ws.attn, &l.o, &mut ws.x, (rows, qdim, hidden), true)?;
+            ops.rms_norm(&mut ws.h, &ws.x, &l.ffn_norm, s.rms_eps, rows)
+                .map_err(k_err)?;
+            blas.gemm(
+                &ws.h,
+                &l.gate_up,
+                &mut ws.gu,
+                (rows, hidden, 2 * inter),
+                false,
+            )?;
+            ops.silu_mul(&mut ws.act, &ws.gu, inter, rows)
+                .map_err(k_err)?;
+            blas.gemm(&ws.act, &l.down, &mut ws.x, (rows, inter, hidden), true)?;
+        }
+        if want.is_empty() {
+            return Ok(Vec::new());
+        }
+        // Only the rows whose logits are wanted go through the final norm and the vocab GEMM.
+        let n = want.len();
+        let d_want = up(&want)?;
+        ops.gather_rows(&mut ws.last, &ws.x, &d_want, hidden)
+            .map_err(k_err)?;
+        ops.rms_norm(&mut ws.h, &ws.last, &self.norm, s.rms_eps, n)
+            .map_err(k_err)?;
+        let head = self.lm_head.as_ref().unwrap_or(&self.embed);
+        blas.gemm(
+            &ws.h,
+            head,
+            &mut ws.logits,
+            (n, hidden, s.vocab_size),
+            false,
+        )?;
+        let host = st
+            .clone_dtoh(&ws.logits.slice(0..n * s.vocab_size))
+            .map_err(|e| dev_err("reading logits")(&e))?;
+        Ok(host.chunks(s.vocab_size).map(<[f32]>::to_vec).collect())
+    }
+}
+
+/// cuBLAS on the engine's stream.
+struct Blas<'a>(&'a CudaBlas, &'a Arc<CudaStream>);
+
+impl Blas<'_> {
+    /// `y[rows][out] = x[rows][inp] · w[out][inp]ᵀ`, or `+=` with `accumulate`, accumulated
+    /// in f32 (no TF32: f32 models stay f32). In cuBLAS's column-major terms the row-major
+    /// `w` is `wᵀ` and `x` is `xᵀ`, so this is `yᵀ = op_T(w) · xᵀ` with m = out, n = rows,
+    /// k = inp, and no copies. `y` may be wider than the inputs (f32 logits from bf16).
+    fn gemm<T: GpuElement, Y: GpuElement>(
+        &self,
+        x: &CudaSlice<T>,
+        w: &CudaSlice<T>,
+        y: &mut CudaSlice<Y>,
+        (rows, inp, out): (usize, usize, usize),
+        accumulate: bool,
+    ) -> Result<(), ModelError> {
+        let (alpha, beta) = (1f32, if accumulate { 1f32 } else { 0f32 });
+        let (wp, _w) = w.device_ptr(self.1);
+        let (xp, _x) = x.device_ptr(self.1);
+        let (yp, _y) = y.device_ptr_mut(self.1);
+        // SAFETY: `w` holds out × inp, `x` at least rows × inp and `y` rows × out elements
+        // (the workspace is sized for the largest step, which the caller checked); alpha and
+        // beta are host f32 scalars, as COMPUTE_32F with the default pointer mode expects.
+        unsafe {
+            cudarc::cublas::result::gemm_ex(
+                *self.0.handle(),
+                cublasOperation_t::CUBLAS_OP_T,
+                cublasOperation_t::CUBLAS_OP_N,
+                out as i32,
+                rows as i32,
+                inp as i32,
+                (&alpha as *const f32).cast::<c_void>(),
+                wp as *const c_void,
+                T::CUDA,
+                inp as i32,
+                xp as *const c_void,
+                T::CUDA,
+                inp as i32,
+                (&beta as *const f32).cast::<c_void>(),
+                yp as *mut c_void,
+                Y::CUDA,
+                out as i32,
+                cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            )
+        }
+        .map_err(|e| dev_err("cuBLAS GEMM")(&e))
+    }
+}

@@ -25,3 +25,6 @@ CUDA_HOME="$(kernels/install-nvcc.sh)"
 export CUDA_HOME
 cargo test --release -p gateway-kernels --features cuda
 cargo test --release -p gateway --features cuda --test gpu_parity
+# The same kernel tests and the CUDA engine's parity test again, on the CPU through an emulator
+# of the driver and cuBLAS, so the GPU path runs on every CI run even without a GPU.
+kernels/emu/run.sh

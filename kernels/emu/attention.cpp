@@ -2,11 +2,16 @@
 #include "emu.h"
 #include "../src/attention.cu"
 
+#define PER_HEAD_REG(T, H)                                                                     \
+  EMU_REG(paged_attention_##T##_##H##_g1)                                                    \
+  EMU_REG(paged_attention_##T##_##H##_g2)                                                    \
+  EMU_REG(paged_attention_##T##_##H##_g4)                                                    \
+  EMU_REG(paged_attention_##T##_##H##_g8)
 #define PER_TYPE_REG(T)                                                                        \
-  EMU_REG(paged_attention_##T##_64)                                                          \
-  EMU_REG(paged_attention_##T##_80)                                                          \
-  EMU_REG(paged_attention_##T##_96)                                                          \
-  EMU_REG(paged_attention_##T##_128)                                                         \
+  PER_HEAD_REG(T, 64)                                                                        \
+  PER_HEAD_REG(T, 80)                                                                        \
+  PER_HEAD_REG(T, 96)                                                                        \
+  PER_HEAD_REG(T, 128)                                                                       \
   EMU_REG(paged_attention_reduce_##T)                                                        \
   EMU_REG(reshape_and_cache_##T)
 PER_TYPE_REG(f32)

@@ -16,6 +16,8 @@ using std::max;
 using std::min;
 struct dim3 { unsigned x = 1, y = 1, z = 1; };
 struct float2 { float x, y; };
+struct float4 { float x, y, z, w; };
+struct uint4 { unsigned x, y, z, w; };
 extern "C" const dim3& emu_tid();
 extern dim3 emu_blockIdx, emu_blockDim, emu_gridDim;
 extern "C" void emu_syncthreads();

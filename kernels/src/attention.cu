@@ -3,28 +3,30 @@
 // Cache layout (the CPU engine's, `host/src/engine/paged_attention.rs`), per layer, for K and
 // for V: [num_blocks][block_size][num_kv_heads][head_size]. A token's slot is
 // `block * block_size + offset`, so one token's K (or V) for one KV head is `head_size`
-// contiguous elements: a warp reads it with one coalesced, vectorised load per lane (two
-// 16-bit elements packed into 32 bits), and the block table is the only indirection.
+// contiguous elements (128-256 bytes): a few lanes read it with 16-byte loads, and the block
+// table is the only indirection.
 //
 // One attention kernel serves decode and prefill. Each "row" is one query token: its sequence
 // (an index into `block_tables`) and its context length (positions 0..ctx_len it may attend,
 // which is causal masking for prefill rows). Decode has one row per sequence; prefill has one
-// row per prompt token. Grid: (num_heads, num_rows, num_partitions); a thread block handles
-// one query head of one row over one partition of PARTITION_SIZE context tokens:
-//   1. the query (scaled) goes to shared memory as f32;
-//   2. each warp takes whole KV blocks; within a warp, lanes split the head dimension and a
-//      shuffle reduction gives each token's logit, kept in shared memory;
-//   3. block-wide max and sum (warp shuffles, then one shared slot per warp) give the softmax;
-//   4. thread d accumulates output dimension d over the partition's tokens (V reads are
-//      coalesced across threads: consecutive d are consecutive addresses).
+// row per prompt token. Grid: (num_kv_heads x ceil(group / GT), num_rows, num_partitions);
+// a thread block serves up to GT (1, 2, 4 or 8) query heads that share one KV head
+// (GQA), for one row, over one partition of PARTITION_SIZE context tokens, so each K and V
+// element is read from memory once per group instead of once per query head:
+//   1. each lane keeps its 8 elements of every group head's (scaled) query in registers;
+//   2. a token's K vector is read by G lanes (G = 8 or 16), one 16-byte load each; partial dot
+//      products for every group head are reduced with log2(G) shuffles; a warp covers 32/G
+//      tokens per step, the 4 warps interleave; logits go to shared memory;
+//   3. per head, block-wide max, exp and sum give the softmax;
+//   4. V is read with the same token split and 16-byte loads, each element accumulated into
+//      every group head; token groups are summed with shuffles, warps through shared memory.
 // With one partition the row's output is written directly ("v1"). With several (long
 // contexts, "v2"/split-K), each partition writes its unnormalised f32 accumulator, max logit
-// and exp-sum, and `paged_attention_reduce` rescales and combines them.
+// and exp-sum per head, and `paged_attention_reduce` rescales and combines them.
 //
-// Next steps for speed (correctness first here): process all query heads of a GQA group in one
-// thread block so K/V is read once per group instead of relying on L2; 16-byte loads; a tiled
-// flash-attention prefill that shares K/V tiles across query rows instead of re-reading the
-// context once per prompt token.
+// Next steps for speed: a tiled flash-attention prefill that shares K/V tiles across query rows
+// instead of re-reading the context once per prompt token; deciding the partition size per
+// batch (fewer, longer partitions when rows x heads already fill the GPU).
 
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
@@ -41,22 +43,6 @@ __device__ __forceinline__ float to_f(__nv_bfloat16 x) { return __bfloat162float
 __device__ __forceinline__ void from_f(float& o, float x) { o = x; }
 __device__ __forceinline__ void from_f(__half& o, float x) { o = __float2half(x); }
 __device__ __forceinline__ void from_f(__nv_bfloat16& o, float x) { o = __float2bfloat16(x); }
-
-// Two adjacent elements as f32: one 4-byte load for 16-bit types, 8 bytes for f32.
-template <typename T> struct Pair;
-template <> struct Pair<float> {
-  __device__ static float2 load(const float* p) { return *reinterpret_cast<const float2*>(p); }
-};
-template <> struct Pair<__half> {
-  __device__ static float2 load(const __half* p) {
-    return __half22float2(*reinterpret_cast<const __half2*>(p));
-  }
-};
-template <> struct Pair<__nv_bfloat16> {
-  __device__ static float2 load(const __nv_bfloat16* p) {
-    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(p));
-  }
-};
 
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
@@ -82,7 +68,44 @@ __device__ float block_reduce(float v, float* scratch) {
   return MAX ? warp_max(v) : warp_sum(v);
 }
 
-template <typename T, int HEAD>
+// Eight consecutive elements as f32: one 16-byte load for 16-bit types, two for f32. Head
+// sizes are multiples of 8 and the cache is 256-byte aligned, so every load is aligned.
+template <typename T> struct Vec8;
+template <> struct Vec8<float> {
+  __device__ static void load(const float* p, float* o) {
+    const float4 a = reinterpret_cast<const float4*>(p)[0], b = reinterpret_cast<const float4*>(p)[1];
+    o[0] = a.x; o[1] = a.y; o[2] = a.z; o[3] = a.w;
+    o[4] = b.x; o[5] = b.y; o[6] = b.z; o[7] = b.w;
+  }
+};
+template <> struct Vec8<__half> {
+  __device__ static void load(const __half* p, float* o) {
+    const uint4 u = *reinterpret_cast<const uint4*>(p);
+    const __half2* h = reinterpret_cast<const __half2*>(&u);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float2 f = __half22float2(h[i]);
+      o[2 * i] = f.x;
+      o[2 * i + 1] = f.y;
+    }
+  }
+};
+template <> struct Vec8<__nv_bfloat16> {
+  __device__ static void load(const __nv_bfloat16* p, float* o) {
+    const uint4 u = *reinterpret_cast<const uint4*>(p);
+    const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&u);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float2 f = __bfloat1622float2(h[i]);
+      o[2 * i] = f.x;
+      o[2 * i + 1] = f.y;
+    }
+  }
+};
+
+// GT: query heads of one KV head this block serves (a power of two; the launcher picks the
+// smallest that holds the GQA group, up to 8), sizing the register and shared arrays.
+template <typename T, int HEAD, int GT>
 __device__ void attention(
     T* __restrict__ out,              // [rows, heads, HEAD]            (one partition)
     float* __restrict__ part_out,     // [rows, heads, parts, HEAD]     (several partitions)
@@ -94,79 +117,152 @@ __device__ void attention(
     const uint32_t* __restrict__ block_tables,  // [seqs, max_blocks]
     const uint32_t* __restrict__ row_seq,       // [rows]
     const uint32_t* __restrict__ row_ctx,       // [rows]
-    int num_kv_heads, int block_size, int max_blocks, float scale) {
-  static_assert(HEAD % 2 == 0, "pairs of elements");
-  const int head = blockIdx.x, row = blockIdx.y, part = blockIdx.z;
-  const int num_heads = gridDim.x, parts = gridDim.z;
-  const int kv_head = head / (num_heads / num_kv_heads);
+    int num_heads, int num_kv_heads, int block_size, int max_blocks, float scale) {
+  static_assert(HEAD % 8 == 0, "16-byte pieces");
+  constexpr int CHUNKS = HEAD / 8;            // 16-byte pieces of one head vector
+  constexpr int G = CHUNKS > 8 ? 16 : 8;      // lanes per token (a power of two >= CHUNKS)
+  constexpr int TPW = WARP / G;               // tokens a warp reads at once
+  const int group = num_heads / num_kv_heads;
+  const int chunks = (group + GT - 1) / GT;
+  const int kv_head = blockIdx.x / chunks;
+  const int h0 = kv_head * group + (blockIdx.x % chunks) * GT;  // first query head
+  const int g = min(GT, (kv_head + 1) * group - h0);           // query heads here
+  const int row = blockIdx.y, part = blockIdx.z, parts = gridDim.z;
   const int ctx = row_ctx[row];
   const int begin = part * PARTITION_SIZE;
   const int end = min(ctx, begin + PARTITION_SIZE);
-  const size_t out_idx = ((size_t)row * num_heads + head) * parts + part;
+  const size_t head_base = (size_t)row * num_heads + h0;  // (row, h0) in [rows, heads]
   if (begin >= end) {  // this partition lies past the row's context
-    if (parts > 1 && threadIdx.x == 0) {
-      part_max[out_idx] = -INFINITY;
-      part_sum[out_idx] = 0.f;
-    }
     if (parts > 1)
-      for (int d = threadIdx.x; d < HEAD; d += NUM_THREADS) part_out[out_idx * HEAD + d] = 0.f;
+      for (int i = threadIdx.x; i < g * HEAD; i += NUM_THREADS) {
+        const size_t idx = (head_base + i / HEAD) * parts + part;
+        part_out[idx * HEAD + i % HEAD] = 0.f;
+        if (i % HEAD == 0) {
+          part_max[idx] = -INFINITY;
+          part_sum[idx] = 0.f;
+        }
+      }
     return;
   }
-  __shared__ float q_s[HEAD];
-  __shared__ float logits[PARTITION_SIZE];
-  __shared__ float scratch[NUM_WARPS];
-  const T* q_row = q + ((size_t)row * num_heads + head) * HEAD;
-  for (int d = threadIdx.x; d < HEAD; d += NUM_THREADS) q_s[d] = to_f(q_row[d]) * scale;
-  __syncthreads();
+  __shared__ float logits[GT][PARTITION_SIZE];
+  __shared__ float acc_s[NUM_WARPS][GT][HEAD];
+  __shared__ float red[GT][NUM_WARPS];
+  __shared__ float stat[GT][2];  // max logit, exp-sum
+
+  const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+  const int tg = lane / G, gl = lane % G;  // token of the warp's step, lane within the token
+  const bool active = gl < CHUNKS;         // lanes past the head (80, 96) only join shuffles
+  // Each lane keeps its 8 query elements of every head of the group in registers (scaled).
+  float qr[GT][8];
+#pragma unroll
+  for (int j = 0; j < GT; ++j)
+#pragma unroll
+    for (int e = 0; e < 8; ++e)
+      qr[j][e] = (j < g && active) ? to_f(q[(head_base + j) * HEAD + gl * 8 + e]) * scale : 0.f;
 
   const uint32_t* table = block_tables + (size_t)row_seq[row] * max_blocks;
   const size_t token_stride = (size_t)num_kv_heads * HEAD;
-  const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
-  float local_max = -INFINITY;
-  // Warps take whole blocks (one table lookup per block), lanes the head dimension in pairs.
-  const int first_block = begin / block_size, last_block = (end - 1) / block_size;
-  for (int b = first_block + warp; b <= last_block; b += NUM_WARPS) {
-    const size_t base = (size_t)table[b] * block_size * token_stride + (size_t)kv_head * HEAD;
-    const int t0 = max(begin, b * block_size), t1 = min(end, (b + 1) * block_size);
-    for (int t = t0; t < t1; ++t) {
-      const T* k = k_cache + base + (size_t)(t - b * block_size) * token_stride;
-      float acc = 0.f;
-      for (int p = lane; p < HEAD / 2; p += WARP) {
-        const float2 kv = Pair<T>::load(k + 2 * p);
-        acc += q_s[2 * p] * kv.x + q_s[2 * p + 1] * kv.y;
-      }
-      acc = warp_sum(acc);
-      if (lane == 0) logits[t - begin] = acc;
-      local_max = fmaxf(local_max, acc);
+  const size_t head_off = (size_t)kv_head * HEAD + gl * 8;
+  // Logits: a token's K is read once (one 16-byte load per lane) for every query head of the
+  // group; lanes of a token reduce their partial dot products with log2(G) shuffles.
+  float local_max[GT];
+#pragma unroll
+  for (int j = 0; j < GT; ++j) local_max[j] = -INFINITY;
+  for (int base = begin + warp * TPW; base < end; base += NUM_WARPS * TPW) {
+    const int t = base + tg;
+    const bool valid = t < end;
+    float k8[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    if (valid && active) {
+      const size_t slot = (size_t)table[t / block_size] * block_size + t % block_size;
+      Vec8<T>::load(k_cache + slot * token_stride + head_off, k8);
     }
+#pragma unroll
+    for (int j = 0; j < GT; ++j) {
+      if (j >= g) break;  // uniform across the block
+      float s = 0.f;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) s += qr[j][e] * k8[e];
+#pragma unroll
+      for (int o = G / 2; o > 0; o /= 2) s += __shfl_xor_sync(0xffffffff, s, o);
+      if (valid) {
+        if (gl == 0) logits[j][t - begin] = s;
+        local_max[j] = fmaxf(local_max[j], s);
+      }
+    }
+  }
+  for (int j = 0; j < g; ++j) {
+    const float m = warp_max(local_max[j]);
+    if (lane == 0) red[j][warp] = m;
+  }
+  __syncthreads();  // logits and per-warp maxima complete
+  if (threadIdx.x < g) {
+    float m = -INFINITY;
+    for (int w = 0; w < NUM_WARPS; ++w) m = fmaxf(m, red[threadIdx.x][w]);
+    stat[threadIdx.x][0] = m;
   }
   __syncthreads();
-  const float m = block_reduce<true>(local_max, scratch);
-  float local_sum = 0.f;
-  for (int i = threadIdx.x; i < end - begin; i += NUM_THREADS) {
-    const float e = __expf(logits[i] - m);
-    logits[i] = e;
-    local_sum += e;
+  const int n = end - begin;
+  for (int i = threadIdx.x; i < g * n; i += NUM_THREADS) {
+    const int j = i / n, t = i % n;
+    logits[j][t] = __expf(logits[j][t] - stat[j][0]);
   }
-  const float sum = block_reduce<false>(local_sum, scratch);  // syncs: logits complete
+  __syncthreads();
+  for (int j = warp; j < g; j += NUM_WARPS) {
+    float s = 0.f;
+    for (int t = lane; t < n; t += WARP) s += logits[j][t];
+    s = warp_sum(s);
+    if (lane == 0) stat[j][1] = s;
+  }
 
-  for (int d = threadIdx.x; d < HEAD; d += NUM_THREADS) {
-    float acc = 0.f;
-    for (int t = begin; t < end; ++t) {
-      const int b = t / block_size;
-      const T* v = v_cache + (size_t)table[b] * block_size * token_stride +
-                   (size_t)(t - b * block_size) * token_stride + (size_t)kv_head * HEAD;
-      acc += logits[t - begin] * to_f(v[d]);
-    }
-    if (parts == 1) {
-      from_f(out[((size_t)row * num_heads + head) * HEAD + d], acc / sum);
-    } else {
-      part_out[out_idx * HEAD + d] = acc;
+  // Values: the same token split; each V piece is read once and added into every head's
+  // accumulator, then token groups (shuffles) and warps (shared memory) are summed.
+  float acc[GT][8];
+#pragma unroll
+  for (int j = 0; j < GT; ++j)
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc[j][e] = 0.f;
+  for (int base = begin + warp * TPW; base < end; base += NUM_WARPS * TPW) {
+    const int t = base + tg;
+    if (t < end && active) {
+      const size_t slot = (size_t)table[t / block_size] * block_size + t % block_size;
+      float v8[8];
+      Vec8<T>::load(v_cache + slot * token_stride + head_off, v8);
+#pragma unroll
+      for (int j = 0; j < GT; ++j) {
+        if (j >= g) break;
+        const float w = logits[j][t - begin];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[j][e] += w * v8[e];
+      }
     }
   }
-  if (parts > 1 && threadIdx.x == 0) {
-    part_max[out_idx] = m;
-    part_sum[out_idx] = sum;
+#pragma unroll
+  for (int j = 0; j < GT; ++j) {
+    if (j >= g) break;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      float x = acc[j][e];
+#pragma unroll
+      for (int o = G; o < WARP; o *= 2) x += __shfl_xor_sync(0xffffffff, x, o);
+      if (tg == 0 && active) acc_s[warp][j][gl * 8 + e] = x;
+    }
+  }
+  __syncthreads();  // acc_s and the exp-sums complete
+  for (int i = threadIdx.x; i < g * HEAD; i += NUM_THREADS) {
+    const int j = i / HEAD, d = i % HEAD;
+    float x = 0.f;
+#pragma unroll
+    for (int w = 0; w < NUM_WARPS; ++w) x += acc_s[w][j][d];
+    if (parts == 1) {
+      from_f(out[(head_base + j) * HEAD + d], x / stat[j][1]);
+    } else {
+      const size_t idx = (head_base + j) * parts + part;
+      part_out[idx * HEAD + d] = x;
+      if (d == 0) {
+        part_max[idx] = stat[j][0];
+        part_sum[idx] = stat[j][1];
+      }
+    }
   }
 }
 
@@ -211,15 +307,23 @@ __device__ void reshape_and_cache(const T* __restrict__ key, const T* __restrict
   }
 }
 
-#define ATTENTION(NAME, T, HEAD)                                                              \
-  extern "C" __global__ void __launch_bounds__(NUM_THREADS) paged_attention_##NAME##_##HEAD(  \
-      T* out, float* part_out, float* part_max, float* part_sum, const T* q,                  \
-      const T* k_cache, const T* v_cache, const uint32_t* block_tables,                      \
-      const uint32_t* row_seq, const uint32_t* row_ctx, int num_kv_heads, int block_size,     \
-      int max_blocks, float scale) {                                                          \
-    attention<T, HEAD>(out, part_out, part_max, part_sum, q, k_cache, v_cache, block_tables, \
-                       row_seq, row_ctx, num_kv_heads, block_size, max_blocks, scale);       \
+#define ATTENTION_G(NAME, T, HEAD, GT)                                                        \
+  extern "C" __global__ void __launch_bounds__(NUM_THREADS)                                   \
+      paged_attention_##NAME##_##HEAD##_g##GT(                                                \
+          T* out, float* part_out, float* part_max, float* part_sum, const T* q,              \
+          const T* k_cache, const T* v_cache, const uint32_t* block_tables,                  \
+          const uint32_t* row_seq, const uint32_t* row_ctx, int num_heads, int num_kv_heads,  \
+          int block_size, int max_blocks, float scale) {                                      \
+    attention<T, HEAD, GT>(out, part_out, part_max, part_sum, q, k_cache, v_cache,           \
+                           block_tables, row_seq, row_ctx, num_heads, num_kv_heads,           \
+                           block_size, max_blocks, scale);                                    \
   }
+
+#define ATTENTION(NAME, T, HEAD)                                                              \
+  ATTENTION_G(NAME, T, HEAD, 1)                                                               \
+  ATTENTION_G(NAME, T, HEAD, 2)                                                               \
+  ATTENTION_G(NAME, T, HEAD, 4)                                                               \
+  ATTENTION_G(NAME, T, HEAD, 8)
 
 #define PER_TYPE(NAME, T)                                                                     \
   ATTENTION(NAME, T, 64)                                                                      \

@@ -11,7 +11,7 @@ use cudarc::driver::{
 };
 use cudarc::nvrtc::Ptx;
 
-use crate::{Shape, HEAD_SIZES, PARTITION_SIZE};
+use crate::{group_tile, Shape, HEAD_SIZES, PARTITION_SIZE};
 
 const FATBIN: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/attention.fatbin"));
 const THREADS: u32 = 128;
@@ -140,17 +140,29 @@ impl Kernels {
                 self.stream.alloc::<f32>(partials)?,
             )
         };
-        let f = self.function(&format!("paged_attention_{}_{}", T::NAME, s.head_size))?;
+        let tile = group_tile(s.num_heads / s.num_kv_heads);
+        let f = self.function(&format!(
+            "paged_attention_{}_{}_g{tile}",
+            T::NAME,
+            s.head_size
+        ))?;
         let (kvh, bs, mb) = (
             s.num_kv_heads as i32,
             s.block_size as i32,
             s.max_blocks as i32,
         );
+        // One thread block per KV head (per `tile` of its query heads), row and partition.
+        let chunks = (s.num_heads / s.num_kv_heads).div_ceil(tile);
         let cfg = LaunchConfig {
-            grid_dim: (s.num_heads as u32, s.rows as u32, parts as u32),
+            grid_dim: (
+                (s.num_kv_heads * chunks) as u32,
+                s.rows as u32,
+                parts as u32,
+            ),
             block_dim: (THREADS, 1, 1),
             shared_mem_bytes: 0,
         };
+        let nh = s.num_heads as i32;
         let mut b = self.stream.launch_builder(&f);
         b.arg(&mut *out)
             .arg(&mut part_out)
@@ -162,6 +174,7 @@ impl Kernels {
             .arg(block_tables)
             .arg(row_seq)
             .arg(row_ctx)
+            .arg(&nh)
             .arg(&kvh)
             .arg(&bs)
             .arg(&mb)

@@ -14,6 +14,19 @@ pub mod layers;
 /// combined by the reduction kernel (must match `PARTITION_SIZE` in `attention.cu`).
 pub const PARTITION_SIZE: usize = 512;
 
+/// Query heads of one KV head a thread block can serve, sharing each K/V load (the `_g<N>`
+/// instantiations in `attention.cu`); larger GQA groups take several blocks.
+pub const GROUP_TILES: [usize; 4] = [1, 2, 4, 8];
+
+/// The tile a GQA group of `group` query heads per KV head is served with: the smallest that
+/// holds it, else the largest (several blocks per KV head).
+pub fn group_tile(group: usize) -> usize {
+    GROUP_TILES
+        .into_iter()
+        .find(|&t| t >= group)
+        .unwrap_or(GROUP_TILES[GROUP_TILES.len() - 1])
+}
+
 /// Head sizes the attention kernel is instantiated for.
 pub const HEAD_SIZES: [usize; 4] = [64, 80, 96, 128];
 

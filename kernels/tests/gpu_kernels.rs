@@ -95,6 +95,9 @@ mod gpu {
             (96, 4, 32, vec![31, 32, 33, 700]),
             (128, 4, 16, vec![1, 15, 16, 2048 + 7]),
             (128, 8, 16, vec![5, 1030]),
+            // A group that leaves part of its tile idle, and one larger than the largest tile.
+            (96, 3, 16, vec![2, 129]),
+            (64, 12, 8, vec![3, 600]),
         ] {
             let errs = [
                 case::<f32>(&k, head, ratio, block, &ctxs, &mut cases),

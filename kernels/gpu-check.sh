@@ -11,7 +11,8 @@
 #                                # dependency again (own target dir, ~20 min on 2 cores).
 #   kernels/gpu-check.sh run     # GPU machine, repository root, target/gpu-check/ present:
 #                                # kernel correctness against the CPU reference, the bandwidth
-#                                # table (about a minute on an H200), then, if every model part
+#                                # table (about a minute on an H200) with PyTorch's fused SDPA
+#                                # on the same shapes as the anchor, then, if every model part
 #                                # is there, the 32-token greedy parity of the CUDA engine with
 #                                # the CPU engine on the default model.
 #
@@ -48,6 +49,7 @@ for l in sys.stdin:
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
     target/gpu-check/gpu_kernels
     target/gpu-check/attention --bench
+    python3 kernels/bench_torch.py || echo "torch anchor: FAILED (the kernel results above stand)"
     if [ -f "$parts/model.sha256" ] && cat "$parts"/model.gguf.part* 2>/dev/null >"$parts/model.gguf" &&
       [ "$(sha256sum "$parts/model.gguf" | cut -d' ' -f1)" = "$(cat "$parts/model.sha256")" ]; then
       lib=$(python3 -c 'import site; print("\n".join(site.getsitepackages()))' 2>/dev/null |

@@ -10,6 +10,7 @@ fn main() {
     for src in SOURCES {
         println!("cargo:rerun-if-changed=src/{src}.cu");
     }
+    println!("cargo:rerun-if-changed=src/common.cuh");
     println!("cargo:rerun-if-env-changed=CUDA_HOME");
     if std::env::var_os("CARGO_FEATURE_CUDA").is_none() {
         return;

@@ -70,6 +70,17 @@ pub fn supported(num_heads: usize, num_kv_heads: usize, head_size: usize) -> Res
     Ok(())
 }
 
+/// An embedded fatbin loaded into the stream's context (the driver picks the SASS for the GPU,
+/// or JIT-compiles the PTX on a newer one).
+pub(crate) fn load_module(
+    stream: &Arc<CudaStream>,
+    fatbin: &[u8],
+) -> Result<Arc<CudaModule>, Error> {
+    Ok(stream
+        .context()
+        .load_module(Ptx::from_binary(fatbin.to_vec()))?)
+}
+
 pub struct Kernels {
     stream: Arc<CudaStream>,
     module: Arc<CudaModule>,
@@ -78,9 +89,7 @@ pub struct Kernels {
 impl Kernels {
     /// Loads the kernels into the stream's context.
     pub fn new(stream: Arc<CudaStream>) -> Result<Self, Error> {
-        let module = stream
-            .context()
-            .load_module(Ptx::from_binary(FATBIN.to_vec()))?;
+        let module = load_module(&stream, FATBIN)?;
         Ok(Self { stream, module })
     }
 

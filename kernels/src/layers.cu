@@ -6,31 +6,16 @@
 // Math is in f32 whatever T is; results are rounded to T once, on store. The residual stream
 // itself is T (as in vLLM): cuBLAS accumulates the projections into it in f32 with beta = 1.
 
-#include <cuda_fp16.h>
-#include <cuda_bf16.h>
-#include <stdint.h>
-
-#define WARP 32
-
-__device__ __forceinline__ float to_f(float x) { return x; }
-__device__ __forceinline__ float to_f(__half x) { return __half2float(x); }
-__device__ __forceinline__ float to_f(__nv_bfloat16 x) { return __bfloat162float(x); }
-__device__ __forceinline__ void from_f(float& o, float x) { o = x; }
-__device__ __forceinline__ void from_f(__half& o, float x) { o = __float2half(x); }
-__device__ __forceinline__ void from_f(__nv_bfloat16& o, float x) { o = __float2bfloat16(x); }
+#include "common.cuh"
 
 __device__ __forceinline__ float block_sum(float v) {
   __shared__ float scratch[WARP];
   const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
-#pragma unroll
-  for (int o = WARP / 2; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffff, v, o);
+  v = warp_sum(v);
   if (lane == 0) scratch[warp] = v;
   __syncthreads();
   const int warps = (blockDim.x + WARP - 1) / WARP;
-  v = lane < warps ? scratch[lane] : 0.f;
-#pragma unroll
-  for (int o = WARP / 2; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffff, v, o);
-  return v;
+  return warp_sum(lane < warps ? scratch[lane] : 0.f);
 }
 
 // out[r] = table[ids[r]]

@@ -6,9 +6,8 @@ use std::sync::Arc;
 use cudarc::driver::{
     CudaFunction, CudaModule, CudaSlice, CudaStream, LaunchConfig, PushKernelArg,
 };
-use cudarc::nvrtc::Ptx;
 
-use crate::cuda::{Element, Error};
+use crate::cuda::{load_module, Element, Error};
 
 const FATBIN: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/layers.fatbin"));
 const THREADS: u32 = 256;
@@ -38,9 +37,7 @@ fn rows_cfg(rows: usize) -> LaunchConfig {
 
 impl Layers {
     pub fn new(stream: Arc<CudaStream>) -> Result<Self, Error> {
-        let module = stream
-            .context()
-            .load_module(Ptx::from_binary(FATBIN.to_vec()))?;
+        let module = load_module(&stream, FATBIN)?;
         Ok(Self { stream, module })
     }
 

@@ -63,7 +63,9 @@ fn main() {
         let row_seq = st
             .clone_htod(&(0..batch as u32).collect::<Vec<_>>())
             .expect("copy");
-        let row_ctx = st.clone_htod(&vec![ctx_len as u32; batch]).expect("copy");
+        let ctxs = vec![ctx_len as u32; batch];
+        let plan = k.plan_rows(&ctxs).expect("plan");
+        let row_ctx = st.clone_htod(&ctxs).expect("copy");
         let s = Shape {
             rows: batch,
             num_heads: heads,
@@ -75,7 +77,7 @@ fn main() {
         };
         let mut call = || {
             k.paged_attention(
-                &mut out, &q, &kc, &vc, &tables, &row_seq, &row_ctx, &s, ctx_len,
+                &mut out, &q, &kc, &vc, &tables, &row_seq, &row_ctx, &plan, &s,
             )
             .expect("launch")
         };

@@ -22,7 +22,9 @@
 //      every group head; token groups are summed with shuffles, warps through shared memory.
 // With one partition the row's output is written directly ("v1"). With several (long
 // contexts, "v2"/split-K), each partition writes its unnormalised f32 accumulator, max logit
-// and exp-sum per head, and `paged_attention_reduce` rescales and combines them.
+// and exp-sum per head, and `paged_attention_reduce` rescales and combines them. The host
+// launches the two kinds of rows separately (`row_ids` lists a launch's rows), so short rows
+// never pay for the partitions of the batch's longest one.
 //
 // Next steps for speed: a tiled flash-attention prefill that shares K/V tiles across query rows
 // instead of re-reading the context once per prompt token; deciding the partition size per
@@ -86,13 +88,14 @@ template <> struct Vec8<__nv_bfloat16> {
 template <typename T, int HEAD, int GT>
 __device__ void attention(
     T* __restrict__ out,              // [rows, heads, HEAD]            (one partition)
-    float* __restrict__ part_out,     // [rows, heads, parts, HEAD]     (several partitions)
-    float* __restrict__ part_max,     // [rows, heads, parts]
-    float* __restrict__ part_sum,     // [rows, heads, parts]
+    float* __restrict__ part_out,     // [launch rows, heads, parts, HEAD] (several partitions)
+    float* __restrict__ part_max,     // [launch rows, heads, parts]
+    float* __restrict__ part_sum,     // [launch rows, heads, parts]
     const T* __restrict__ q,          // [rows, heads, HEAD]
     const T* __restrict__ k_cache,    // [blocks, block_size, kv_heads, HEAD]
     const T* __restrict__ v_cache,    // same
     const uint32_t* __restrict__ block_tables,  // [seqs, max_blocks]
+    const uint32_t* __restrict__ row_ids,       // [launch rows]: the rows this launch serves
     const uint32_t* __restrict__ row_seq,       // [rows]
     const uint32_t* __restrict__ row_ctx,       // [rows]
     int num_heads, int num_kv_heads, int block_size, int max_blocks, float scale) {
@@ -105,15 +108,16 @@ __device__ void attention(
   const int kv_head = blockIdx.x / chunks;
   const int h0 = kv_head * group + (blockIdx.x % chunks) * GT;  // first query head
   const int g = min(GT, (kv_head + 1) * group - h0);           // query heads here
-  const int row = blockIdx.y, part = blockIdx.z, parts = gridDim.z;
+  const int row = row_ids[blockIdx.y], part = blockIdx.z, parts = gridDim.z;
   const int ctx = row_ctx[row];
   const int begin = part * PARTITION_SIZE;
   const int end = min(ctx, begin + PARTITION_SIZE);
   const size_t head_base = (size_t)row * num_heads + h0;  // (row, h0) in [rows, heads]
+  const size_t part_base = (size_t)blockIdx.y * num_heads + h0;  // in this launch's partials
   if (begin >= end) {  // this partition lies past the row's context
     if (parts > 1)
       for (int i = threadIdx.x; i < g * HEAD; i += NUM_THREADS) {
-        const size_t idx = (head_base + i / HEAD) * parts + part;
+        const size_t idx = (part_base + i / HEAD) * parts + part;
         part_out[idx * HEAD + i % HEAD] = 0.f;
         if (i % HEAD == 0) {
           part_max[idx] = -INFINITY;
@@ -234,7 +238,7 @@ __device__ void attention(
     if (parts == 1) {
       from_f(out[(head_base + j) * HEAD + d], x / stat[j][1]);
     } else {
-      const size_t idx = (head_base + j) * parts + part;
+      const size_t idx = (part_base + j) * parts + part;
       part_out[idx * HEAD + d] = x;
       if (d == 0) {
         part_max[idx] = stat[j][0];
@@ -244,14 +248,14 @@ __device__ void attention(
   }
 }
 
-// Combines the partitions of each (row, head): rescale each partition's accumulator and
-// exp-sum to the global max, then divide.
+// Combines the partitions of each (row, head) of a split-K launch: rescale each partition's
+// accumulator and exp-sum to the global max, then divide.
 template <typename T>
 __device__ void reduce(T* __restrict__ out, const float* __restrict__ part_out,
                        const float* __restrict__ part_max, const float* __restrict__ part_sum,
-                       int parts, int head_size) {
-  const int head = blockIdx.x, row = blockIdx.y, num_heads = gridDim.x;
-  const size_t base = ((size_t)row * num_heads + head) * parts;
+                       const uint32_t* __restrict__ row_ids, int parts, int head_size) {
+  const int head = blockIdx.x, row = row_ids[blockIdx.y], num_heads = gridDim.x;
+  const size_t base = ((size_t)blockIdx.y * num_heads + head) * parts;
   __shared__ float weights[1024];
   __shared__ float scratch[NUM_WARPS];
   float local_max = -INFINITY;
@@ -290,10 +294,10 @@ __device__ void reshape_and_cache(const T* __restrict__ key, const T* __restrict
       paged_attention_##NAME##_##HEAD##_g##GT(                                                \
           T* out, float* part_out, float* part_max, float* part_sum, const T* q,              \
           const T* k_cache, const T* v_cache, const uint32_t* block_tables,                  \
-          const uint32_t* row_seq, const uint32_t* row_ctx, int num_heads, int num_kv_heads,  \
-          int block_size, int max_blocks, float scale) {                                      \
+          const uint32_t* row_ids, const uint32_t* row_seq, const uint32_t* row_ctx,          \
+          int num_heads, int num_kv_heads, int block_size, int max_blocks, float scale) {     \
     attention<T, HEAD, GT>(out, part_out, part_max, part_sum, q, k_cache, v_cache,           \
-                           block_tables, row_seq, row_ctx, num_heads, num_kv_heads,           \
+                           block_tables, row_ids, row_seq, row_ctx, num_heads, num_kv_heads,  \
                            block_size, max_blocks, scale);                                    \
   }
 
@@ -309,9 +313,9 @@ __device__ void reshape_and_cache(const T* __restrict__ key, const T* __restrict
   ATTENTION(NAME, T, 96)                                                                      \
   ATTENTION(NAME, T, 128)                                                                     \
   extern "C" __global__ void __launch_bounds__(NUM_THREADS) paged_attention_reduce_##NAME(    \
-      T* out, const float* part_out, const float* part_max, const float* part_sum, int parts, \
-      int head_size) {                                                                        \
-    reduce<T>(out, part_out, part_max, part_sum, parts, head_size);                           \
+      T* out, const float* part_out, const float* part_max, const float* part_sum,            \
+      const uint32_t* row_ids, int parts, int head_size) {                                    \
+    reduce<T>(out, part_out, part_max, part_sum, row_ids, parts, head_size);                  \
   }                                                                                           \
   extern "C" __global__ void reshape_and_cache_##NAME(const T* key, const T* value,           \
                                                       T* k_cache, T* v_cache,                 \

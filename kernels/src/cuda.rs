@@ -81,6 +81,14 @@ pub(crate) fn load_module(
         .load_module(Ptx::from_binary(fatbin.to_vec()))?)
 }
 
+/// A step's rows grouped by launch (see `Kernels::plan_rows`).
+pub struct RowPlan {
+    /// Rows whose context fits one partition.
+    single: Option<CudaSlice<u32>>,
+    /// Longer rows and the partitions their launch uses.
+    split: Option<(CudaSlice<u32>, usize)>,
+}
+
 pub struct Kernels {
     stream: Arc<CudaStream>,
     module: Arc<CudaModule>,
@@ -101,9 +109,48 @@ impl Kernels {
         Ok(self.module.load_function(name)?)
     }
 
+    /// Splits a step's rows by context length (host copy of `row_ctx`): rows that fit one
+    /// partition take the single-pass launch, longer ones the split-K launch sized by the
+    /// longest of them, so one long row does not make every row of the batch run and reduce
+    /// partitions. Made once per step, used by every layer.
+    pub fn plan_rows(&self, row_ctx: &[u32]) -> Result<RowPlan, Error> {
+        if row_ctx.len() > MAX_ROWS {
+            return Err(Error::Unsupported(format!(
+                "{} query rows in one call (at most {MAX_ROWS})",
+                row_ctx.len()
+            )));
+        }
+        let (mut single, mut split, mut longest) = (Vec::new(), Vec::new(), 0usize);
+        for (i, &c) in row_ctx.iter().enumerate() {
+            if c as usize <= PARTITION_SIZE {
+                single.push(i as u32);
+            } else {
+                split.push(i as u32);
+                longest = longest.max(c as usize);
+            }
+        }
+        let parts = longest.div_ceil(PARTITION_SIZE);
+        if parts > 1024 {
+            return Err(Error::Unsupported(format!(
+                "context of {longest} tokens (at most {})",
+                1024 * PARTITION_SIZE
+            )));
+        }
+        let upload = |ids: Vec<u32>| -> Result<Option<CudaSlice<u32>>, Error> {
+            Ok(match ids.is_empty() {
+                true => None,
+                false => Some(self.stream.clone_htod(&ids)?),
+            })
+        };
+        Ok(RowPlan {
+            single: upload(single)?,
+            split: upload(split)?.map(|ids| (ids, parts)),
+        })
+    }
+
     /// `out[r][h] = softmax(q[r][h] · K[ctx]) · V[ctx]` for every row through the block
-    /// tables (see `Shape`). Contexts longer than one partition are split and reduced.
-    /// `max_ctx` bounds `row_ctx` (it sizes the partition grid); every `row_ctx` must be ≥ 1.
+    /// tables (see `Shape`), launched as `plan` (from `plan_rows` over the same `row_ctx`)
+    /// says. Every row's context length must be ≥ 1.
     #[allow(clippy::too_many_arguments)]
     pub fn paged_attention<T: Element>(
         &self,
@@ -114,100 +161,91 @@ impl Kernels {
         block_tables: &CudaSlice<u32>,
         row_seq: &CudaSlice<u32>,
         row_ctx: &CudaSlice<u32>,
+        plan: &RowPlan,
         s: &Shape,
-        max_ctx: usize,
     ) -> Result<(), Error> {
         supported(s.num_heads, s.num_kv_heads, s.head_size)?;
-        if s.rows == 0 || max_ctx == 0 {
-            return Ok(());
-        }
-        if s.rows > MAX_ROWS {
-            return Err(Error::Unsupported(format!(
-                "{} query rows in one call (at most {MAX_ROWS})",
-                s.rows
-            )));
-        }
-        let parts = max_ctx.div_ceil(PARTITION_SIZE);
-        if parts > 1024 {
-            return Err(Error::Unsupported(format!(
-                "context of {max_ctx} tokens (at most {})",
-                1024 * PARTITION_SIZE
-            )));
-        }
-        let partials = if parts > 1 {
-            s.rows * s.num_heads * parts
-        } else {
-            1
-        };
-        // SAFETY: every partition of every (row, head) writes its slots, empty ones included
-        // (max -inf, sum 0), before the reduction reads them; single-partition calls never
-        // touch them.
-        let (mut part_out, mut part_max, mut part_sum) = unsafe {
-            (
-                self.stream.alloc::<f32>(partials * s.head_size)?,
-                self.stream.alloc::<f32>(partials)?,
-                self.stream.alloc::<f32>(partials)?,
-            )
-        };
         let tile = group_tile(s.num_heads / s.num_kv_heads);
         let f = self.function(&format!(
             "paged_attention_{}_{}_g{tile}",
             T::NAME,
             s.head_size
         ))?;
-        let (kvh, bs, mb) = (
+        // One thread block per KV head (per `tile` of its query heads), row and partition.
+        let blocks_x = (s.num_kv_heads * (s.num_heads / s.num_kv_heads).div_ceil(tile)) as u32;
+        let (nh, kvh, bs, mb) = (
+            s.num_heads as i32,
             s.num_kv_heads as i32,
             s.block_size as i32,
             s.max_blocks as i32,
         );
-        // One thread block per KV head (per `tile` of its query heads), row and partition.
-        let chunks = (s.num_heads / s.num_kv_heads).div_ceil(tile);
-        let cfg = LaunchConfig {
-            grid_dim: (
-                (s.num_kv_heads * chunks) as u32,
-                s.rows as u32,
-                parts as u32,
-            ),
-            block_dim: (THREADS, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        let nh = s.num_heads as i32;
-        let mut b = self.stream.launch_builder(&f);
-        b.arg(&mut *out)
-            .arg(&mut part_out)
-            .arg(&mut part_max)
-            .arg(&mut part_sum)
-            .arg(q)
-            .arg(k_cache)
-            .arg(v_cache)
-            .arg(block_tables)
-            .arg(row_seq)
-            .arg(row_ctx)
-            .arg(&nh)
-            .arg(&kvh)
-            .arg(&bs)
-            .arg(&mb)
-            .arg(&s.scale);
-        // SAFETY: argument types and order match the kernel's signature; buffer sizes follow
-        // `Shape`, which the caller guarantees matches the buffers.
-        unsafe { b.launch(cfg) }?;
-        if parts > 1 {
-            let f = self.function(&format!("paged_attention_reduce_{}", T::NAME))?;
-            let (p, hs) = (parts as i32, s.head_size as i32);
+        let launches = plan
+            .single
+            .iter()
+            .map(|ids| (ids, 1))
+            .chain(plan.split.iter().map(|(ids, parts)| (ids, *parts)));
+        for (ids, parts) in launches {
+            let rows = ids.len();
+            let partials = if parts > 1 {
+                rows * s.num_heads * parts
+            } else {
+                1
+            };
+            // SAFETY: every partition of every (row, head) writes its slots, empty ones
+            // included (max -inf, sum 0), before the reduction reads them; single-partition
+            // launches never touch them.
+            let (mut part_out, mut part_max, mut part_sum) = unsafe {
+                (
+                    self.stream.alloc::<f32>(partials * s.head_size)?,
+                    self.stream.alloc::<f32>(partials)?,
+                    self.stream.alloc::<f32>(partials)?,
+                )
+            };
             let cfg = LaunchConfig {
-                grid_dim: (s.num_heads as u32, s.rows as u32, 1),
+                grid_dim: (blocks_x, rows as u32, parts as u32),
                 block_dim: (THREADS, 1, 1),
                 shared_mem_bytes: 0,
             };
             let mut b = self.stream.launch_builder(&f);
             b.arg(&mut *out)
-                .arg(&part_out)
-                .arg(&part_max)
-                .arg(&part_sum)
-                .arg(&p)
-                .arg(&hs);
-            // SAFETY: as above; the partial buffers were sized for `parts`.
+                .arg(&mut part_out)
+                .arg(&mut part_max)
+                .arg(&mut part_sum)
+                .arg(q)
+                .arg(k_cache)
+                .arg(v_cache)
+                .arg(block_tables)
+                .arg(ids)
+                .arg(row_seq)
+                .arg(row_ctx)
+                .arg(&nh)
+                .arg(&kvh)
+                .arg(&bs)
+                .arg(&mb)
+                .arg(&s.scale);
+            // SAFETY: argument types and order match the kernel's signature; buffer sizes
+            // follow `Shape`, which the caller guarantees matches the buffers, and `ids` are
+            // rows of it.
             unsafe { b.launch(cfg) }?;
+            if parts > 1 {
+                let f = self.function(&format!("paged_attention_reduce_{}", T::NAME))?;
+                let (p, hs) = (parts as i32, s.head_size as i32);
+                let cfg = LaunchConfig {
+                    grid_dim: (s.num_heads as u32, rows as u32, 1),
+                    block_dim: (THREADS, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                let mut b = self.stream.launch_builder(&f);
+                b.arg(&mut *out)
+                    .arg(&part_out)
+                    .arg(&part_max)
+                    .arg(&part_sum)
+                    .arg(ids)
+                    .arg(&p)
+                    .arg(&hs);
+                // SAFETY: as above; the partial buffers were sized for these rows and parts.
+                unsafe { b.launch(cfg) }?;
+            }
         }
         Ok(())
     }

@@ -175,8 +175,8 @@ mod gpu {
             &st.clone_htod(&tables).map_err(e)?,
             &st.clone_htod(&row_seq).map_err(e)?,
             &st.clone_htod(&row_ctx).map_err(e)?,
+            &k.plan_rows(&row_ctx).map_err(|x| x.to_string())?,
             &s,
-            max_ctx,
         )
         .map_err(|x| x.to_string())?;
         let got: Vec<T> = st.clone_dtoh(&out).map_err(e)?;

@@ -391,7 +391,6 @@ impl<T: GpuElement> Net<T> {
                 want.push((tokens.len() - 1) as u32);
             }
         }
-        let max_ctx = row_ctx.iter().copied().max().unwrap_or(1) as usize;
         let st = &self.stream;
         let up = |v: &[u32]| st.clone_htod(v).map_err(|e| dev_err("upload")(&e));
         let (d_tokens, d_pos, d_tables) = (up(&tokens)?, up(&pos)?, up(&tables)?);
@@ -415,6 +414,7 @@ impl<T: GpuElement> Net<T> {
             scale: 1.0 / (s.head_dim as f32).sqrt(),
         };
         let k_err = |e: gateway_kernels::cuda::Error| ModelError::Device(e.to_string());
+        let plan = self.attention.plan_rows(&row_ctx).map_err(k_err)?;
         let (ops, ws) = (&self.ops, &mut self.ws);
         let blas = Blas(&self.blas, st);
         let (hidden, inter) = (s.hidden, s.intermediate);
@@ -446,8 +446,8 @@ impl<T: GpuElement> Net<T> {
                     &d_tables,
                     &d_row_seq,
                     &d_row_ctx,
+                    &plan,
                     &shape,
-                    max_ctx,
                 )
                 .map_err(k_err)?;
             // Residual adds are the GEMMs' beta = 1.

@@ -31,13 +31,15 @@ case "${1:-}" in
     mkdir -p "$out" "$parts"
     for target in "-p gateway-kernels --test gpu_kernels" "-p gateway-kernels --bench attention" \
       "-p gateway --test gpu_parity"; do
+      name=${target##* }
       # shellcheck disable=SC2086
       exe=$(cargo build --release --features cuda $target --message-format=json |
         python3 -c 'import json,sys
 for l in sys.stdin:
     m = json.loads(l)
-    if m.get("reason") == "compiler-artifact" and m.get("executable"): print(m["executable"])' | tail -1)
-      strip -o "$out/${target##* }" "$exe"
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == sys.argv[1]:
+        print(m["executable"])' "$name")
+      strip -o "$out/$name" "$exe"
     done
     host/scripts/fetch-models.sh
     rm -f "$parts"/*

@@ -36,6 +36,7 @@ extern "C" float emu_shfl_xor(float v, int o);
 inline float __shfl_xor_sync(unsigned, float v, int o) { return emu_shfl_xor(v, o); }
 inline float __expf(float x) { return expf(x); }
 inline float rsqrtf(float x) { return 1.f / sqrtf(x); }
+inline int __ffs(int x) { return __builtin_ffs(x); }
 struct __half { uint16_t b; };
 struct __half2 { __half x, y; };
 struct __nv_bfloat16 { uint16_t b; };

@@ -143,6 +143,8 @@ __device__ void attention(
       qr[j][e] = (j < g && active) ? to_f(q[(head_base + j) * HEAD + gl * 8 + e]) * scale : 0.f;
 
   const uint32_t* table = block_tables + (size_t)row_seq[row] * max_blocks;
+  // Block sizes are powers of two (the engine validates it): shift and mask, not division.
+  const int bs_shift = __ffs(block_size) - 1, bs_mask = block_size - 1;
   const size_t token_stride = (size_t)num_kv_heads * HEAD;
   const size_t head_off = (size_t)kv_head * HEAD + gl * 8;
   // Logits: a token's K is read once (one 16-byte load per lane) for every query head of the
@@ -150,12 +152,14 @@ __device__ void attention(
   float local_max[GT];
 #pragma unroll
   for (int j = 0; j < GT; ++j) local_max[j] = -INFINITY;
+  // Unrolled so each lane has several 16-byte loads in flight before the reductions.
+#pragma unroll 2
   for (int base = begin + warp * TPW; base < end; base += NUM_WARPS * TPW) {
     const int t = base + tg;
     const bool valid = t < end;
     float k8[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
     if (valid && active) {
-      const size_t slot = (size_t)table[t / block_size] * block_size + t % block_size;
+      const size_t slot = ((size_t)table[t >> bs_shift] << bs_shift) + (t & bs_mask);
       Vec8<T>::load(k_cache + slot * token_stride + head_off, k8);
     }
 #pragma unroll
@@ -172,7 +176,9 @@ __device__ void attention(
       }
     }
   }
-  for (int j = 0; j < g; ++j) {
+#pragma unroll
+  for (int j = 0; j < GT; ++j) {  // constant indices keep local_max in registers
+    if (j >= g) break;
     const float m = warp_max(local_max[j]);
     if (lane == 0) red[j][warp] = m;
   }
@@ -203,10 +209,11 @@ __device__ void attention(
   for (int j = 0; j < GT; ++j)
 #pragma unroll
     for (int e = 0; e < 8; ++e) acc[j][e] = 0.f;
+#pragma unroll 4
   for (int base = begin + warp * TPW; base < end; base += NUM_WARPS * TPW) {
     const int t = base + tg;
     if (t < end && active) {
-      const size_t slot = (size_t)table[t / block_size] * block_size + t % block_size;
+      const size_t slot = ((size_t)table[t >> bs_shift] << bs_shift) + (t & bs_mask);
       float v8[8];
       Vec8<T>::load(v_cache + slot * token_stride + head_off, v8);
 #pragma unroll

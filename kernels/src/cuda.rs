@@ -83,6 +83,7 @@ pub(crate) fn load_module(
 
 /// A step's rows grouped by launch (see `Kernels::plan_rows`).
 pub struct RowPlan {
+    rows: usize,
     /// Rows whose context fits one partition.
     single: Option<CudaSlice<u32>>,
     /// Longer rows and the partitions their launch uses.
@@ -122,6 +123,9 @@ impl Kernels {
         }
         let (mut single, mut split, mut longest) = (Vec::new(), Vec::new(), 0usize);
         for (i, &c) in row_ctx.iter().enumerate() {
+            if c == 0 {
+                return Err(Error::Unsupported(format!("row {i} has an empty context")));
+            }
             if c as usize <= PARTITION_SIZE {
                 single.push(i as u32);
             } else {
@@ -143,6 +147,7 @@ impl Kernels {
             })
         };
         Ok(RowPlan {
+            rows: row_ctx.len(),
             single: upload(single)?,
             split: upload(split)?.map(|ids| (ids, parts)),
         })
@@ -165,6 +170,12 @@ impl Kernels {
         s: &Shape,
     ) -> Result<(), Error> {
         supported(s.num_heads, s.num_kv_heads, s.head_size)?;
+        if plan.rows != s.rows || !s.block_size.is_power_of_two() {
+            return Err(Error::Unsupported(format!(
+                "a plan for {} rows with a shape of {} rows, block size {} (a power of two)",
+                plan.rows, s.rows, s.block_size
+            )));
+        }
         let tile = group_tile(s.num_heads / s.num_kv_heads);
         let f = self.function(&format!(
             "paged_attention_{}_{}_g{tile}",

@@ -1,20 +1,22 @@
 #!/usr/bin/env bash
 # The GPU check, split so the GPU machine needs no Rust toolchain:
 #
-#   kernels/gpu-check.sh build   # CPU machine: kernel tests, attention benchmark and the
-#                                # engine's GPU-vs-CPU parity test, built with --features cuda
-#                                # for x86-64-v3 (the GPU host's CPU is unknown; `native` here
-#                                # could emit AVX-512 it lacks) into target/gpu-check/ (~30 MB,
-#                                # stripped), and the default model split into 24 MiB parts in
-#                                # target/gpu-model/ (tools that carry at most 64 MiB per call
-#                                # can send it over several calls). A first build compiles every
-#                                # dependency again (own target dir, ~20 min on 2 cores).
+#   kernels/gpu-check.sh build   # CPU machine: the kernel tests, the attention benchmark, the
+#                                # engine's GPU-vs-CPU parity test and the gateway binary,
+#                                # built with --features cuda for x86-64-v3 (the GPU host's
+#                                # CPU is unknown; `native` could emit instructions it lacks)
+#                                # into target/gpu-check/ (~40 MB, stripped), and the default
+#                                # model split into 16 MiB parts in target/gpu-model/ (tools
+#                                # that carry at most 64 MiB per call can send it over several
+#                                # calls). A first build compiles every dependency again (own
+#                                # target dir, ~20 min on 2 cores).
 #   kernels/gpu-check.sh run     # GPU machine, repository root, target/gpu-check/ present:
 #                                # kernel correctness against the CPU reference, the bandwidth
 #                                # table (about a minute on an H200) with PyTorch's fused SDPA
 #                                # on the same shapes as the anchor, then, if every model part
 #                                # is there, the 32-token greedy parity of the CUDA engine with
-#                                # the CPU engine on the default model.
+#                                # the CPU engine on the default model and `gateway bench` on
+#                                # the GPU and on the CPU (tokens/s side by side).
 #
 # The binaries link only glibc; the CUDA driver and cuBLAS (libcublas.so.13, found in the
 # CUDA toolkit or Python's nvidia-cublas package) are opened at run time. PEAK_GBPS overrides
@@ -30,7 +32,7 @@ case "${1:-}" in
     out=target/gpu-check
     mkdir -p "$out" "$parts"
     for target in "-p gateway-kernels --test gpu_kernels" "-p gateway-kernels --bench attention" \
-      "-p gateway --test gpu_parity"; do
+      "-p gateway --test gpu_parity" "-p gateway --bin gateway"; do
       name=${target##* }
       # shellcheck disable=SC2086
       exe=$(cargo build --release --features cuda $target --message-format=json |
@@ -43,7 +45,7 @@ for l in sys.stdin:
     done
     host/scripts/fetch-models.sh
     rm -f "$parts"/*
-    split -b 24M -d "$model" "$parts/model.gguf.part"
+    split -b 16M -d "$model" "$parts/model.gguf.part"
     (cd "$(dirname "$model")" && sha256sum "$(basename "$model")") | cut -d' ' -f1 >"$parts/model.sha256"
     ls -la "$out" "$parts"
     ;;
@@ -58,6 +60,12 @@ for l in sys.stdin:
         xargs -I{} find {} -name 'libcublas.so.13*' 2>/dev/null | head -1 || true)
       [ -n "$lib" ] && export LD_LIBRARY_PATH="$(dirname "$lib")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
       GATEWAY_TEST_MODEL="$parts/model.gguf" target/gpu-check/gpu_parity
+      # End-to-end engine throughput, GPU (bf16) and this machine's CPU side by side.
+      for dev in "--device cuda --dtype bf16" "--device cpu"; do
+        # shellcheck disable=SC2086
+        target/gpu-check/gateway bench --model "$parts/model.gguf" $dev --prompt-tokens 512 \
+          --gen-tokens 128 --concurrency 1,16,64 --repeat 2 --kv-seqs 32
+      done
     else
       echo "gpu_parity: SKIPPED: the model parts in $parts are missing or incomplete"
     fi

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::config::ModelConfig;
+use crate::config::{ComputeDevice, ModelConfig};
 use crate::engine::{Engine, Event, GenerationRequest, SamplingParams};
 use crate::metrics::Metrics;
 
@@ -96,13 +96,14 @@ pub async fn run(cfg: &ModelConfig, o: &BenchOptions) -> anyhow::Result<()> {
         .max(o.concurrency.iter().copied().max().unwrap_or(1));
     let metrics = Arc::new(Metrics::new());
     let engine = Arc::new(Engine::start(&cfg, metrics.clone())?);
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    println!(
-        "model {} ({}), {} threads",
-        cfg.name,
-        cfg.path.display(),
-        threads
-    );
+    let device = match cfg.engine.device {
+        ComputeDevice::Cpu => format!(
+            "cpu, {} threads",
+            std::thread::available_parallelism().map_or(1, |n| n.get())
+        ),
+        d => format!("{d}, {:?}", cfg.engine.dtype).to_lowercase(),
+    };
+    println!("model {} ({}), {device}", cfg.name, cfg.path.display());
     let idle_rss = rss_mib();
     // Warm-up: first-touch of weights and KV pages.
     run_one(&engine, request(prompt(&engine, 32, 0), 8), Instant::now()).await;

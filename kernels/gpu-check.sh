@@ -5,12 +5,14 @@
 #                                # engine's GPU-vs-CPU parity test and the gateway binary,
 #                                # built with --features cuda for x86-64-v3 (the GPU host's
 #                                # CPU is unknown; `native` could emit instructions it lacks)
-#                                # into target/gpu-check/ (~40 MB, stripped), and the default
-#                                # model split into 16 MiB parts in target/gpu-model/ (tools
-#                                # that carry at most 64 MiB per call can send it over several
-#                                # calls). A first build compiles every dependency again (own
-#                                # target dir, ~20 min on 2 cores).
-#   kernels/gpu-check.sh run     # GPU machine, repository root, target/gpu-check/ present:
+#                                # into target/gpu-check/ (~70 MB stripped, ~16 MB as
+#                                # target/gpu-check.tar.xz), and the default model split into
+#                                # 16 MiB parts in target/gpu-model/ (tools that carry at most
+#                                # 64 MiB per call can send it over several calls). A first
+#                                # build compiles every dependency again (own target dir, ~20
+#                                # min on 2 cores).
+#   kernels/gpu-check.sh run     # GPU machine, repository root, target/gpu-check/ or its
+#                                # archive present:
 #                                # kernel correctness against the CPU reference, the bandwidth
 #                                # table (about a minute on an H200) with PyTorch's fused SDPA
 #                                # on the same shapes as the anchor, then, if every model part
@@ -43,13 +45,19 @@ for l in sys.stdin:
         print(m["executable"])' "$name")
       strip -o "$out/$name" "$exe"
     done
+    # Compressed (~16 MB from ~70 MB) so the binaries and model parts fit the calls.
+    tar -C target -cJf target/gpu-check.tar.xz gpu-check
     host/scripts/fetch-models.sh
     rm -f "$parts"/*
     split -b 16M -d "$model" "$parts/model.gguf.part"
     (cd "$(dirname "$model")" && sha256sum "$(basename "$model")") | cut -d' ' -f1 >"$parts/model.sha256"
-    ls -la "$out" "$parts"
+    ls -la target/gpu-check.tar.xz "$parts"
     ;;
   run)
+    if [ ! -x target/gpu-check/gpu_kernels ] && [ -f target/gpu-check.tar.xz ]; then
+      python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' \
+        target/gpu-check.tar.xz target
+    fi
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
     target/gpu-check/gpu_kernels
     target/gpu-check/attention --bench
@@ -64,7 +72,8 @@ for l in sys.stdin:
       for dev in "--device cuda --dtype bf16" "--device cpu"; do
         # shellcheck disable=SC2086
         target/gpu-check/gateway bench --model "$parts/model.gguf" $dev --prompt-tokens 512 \
-          --gen-tokens 128 --concurrency 1,16,64 --repeat 2 --kv-seqs 32
+          --gen-tokens 128 --concurrency 1,16,64 --repeat 2 --kv-seqs 32 ||
+          echo "gateway bench $dev: FAILED"
       done
     else
       echo "gpu_parity: SKIPPED: the model parts in $parts are missing or incomplete"

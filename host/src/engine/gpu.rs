@@ -54,7 +54,8 @@ impl GpuElement for bf16 {
     }
 }
 
-fn dev_err(what: &str) -> impl Fn(&dyn std::fmt::Debug) -> ModelError + '_ {
+/// For `map_err`: a device error with what was being done.
+fn dev_err<E: std::fmt::Debug>(what: &'static str) -> impl FnOnce(E) -> ModelError {
     move |e| ModelError::Device(format!("{what}: {e:?}"))
 }
 
@@ -106,12 +107,8 @@ impl GpuModel {
         unsafe { ctx.disable_event_tracking() };
         // Its own stream, not the legacy default one, which would serialise this engine with
         // every other engine of the process on the same GPU.
-        let stream = ctx
-            .new_stream()
-            .map_err(|e| dev_err("creating a stream")(&e))?;
-        let (free, total) = ctx
-            .mem_get_info()
-            .map_err(|e| dev_err("reading free memory")(&e))?;
+        let stream = ctx.new_stream().map_err(dev_err("creating a stream"))?;
+        let (free, total) = ctx.mem_get_info().map_err(dev_err("reading free memory"))?;
         let base = Baseline {
             used: total - free,
             window,
@@ -224,14 +221,14 @@ impl<T: GpuElement> Net<T> {
             let host: Vec<T> = v.iter().map(|&x| T::from_f32(x)).collect();
             stream
                 .clone_htod(&host)
-                .map_err(|e| dev_err("uploading weights")(&e))
+                .map_err(dev_err("uploading weights"))
         };
-        let blas = CudaBlas::new(stream.clone()).map_err(|e| dev_err("cuBLAS")(&e))?;
-        let attention = Kernels::new(stream.clone()).map_err(|e| dev_err("kernels")(&e))?;
-        let ops = Layers::new(stream.clone()).map_err(|e| dev_err("kernels")(&e))?;
+        let blas = CudaBlas::new(stream.clone()).map_err(dev_err("cuBLAS"))?;
+        let attention = Kernels::new(stream.clone()).map_err(dev_err("kernels"))?;
+        let ops = Layers::new(stream.clone()).map_err(dev_err("kernels"))?;
         let (cos, sin) = model.rope_tables();
-        let rope_cos = stream.clone_htod(cos).map_err(|e| dev_err("upload")(&e))?;
-        let rope_sin = stream.clone_htod(sin).map_err(|e| dev_err("upload")(&e))?;
+        let rope_cos = stream.clone_htod(cos).map_err(dev_err("upload"))?;
+        let rope_sin = stream.clone_htod(sin).map_err(dev_err("upload"))?;
         let (qdim, kvdim) = (s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim);
         let zeros = vec![0f32; qdim + 2 * kvdim];
         let mut layers = Vec::with_capacity(s.num_layers);
@@ -267,7 +264,7 @@ impl<T: GpuElement> Net<T> {
         let alloc = |n: usize| {
             stream
                 .alloc_zeros::<T>(n.max(1))
-                .map_err(|e| dev_err("allocating the step workspace")(&e))
+                .map_err(dev_err("allocating the step workspace"))
         };
         let ws = Workspace {
             x: alloc(max_rows * s.hidden)?,
@@ -282,15 +279,13 @@ impl<T: GpuElement> Net<T> {
             last: alloc(max_seqs * s.hidden)?,
             logits: stream
                 .alloc_zeros::<f32>(max_seqs * s.vocab_size)
-                .map_err(|e| dev_err("allocating the step workspace")(&e))?,
+                .map_err(dev_err("allocating the step workspace"))?,
         };
 
         // The KV pool gets what `gpu_memory_utilization` leaves after this engine's weights and
         // workspace, the attention's split-K partials for the largest step at the longest
         // window, and some slack; never more than is actually free.
-        let (free, total) = ctx
-            .mem_get_info()
-            .map_err(|e| dev_err("reading free memory")(&e))?;
+        let (free, total) = ctx.mem_get_info().map_err(dev_err("reading free memory"))?;
         let ours = (total - free).saturating_sub(base.used);
         let parts = base.window.div_ceil(PARTITION_SIZE);
         let partials = match parts {
@@ -392,10 +387,10 @@ impl<T: GpuElement> Net<T> {
             }
         }
         let st = &self.stream;
-        let up = |v: &[u32]| st.clone_htod(v).map_err(|e| dev_err("upload")(&e));
+        let up = |v: &[u32]| st.clone_htod(v).map_err(dev_err("upload"));
         let (d_tokens, d_pos, d_tables) = (up(&tokens)?, up(&pos)?, up(&tables)?);
         let (d_row_seq, d_row_ctx) = (up(&row_seq)?, up(&row_ctx)?);
-        let d_slots = st.clone_htod(&slots).map_err(|e| dev_err("upload")(&e))?;
+        let d_slots = st.clone_htod(&slots).map_err(dev_err("upload"))?;
 
         let (qdim, kvdim) = (s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim);
         let heads = Heads {
@@ -485,7 +480,7 @@ impl<T: GpuElement> Net<T> {
         )?;
         let host = st
             .clone_dtoh(&ws.logits.slice(0..n * s.vocab_size))
-            .map_err(|e| dev_err("reading logits")(&e))?;
+            .map_err(dev_err("reading logits"))?;
         Ok(host.chunks(s.vocab_size).map(<[f32]>::to_vec).collect())
     }
 }
@@ -536,6 +531,6 @@ impl Blas<'_> {
                 cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
             )
         }
-        .map_err(|e| dev_err("cuBLAS GEMM")(&e))
+        .map_err(dev_err("cuBLAS GEMM"))
     }
 }

@@ -37,6 +37,11 @@ fn start(policies: &str) -> (Server, PathBuf) {
 
 /// `start`, with `model_extra` appended to the model's config table.
 fn start_with(policies: &str, model_extra: &str) -> (Server, PathBuf) {
+    // Long enough that a drain never reaches its deadline on a loaded machine.
+    start_draining(policies, 600, model_extra)
+}
+
+fn start_draining(policies: &str, drain_seconds: u64, model_extra: &str) -> (Server, PathBuf) {
     let dir = std::env::temp_dir().join(format!(
         "gateway-e2e-tenancy-{}-{}",
         std::process::id(),
@@ -45,7 +50,7 @@ fn start_with(policies: &str, model_extra: &str) -> (Server, PathBuf) {
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(dir.join("policies.toml"), policies).unwrap();
     let config = format!(
-        "admin_token = \"{ADMIN}\"\npolicies = \"{d}/policies.toml\"\nledger = \"{d}/usage.sqlite\"\ndrain_seconds = 20\n[[models]]\nname = \"{MODEL}\"\npath = \"{m}\"\n",
+        "admin_token = \"{ADMIN}\"\npolicies = \"{d}/policies.toml\"\nledger = \"{d}/usage.sqlite\"\ndrain_seconds = {drain_seconds}\n[[models]]\nname = \"{MODEL}\"\npath = \"{m}\"\n",
         d = dir.display(),
         m = model_path(),
     ) + model_extra;
@@ -367,7 +372,7 @@ fn sigterm_drains_streams_then_exits_cleanly() {
     let code = {
         let addr = s.addr().to_string();
         let waiter = std::thread::spawn(move || {
-            sock.set_read_timeout(Some(Duration::from_secs(60)))
+            sock.set_read_timeout(Some(Duration::from_secs(600)))
                 .unwrap();
             let mut all = String::new();
             let _ = BufReader::new(&mut sock).read_to_string(&mut all);
@@ -393,6 +398,90 @@ fn sigterm_drains_streams_then_exits_cleanly() {
         .query_row("SELECT completion_tokens FROM requests", [], |r| r.get(0))
         .unwrap();
     assert_eq!(n, 64);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// A request over its own connection, read to the end: the status and the JSON body.
+fn request_to_close(addr: &str, key: &str, body: &Value) -> (u16, Value) {
+    use std::io::Write;
+    let mut sock = std::net::TcpStream::connect(addr).unwrap();
+    let body = body.to_string();
+    write!(sock, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}", body.len()).unwrap();
+    sock.set_read_timeout(Some(Duration::from_secs(600)))
+        .unwrap();
+    let mut all = String::new();
+    sock.read_to_string(&mut all).unwrap();
+    let status = all[9..12].parse().unwrap();
+    let (_, json) = all.split_once("\r\n\r\n").unwrap();
+    (status, serde_json::from_str(json).unwrap_or(Value::Null))
+}
+
+#[test]
+fn the_drain_deadline_cuts_generations_with_an_error_and_charges_them() {
+    let (mut s, dir) = start_draining(&tenant("acme", &["k-acme"], ""), 1, "");
+    let long = |stream| json!({"model": MODEL, "messages": [{"role": "user", "content": "Count to a thousand."}], "max_tokens": 1500, "ignore_eos": true, "stream": stream});
+    let whole = {
+        let (addr, body) = (s.addr().to_string(), long(false));
+        std::thread::spawn(move || request_to_close(&addr, "k-acme", &body))
+    };
+    std::thread::sleep(Duration::from_millis(300));
+    let sock = s.raw_request_as("k-acme", "/v1/chat/completions", &long(true).to_string());
+    sock.set_read_timeout(Some(Duration::from_secs(600)))
+        .unwrap();
+    // Cut only once tokens are flowing, so there is something to charge.
+    let mut reader = BufReader::new(sock);
+    let mut streamed = String::new();
+    while streamed.matches("\"content\":\"").count() < 4 {
+        assert!(std::io::BufRead::read_line(&mut reader, &mut streamed).unwrap() > 0);
+    }
+    let rest = std::thread::spawn(move || {
+        let mut rest = String::new();
+        let _ = reader.read_to_string(&mut rest);
+        rest
+    });
+    let code = s.terminate();
+    streamed += &rest.join().unwrap();
+    let (status, body) = whole.join().unwrap();
+    assert_eq!(code, Some(0));
+
+    // The stream ends with the error and [DONE], not in the middle of nowhere.
+    let events: Vec<Value> = streamed
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter(|d| *d != "[DONE]")
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
+    let last = events.last().unwrap();
+    assert_eq!(last["error"]["code"], "server_shutting_down", "{streamed}");
+    let mut data = streamed.lines().filter(|l| l.starts_with("data: "));
+    assert_eq!(data.next_back(), Some("data: [DONE]"), "{streamed}");
+    let deltas = events
+        .iter()
+        .filter(|e| e["choices"][0]["delta"]["content"].is_string())
+        .count();
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(body["error"]["code"], "server_shutting_down", "{body}");
+
+    // Both are in the ledger as cancelled, charged what they generated before the cut.
+    let conn = rusqlite::Connection::open(dir.join("usage.sqlite")).unwrap();
+    let rows: Vec<(String, i64, i64)> = conn
+        .prepare("SELECT status, prompt_tokens, completion_tokens FROM requests")
+        .unwrap()
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    assert!(
+        rows.iter()
+            .all(|(st, p, c)| st == "cancelled" && *p > 0 && *c < 1500),
+        "{rows:?}"
+    );
+    assert!(
+        rows.iter()
+            .any(|(_, _, c)| *c as usize >= deltas && deltas >= 3),
+        "{deltas} deltas streamed: {rows:?}"
+    );
     let _ = std::fs::remove_dir_all(dir);
 }
 

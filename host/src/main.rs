@@ -431,7 +431,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         tenancy: tenancy.clone(),
         admin_token: cfg.admin_token.clone(),
         max_upload_bytes: cfg.plugins.max_upload_bytes,
-        draining: Default::default(),
+        shutdown: Default::default(),
     });
     server::serve(
         listeners,

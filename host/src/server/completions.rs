@@ -105,7 +105,7 @@ pub async fn chat(
     reply.output = output;
     reply.reservation = Some(reservation);
     reply.citations = citations;
-    reply.run(streams, gen.stream).await
+    reply.run(streams, gen.stream, state.shutdown.cut()).await
 }
 
 /// The prompt text: the tenant's prompt-template plugin when one is bound, else the model's
@@ -266,7 +266,7 @@ pub async fn completion(
     let streams = submit(&engine, reqs)?;
     let mut reply = Reply::new(Kind::Completion, "cmpl", req.model, engine, &gen, echo);
     reply.reservation = Some(reservation);
-    reply.run(streams, gen.stream).await
+    reply.run(streams, gen.stream, state.shutdown.cut()).await
 }
 
 /// Reserves the tokens these requests may use: each prompt once (its choices share it) and

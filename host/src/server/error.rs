@@ -90,6 +90,20 @@ impl ApiError {
         }
     }
 
+    /// A generation cut at the drain deadline of a shutdown; another replica can take it.
+    pub fn shutting_down() -> Self {
+        Self {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            kind: "server_error",
+            message: "The gateway is shutting down and this generation was cut at its drain \
+                      deadline (drain_seconds); retry the request."
+                .into(),
+            param: None,
+            code: Some("server_shutting_down"),
+            retry_after: None,
+        }
+    }
+
     pub fn internal(message: impl Into<String>) -> Self {
         Self {
             status: StatusCode::INTERNAL_SERVER_ERROR,

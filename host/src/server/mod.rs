@@ -49,8 +49,41 @@ pub struct AppState {
     pub tenancy: Arc<crate::tenancy::Tenancy>,
     pub admin_token: Option<String>,
     pub max_upload_bytes: usize,
-    /// Set on SIGTERM: `/ready` turns 503 while in-flight requests finish.
-    pub draining: std::sync::atomic::AtomicBool,
+    pub shutdown: Shutdown,
+}
+
+/// What a SIGTERM sets in motion. First `draining`: `/ready` turns 503 and no connection is
+/// taken while requests in flight finish. Then, at the drain deadline, `cut`: generations still
+/// running end with a `server_shutting_down` error (and their tenant is charged what was
+/// generated) instead of vanishing with the process.
+pub struct Shutdown {
+    draining: std::sync::atomic::AtomicBool,
+    cut: tokio::sync::watch::Sender<bool>,
+}
+
+impl Default for Shutdown {
+    fn default() -> Self {
+        Self {
+            draining: Default::default(),
+            cut: tokio::sync::watch::Sender::new(false),
+        }
+    }
+}
+
+impl Shutdown {
+    pub fn draining(&self) -> bool {
+        self.draining.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Resolves once the drain deadline has passed; never, until then.
+    pub fn cut(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let mut rx = self.cut.subscribe();
+        async move {
+            if rx.wait_for(|cut| *cut).await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
+    }
 }
 
 impl AppState {
@@ -261,7 +294,7 @@ async fn route(
             Ok(json_response(StatusCode::OK, &json!({"status": "ok"})))
         }
         "/ready" if method == Method::GET => {
-            if state.draining.load(std::sync::atomic::Ordering::Relaxed) {
+            if state.shutdown.draining() {
                 Err(ApiError::overloaded(
                     "Draining: the gateway is shutting down.",
                 ))
@@ -404,8 +437,11 @@ pub struct Listener {
     pub role: Role,
 }
 
+/// How long cut responses get to send their final error before the process exits.
+const CUT_GRACE: std::time::Duration = std::time::Duration::from_secs(3);
+
 /// Accepts connections until ctrl-c / SIGTERM; then `/ready` turns 503, no new connections are
-/// taken, and requests and streams in flight get up to `drain` to finish.
+/// taken, and requests and streams in flight get up to `drain` to finish before they are cut.
 pub async fn serve(
     listeners: Vec<Listener>,
     state: Arc<AppState>,
@@ -426,6 +462,7 @@ pub async fn serve(
         .collect();
     shutdown_signal().await;
     state
+        .shutdown
         .draining
         .store(true, std::sync::atomic::Ordering::Relaxed);
     let _ = stop_tx.send(true);
@@ -438,9 +475,20 @@ pub async fn serve(
         deadline_s = drain.as_secs(),
         "draining: waiting for requests in flight"
     );
+    let drained = graceful.shutdown();
+    tokio::pin!(drained);
     tokio::select! {
-        _ = graceful.shutdown() => tracing::info!("drained"),
-        _ = tokio::time::sleep(drain) => tracing::warn!("requests still in flight at the drain deadline; exiting"),
+        _ = &mut drained => {
+            tracing::info!("drained");
+            return Ok(());
+        }
+        _ = tokio::time::sleep(drain) => {}
+    }
+    tracing::warn!("requests still in flight at the drain deadline; cutting them");
+    state.shutdown.cut.send_replace(true);
+    // The cut responses end with an error event, which the clients still have to be sent.
+    if tokio::time::timeout(CUT_GRACE, drained).await.is_err() {
+        tracing::warn!("connections still open after the cut; exiting");
     }
     Ok(())
 }

@@ -3,6 +3,7 @@
 //! token reservation happen here, at the end of each choice.
 
 use std::collections::BTreeMap;
+use std::future::Future;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -105,16 +106,27 @@ impl Reply {
         }
     }
 
+    /// Answers with the generations in `streams`, as one body or as SSE chunks. Once `cut`
+    /// resolves (the drain deadline of a shutdown) the generations are dropped, which cancels
+    /// them, and the response ends with a `server_shutting_down` error.
     pub(super) async fn run(
         self,
         streams: Vec<EventStream>,
         stream: bool,
+        cut: impl Future<Output = ()> + Send + 'static,
     ) -> Result<Response, ApiError> {
         if stream {
             let (tx, rx) = mpsc::channel(64);
-            tokio::spawn(self.stream(streams, tx));
+            tokio::spawn(self.stream(streams, tx, cut));
             return Ok(sse_response(rx));
         }
+        tokio::select! {
+            body = self.collect(streams) => body,
+            () = cut => Err(ApiError::shutting_down()),
+        }
+    }
+
+    async fn collect(&self, streams: Vec<EventStream>) -> Result<Response, ApiError> {
         let mut choices = Vec::with_capacity(streams.len());
         for mut s in streams {
             let mut c = Choice::default();
@@ -305,7 +317,12 @@ impl Reply {
 
     /// Feeds SSE events into `tx` until every choice is done. When the client goes away the
     /// send fails, this returns, and dropping the streams cancels their sequences.
-    async fn stream(self, streams: Vec<EventStream>, tx: mpsc::Sender<Bytes>) {
+    async fn stream(
+        self,
+        streams: Vec<EventStream>,
+        tx: mpsc::Sender<Bytes>,
+        cut: impl Future<Output = ()> + Send,
+    ) {
         let send = |v: &Value| {
             let tx = tx.clone();
             let frame = Bytes::from(format!("data: {v}\n\n"));
@@ -330,7 +347,19 @@ impl Reply {
         // The whole text of each choice, kept only when the output parser needs it at the end.
         let mut texts = vec![String::new(); if self.output.is_some() { total } else { 0 }];
         let mut echo_pending = vec![self.echo.is_some(); total];
-        while let Some((i, ev)) = merged.next().await {
+        tokio::pin!(cut);
+        loop {
+            let (i, ev) = tokio::select! {
+                next = merged.next() => match next {
+                    Some(next) => next,
+                    None => break,
+                },
+                () = &mut cut => {
+                    send(&ApiError::shutting_down().body()).await;
+                    let _ = tx.send(Bytes::from_static(DONE)).await;
+                    return;
+                }
+            };
             let finished = matches!(ev, Event::Done(..));
             let choice = match ev {
                 Event::Token { id, text, logprobs } => {

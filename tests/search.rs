@@ -31,8 +31,8 @@ fn temp(what: &str) -> PathBuf {
 }
 
 /// A gateway with tenants acme (reranker plugin `ranker`), globex, narrow (may only use
-/// collection `allowed`) and helpdesk (retrieves from its `kb` by default), keeping
-/// collections in `collections`.
+/// collection `allowed`), helpdesk (retrieves from its `kb` by default) and metered (1,000
+/// tokens a day), keeping collections in `collections`.
 fn start(dir: &Path, collections: &Path) -> Server {
     std::fs::create_dir_all(dir.join("plugins/acme")).unwrap();
     std::fs::copy(
@@ -57,11 +57,16 @@ collections = ["allowed"]
 name = "helpdesk"
 keys = [{{ id = "t", sha256 = "{}" }}]
 rag = {{ collection = "kb", top_k = 1 }}
+[[tenants]]
+name = "metered"
+keys = [{{ id = "t", sha256 = "{}" }}]
+token_budget = {{ tokens = 1000, period = "day" }}
 "#,
         key("k-acme"),
         key("k-globex"),
         key("k-narrow"),
-        key("k-helpdesk")
+        key("k-helpdesk"),
+        key("k-metered")
     );
     std::fs::write(dir.join("policies.toml"), policies).unwrap();
     Server::start(&[
@@ -417,6 +422,58 @@ fn collections_search_filter_update_delete_and_isolation() {
         search(&s, "k-acme", "kb", json!({"query": "invoices"})).0,
         200
     );
+    let _ = std::fs::remove_dir_all(dir);
+    let _ = std::fs::remove_dir_all(cols);
+}
+
+#[test]
+fn query_embeddings_are_charged_to_the_tenant() {
+    let (dir, cols) = (temp("metered"), temp("metered-cols"));
+    let s = start(&dir, &cols);
+    assert_eq!(
+        s.post_as("k-metered", "/v1/collections", &json!({"name": "kb"}))
+            .0,
+        201
+    );
+    let (st, up) = s.post_as("k-metered", "/v1/collections/kb/documents", &kb());
+    assert_eq!(st, 200, "{up}");
+    let mut used = up["usage"]["prompt_tokens"].as_u64().unwrap();
+    let query = "How long does it take before a refund for a returned item reaches the original \
+                 payment method, and can invoices be exported as CSV files by administrators?";
+    let (st, r) = search(
+        &s,
+        "k-metered",
+        "kb",
+        json!({"query": query, "mode": "bm25"}),
+    );
+    assert_eq!((st, r["usage"]["prompt_tokens"].as_u64()), (200, Some(0)));
+    // Each vector or hybrid search charges the query's tokens until the budget is spent.
+    let mut per_query = None;
+    for mode in ["vector", "hybrid"].into_iter().cycle() {
+        let (st, r) = search(&s, "k-metered", "kb", json!({"query": query, "mode": mode}));
+        if st == 429 {
+            assert_eq!(r["error"]["code"], "token_budget", "{r}");
+            break;
+        }
+        assert_eq!(st, 200, "{r}");
+        assert_eq!(ids(&r)[0], "refund-policy");
+        let n = r["usage"]["prompt_tokens"].as_u64().unwrap();
+        assert!(n > 20 && *per_query.get_or_insert(n) == n, "{r}");
+        used += n;
+        assert!(used <= 1000, "charged past the budget: {used}");
+    }
+    assert!(
+        used + per_query.unwrap() > 1000,
+        "refused with room left: {used}"
+    );
+    // Keyword search embeds nothing, so it still answers.
+    let (st, r) = search(
+        &s,
+        "k-metered",
+        "kb",
+        json!({"query": query, "mode": "bm25"}),
+    );
+    assert_eq!(st, 200, "{r}");
     let _ = std::fs::remove_dir_all(dir);
     let _ = std::fs::remove_dir_all(cols);
 }

@@ -85,6 +85,9 @@ pub struct Query<'a> {
     pub filter: Option<&'a Filter>,
     /// How many candidates each first stage contributes (at least `top_k`).
     pub candidates: usize,
+    /// The query's tokens from `query_tokens`, when the caller already has them (to charge the
+    /// tenant before embedding); otherwise they are made here.
+    pub tokens: Option<&'a [u32]>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -481,6 +484,13 @@ impl Collection {
         Ok(())
     }
 
+    /// The tokens the embedder reads for `text` (truncated to its window).
+    pub fn query_tokens(&self, text: &str) -> Result<Vec<u32>, SearchError> {
+        self.embedder
+            .tokenize_truncated(text)
+            .map_err(SearchError::embed)
+    }
+
     /// Ranked hits for a query; each carries the scores of the stages that found it.
     pub fn search(&self, q: &Query) -> Result<Vec<Hit>, SearchError> {
         // A filter that admits everything (`{}`) costs no scan.
@@ -507,10 +517,10 @@ impl Collection {
             Vec::new()
         };
         let vector = if q.mode != Mode::Bm25 {
-            let ids = self
-                .embedder
-                .tokenize_truncated(q.text)
-                .map_err(SearchError::embed)?;
+            let ids = match q.tokens {
+                Some(t) => t.to_vec(),
+                None => self.query_tokens(q.text)?,
+            };
             let v = self.embedder.embed(&[ids]).map_err(SearchError::embed)?;
             self.vectors.search(&v[0], depth, allowed.as_ref())
         } else {

@@ -192,6 +192,7 @@ pub fn evaluate(
                 fusion,
                 filter: None,
                 candidates: 1000,
+                tokens: None,
             })?;
             times.push(started.elapsed().as_secs_f64() * 1e3);
             let mut seen = HashSet::new();

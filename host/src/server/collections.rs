@@ -144,16 +144,12 @@ pub async fn route(
         (&Method::POST, [name, "search"]) => {
             let c = open(state, caller, name)?;
             let req: SearchRequest = serde_json::from_slice(&body)?;
-            let started = Instant::now();
-            let result = search(state, caller, c, &req).await;
-            let status = if result.is_ok() { "ok" } else { "error" };
-            state
-                .tenancy
-                .record_plain(caller, name, "search", started, status);
-            let hits = result?;
+            let s = search(state, caller, c, &req).await?;
+            let n = s.query_tokens;
             Ok(json_response(
                 StatusCode::OK,
-                &json!({"object": "list", "data": hits}),
+                &json!({"object": "list", "data": s.hits,
+                        "usage": {"prompt_tokens": n, "total_tokens": n}}),
             ))
         }
         _ => Err(ApiError::not_found(&format!("/v1/collections{rest}"))),
@@ -287,13 +283,19 @@ async fn delete(c: Arc<Collection>, body: &[u8]) -> Result<Response, ApiError> {
     Ok(json_response(StatusCode::OK, &json!({"deleted": n})))
 }
 
+pub struct Searched {
+    pub hits: Vec<Hit>,
+    /// Embedder tokens the query took (0 in BM25 mode), charged to the tenant.
+    pub query_tokens: u64,
+}
+
 /// Hits for `req` in `c`, reranked when asked.
 pub async fn search(
     state: &Arc<AppState>,
     caller: &Caller,
     c: Arc<Collection>,
     req: &SearchRequest,
-) -> Result<Vec<Hit>, ApiError> {
+) -> Result<Searched, ApiError> {
     if req.query.trim().is_empty() {
         return Err(ApiError::invalid("query", "`query` must not be empty."));
     }
@@ -348,8 +350,27 @@ pub async fn search(
         FusionKind::Rrf => Fusion::Rrf { k: req.rrf_k },
         FusionKind::Weighted => Fusion::Weighted { alpha: req.alpha },
     };
+    // Embedding the query is charged like any embedding, and checked against the limits first.
+    let tokens = match mode {
+        crate::search::collection::Mode::Bm25 => Vec::new(),
+        _ => {
+            let (c, text) = (c.clone(), text.clone());
+            blocking(move || c.query_tokens(&text)).await?
+        }
+    };
+    let charged = tokens.len() as u64;
+    let reservation = state
+        .tenancy
+        .reserve(
+            caller,
+            &c.settings.embedding_model,
+            "search",
+            charged,
+            charged,
+        )
+        .map_err(ApiError::limited)?;
     let started = Instant::now();
-    let mut hits = blocking(move || {
+    let searched = blocking(move || {
         c.search(&Query {
             text: &text,
             top_k: first_k,
@@ -357,9 +378,10 @@ pub async fn search(
             fusion,
             filter: filter.as_ref(),
             candidates,
+            tokens: Some(&tokens),
         })
     })
-    .await?;
+    .await;
     let label = match mode {
         crate::search::collection::Mode::Bm25 => "bm25",
         crate::search::collection::Mode::Vector => "vector",
@@ -370,9 +392,25 @@ pub async fn search(
         .search_seconds
         .with_label_values(&[label])
         .observe(started.elapsed().as_secs_f64());
-    let Some(plugin) = plugin else {
-        return Ok(hits);
+    let hits = match (searched, plugin) {
+        (Ok(hits), Some(plugin)) => rerank(state, caller, plugin, req, hits).await,
+        (searched, _) => searched,
     };
+    reservation.settle(charged, 0, if hits.is_ok() { "ok" } else { "error" });
+    Ok(Searched {
+        hits: hits?,
+        query_tokens: charged,
+    })
+}
+
+/// The `top_k` of `hits` in the order of the tenant's reranker `plugin`.
+async fn rerank(
+    state: &Arc<AppState>,
+    caller: &Caller,
+    plugin: Arc<crate::plugins::Plugin>,
+    req: &SearchRequest,
+    mut hits: Vec<Hit>,
+) -> Result<Vec<Hit>, ApiError> {
     if hits.is_empty() {
         return Ok(hits);
     }

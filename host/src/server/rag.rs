@@ -78,7 +78,9 @@ pub async fn retrieve(
             )
         })?;
     let col = collections::open(state, caller, &settings.collection)?;
-    let hits = collections::search(state, caller, col, &settings.search(query)).await?;
+    let hits = collections::search(state, caller, col, &settings.search(query))
+        .await?
+        .hits;
     let mut chunks = Vec::with_capacity(hits.len());
     let mut citations = Vec::with_capacity(hits.len());
     for (i, h) in hits.into_iter().enumerate() {

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
+pub mod collections;
 mod model;
 pub mod wasm;
 pub use model::model_path;

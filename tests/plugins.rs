@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use support::wasm::component;
-use support::{model_path, Server, MODEL};
+use support::{key_sha256, model_path, Server, MODEL};
 
 const ADMIN: &str = "admin-token-for-tests-0123";
 const PERSONA: &str = "You are Ava, the support assistant of Acme CRM.";
@@ -38,7 +38,6 @@ fn start() -> (Server, PathBuf) {
         )
         .unwrap();
     }
-    let key = |k: &str| gateway::plugins::hex(&gateway::tenancy::keys::hash(k));
     let policies = format!(
         r#"
 [[tenants]]
@@ -61,9 +60,9 @@ reranker = "faulty"
 name = "plain"
 keys = [{{ id = "plain-test", sha256 = "{plain}" }}]
 "#,
-        acme = key("sk-acme"),
-        bad = key("sk-bad"),
-        plain = key("sk-plain"),
+        acme = key_sha256("sk-acme"),
+        bad = key_sha256("sk-bad"),
+        plain = key_sha256("sk-plain"),
     );
     std::fs::write(dir.join("policies.toml"), policies).unwrap();
     let config = format!(

@@ -11,18 +11,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use support::{model_path, Server, MODEL};
+use support::{key_sha256, model_path, Server, MODEL};
 
 const ADMIN: &str = "admin-token-for-tests-0123";
-
-fn sha(key: &str) -> String {
-    gateway::plugins::hex(&gateway::tenancy::keys::hash(key))
-}
 
 fn tenant(name: &str, keys: &[&str], extra: &str) -> String {
     let keys: Vec<String> = keys
         .iter()
-        .map(|k| format!("{{ id = \"{k}\", sha256 = \"{}\" }}", sha(k)))
+        .map(|k| format!("{{ id = \"{k}\", sha256 = \"{}\" }}", key_sha256(k)))
         .collect();
     format!(
         "[[tenants]]\nname = \"{name}\"\nkeys = [{}]\n{extra}\n",

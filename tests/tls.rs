@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
 use reqwest::blocking::Client;
-use support::{model_path, Server, MODEL};
+use support::{key_sha256, model_path, Server, MODEL};
 
 const ADMIN: &str = "admin-token-for-tests-0123";
 
@@ -81,7 +81,7 @@ fn https_with_alpn_client_certs_for_admin_and_live_reload() {
     let cert_path = write(&dir, "cert.pem", &cert);
     let key_path = write(&dir, "key.pem", &key);
     let admin_ca_path = write(&dir, "admin-ca.pem", &admin_ca.pem());
-    let key_hash = gateway::plugins::hex(&gateway::tenancy::keys::hash("k-acme"));
+    let key_hash = key_sha256("k-acme");
     write(
         &dir,
         "policies.toml",

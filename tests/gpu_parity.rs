@@ -40,6 +40,7 @@ mod parity {
             name: format!("parity-{device}"),
             path: super::model::model_path().into(),
             max_model_len: 2048,
+            chat_template: None,
             engine: EngineConfig {
                 device,
                 dtype,

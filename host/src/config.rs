@@ -110,6 +110,9 @@ pub struct ModelConfig {
     pub path: PathBuf,
     /// Longest prompt + completion, in tokens. 0 = the model's own context length.
     pub max_model_len: usize,
+    /// A Jinja chat template file that replaces the model's own, or `"chatml"`. A model
+    /// without either (a base model) answers `/v1/chat/completions` with 400.
+    pub chat_template: Option<String>,
     pub engine: EngineConfig,
 }
 
@@ -235,6 +238,7 @@ impl Default for ModelConfig {
             name: DEFAULT_MODEL_NAME.into(),
             path: DEFAULT_MODEL_PATH.into(),
             max_model_len: 0,
+            chat_template: None,
             engine: EngineConfig::default(),
         }
     }

@@ -17,12 +17,16 @@ pub struct ChatTemplate {
     env: Environment<'static>,
     bos: String,
     eos: String,
+    /// False for a model with no template (a base model): chat requests are refused.
+    present: bool,
 }
 
-/// Used when a model ships no template: ChatML, which most instruction-tuned small models use.
-const CHATML: &str = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
+/// Used when a model ships no template but its vocabulary has ChatML's tokens (most small
+/// instruction-tuned models), or when configured as `chat_template = "chatml"`.
+pub const CHATML: &str = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
 
 impl ChatTemplate {
+    /// `source` `None`: no template; `render` fails and `is_present` says false.
     pub fn new(source: Option<String>, bos: String, eos: String) -> Result<Self, minijinja::Error> {
         let mut env = Environment::new();
         // Templates written for Python Jinja call str methods like .strip() and .startswith().
@@ -33,8 +37,23 @@ impl ChatTemplate {
                 Err(minijinja::Error::new(ErrorKind::InvalidOperation, msg))
             },
         );
-        env.add_template_owned("chat", source.unwrap_or_else(|| CHATML.into()))?;
-        Ok(Self { env, bos, eos })
+        let present = source.is_some();
+        env.add_template_owned("chat", source.unwrap_or_default())?;
+        Ok(Self {
+            env,
+            bos,
+            eos,
+            present,
+        })
+    }
+
+    /// The same template variables with another template source.
+    pub fn with_source(&self, source: String) -> Result<Self, minijinja::Error> {
+        Self::new(Some(source), self.bos.clone(), self.eos.clone())
+    }
+
+    pub fn is_present(&self) -> bool {
+        self.present
     }
 
     pub fn render(
@@ -42,6 +61,12 @@ impl ChatTemplate {
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<String, minijinja::Error> {
+        if !self.present {
+            return Err(minijinja::Error::new(
+                ErrorKind::TemplateNotFound,
+                "the model has no chat template",
+            ));
+        }
         self.env.get_template("chat")?.render(context! {
             messages => messages,
             add_generation_prompt => add_generation_prompt,
@@ -65,7 +90,11 @@ mod tests {
 
     #[test]
     fn chatml_default_with_generation_prompt() {
-        let t = ChatTemplate::new(None, "<s>".into(), "</s>".into()).unwrap();
+        let none = ChatTemplate::new(None, "<s>".into(), "</s>".into()).unwrap();
+        assert!(!none.is_present());
+        assert!(none.render(&[msg("user", "Hi")], true).is_err());
+        let t = none.with_source(CHATML.into()).unwrap();
+        assert!(t.is_present());
         let out = t.render(&[msg("user", "Hi")], true).unwrap();
         assert_eq!(
             out,

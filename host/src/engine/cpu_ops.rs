@@ -60,6 +60,18 @@ pub fn swiglu(a: &mut [f32], b: &[f32]) {
     }
 }
 
+/// `a[i] = gelu(a[i]) * b[i]` (GeGLU), GELU in its tanh form as Gemma uses it.
+pub fn geglu(a: &mut [f32], b: &[f32]) {
+    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    for (a, &b) in a.iter_mut().zip(b) {
+        let x = *a;
+        // tanh(u) = 1 - 2 / (exp(2u) + 1), with the vectorisable exp above.
+        let u = SQRT_2_OVER_PI * (x + 0.044715 * x * x * x);
+        let t = 1.0 - 2.0 / (exp(2.0 * u) + 1.0);
+        *a = 0.5 * x * (1.0 + t) * b;
+    }
+}
+
 /// RMSNorm of each `w.len()`-wide row of `x` into `out`.
 pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     let n = w.len();

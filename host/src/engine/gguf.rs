@@ -11,10 +11,11 @@ use std::sync::Arc;
 use candle_core::quantized::{gguf_file, GgmlDType, QMatMul, QStorage, QTensor};
 use candle_core::Device;
 
-use super::chat_template::ChatTemplate;
-use super::model::{Embedding, Layer, Linear, Model, ModelShape, RopeStyle};
+use super::model::{
+    Embedding, GemmaNorms, GemmaShape, Layer, Linear, Model, ModelShape, RopeStyle,
+};
 use super::quant::{format_of, Bytes, QuantMatrix};
-use super::weights::{stop_ids, token_text, LoadedModel};
+use super::weights::{chat_template, stop_ids, token_text, LoadedModel};
 use super::{tokenizer, ModelError};
 
 /// An open GGUF file: its header and the mapped tensor data.
@@ -148,6 +149,15 @@ impl Gguf {
             ),
             false => None,
         };
+        let gemma = match self.has(&n("attn_q_norm.weight")) {
+            true => Some(GemmaNorms {
+                q_norm: self.vec_f32(&n("attn_q_norm.weight"))?,
+                k_norm: self.vec_f32(&n("attn_k_norm.weight"))?,
+                post_attn: self.vec_f32(&n("post_attention_norm.weight"))?,
+                post_ffn: self.vec_f32(&n("post_ffw_norm.weight"))?,
+            }),
+            false => None,
+        };
         Ok(Layer {
             attn_norm: self.vec_f32(&n("attn_norm.weight"))?,
             qkv: self.fused(&[n("attn_q.weight"), n("attn_k.weight"), n("attn_v.weight")])?,
@@ -156,6 +166,7 @@ impl Gguf {
             ffn_norm: self.vec_f32(&n("ffn_norm.weight"))?,
             gate_up: self.fused(&[n("ffn_gate.weight"), n("ffn_up.weight")])?,
             down: self.linear(&n("ffn_down.weight"))?,
+            gemma,
         })
     }
 
@@ -186,6 +197,16 @@ impl Gguf {
         let f = |k: &str, default: f32| md(k).and_then(|v| v.to_f32().ok()).unwrap_or(default);
         let num_heads = u("attention.head_count")?;
         let hidden = u("embedding_length")?;
+        let gemma = (arch == "gemma3").then(|| GemmaShape {
+            // Without a window every layer is global (llama.cpp's rule too).
+            sliding_window: u("attention.sliding_window").unwrap_or(usize::MAX),
+            global_every: u("attention.sliding_window_pattern").unwrap_or(6).max(1),
+            local_rope_theta: f("rope.freq_base_swa", 10_000.0),
+            global_rope_scale: f("rope.scaling.factor", 1.0).max(1e-6),
+            final_softcap: md("final_logit_softcapping")
+                .and_then(|v| v.to_f32().ok())
+                .filter(|&c| c > 0.0),
+        });
         Ok(ModelShape {
             vocab_size: self.locate("token_embd.weight")?.1[0],
             hidden,
@@ -198,6 +219,7 @@ impl Gguf {
             rope_theta: f("rope.freq_base", 10_000.0),
             rope_style,
             context_length: u("context_length")?,
+            gemma,
         })
     }
 }
@@ -211,12 +233,10 @@ pub(super) fn load(path: &Path) -> Result<LoadedModel, ModelError> {
         .unwrap_or_default();
     let rope_style = match arch.as_str() {
         "llama" | "mistral" => RopeStyle::Interleaved,
-        "qwen2" => RopeStyle::Neox,
-        other => {
-            return Err(ModelError::Format(format!(
-                "GGUF architecture {other:?} is not a supported llama-family decoder"
-            )))
-        }
+        "qwen2" | "gemma3" => RopeStyle::Neox,
+        other => return Err(ModelError::Format(format!(
+            "GGUF architecture {other:?} is not supported (llama, mistral, qwen2 and gemma3 are)"
+        ))),
     };
     let shape = g.shape(&arch, rope_style)?;
     let tok = tokenizer::from_gguf(&g.content)?;
@@ -233,7 +253,12 @@ pub(super) fn load(path: &Path) -> Result<LoadedModel, ModelError> {
         id("tokenizer.ggml.bos_token_id"),
         id("tokenizer.ggml.eos_token_id"),
     );
-    let template = ChatTemplate::new(template_src, token_text(&tok, bos), token_text(&tok, eos))?;
+    let template = chat_template(
+        template_src,
+        &tok,
+        token_text(&tok, bos),
+        token_text(&tok, eos),
+    )?;
     Ok(LoadedModel {
         model: Model::new(shape, embed, layers, norm, lm_head, Device::Cpu),
         stop_ids: stop_ids(&tok, &eos.into_iter().collect::<Vec<_>>()),

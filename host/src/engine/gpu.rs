@@ -217,6 +217,13 @@ impl<T: GpuElement> Net<T> {
         base: Baseline,
     ) -> Result<(Self, Pool), ModelError> {
         let s = model.shape.clone();
+        if s.gemma.is_some() {
+            return Err(ModelError::Device(
+                "Gemma 3 (sliding-window layers, QK-norm, GeGLU) runs on the CPU engine only; \
+                 serve it with device = \"cpu\""
+                    .into(),
+            ));
+        }
         let up = |v: &[f32]| -> Result<CudaSlice<T>, ModelError> {
             let host: Vec<T> = v.iter().map(|&x| T::from_f32(x)).collect();
             stream

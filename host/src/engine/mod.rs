@@ -179,7 +179,16 @@ impl Drop for EventStream {
 impl Engine {
     /// Loads the model and starts its scheduler thread.
     pub fn start(cfg: &ModelConfig, metrics: Arc<Metrics>) -> Result<Self, ModelError> {
-        let loaded = weights::load(&cfg.path)?;
+        let mut loaded = weights::load(&cfg.path)?;
+        if let Some(t) = &cfg.chat_template {
+            let source = match t.as_str() {
+                "chatml" => chat_template::CHATML.to_string(),
+                path => {
+                    std::fs::read_to_string(path).map_err(|e| ModelError::Io(path.into(), e))?
+                }
+            };
+            loaded.template = loaded.template.with_source(source)?;
+        }
         let e = &cfg.engine;
         let shape = loaded.model.shape.clone();
         let s = &shape;

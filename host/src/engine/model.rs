@@ -11,7 +11,7 @@ use std::sync::Arc;
 use candle_core::quantized::{QMatMul, QTensor};
 use candle_core::{Device, Tensor};
 
-use super::cpu_ops::{rms_norm, swiglu};
+use super::cpu_ops::{geglu, rms_norm, swiglu};
 use super::quant::QuantMatrix;
 use super::team::Team;
 
@@ -39,6 +39,34 @@ pub struct ModelShape {
     pub rope_theta: f32,
     pub rope_style: RopeStyle,
     pub context_length: usize,
+    /// Gemma 3's differences from the llama family; `None` for llama-family models.
+    pub gemma: Option<GemmaShape>,
+}
+
+/// What Gemma 3 adds to the llama-family decoder: embeddings scaled by √hidden, GeGLU (tanh
+/// GELU) instead of SwiGLU, RMSNorm on each head's Q and K and after attention and the FFN,
+/// and local layers that attend to a sliding window with their own RoPE base, interleaved
+/// with global ones.
+#[derive(Debug, Clone)]
+pub struct GemmaShape {
+    /// A local layer's query at position p sees keys at positions > p − `sliding_window`.
+    pub sliding_window: usize,
+    /// Layer i is global when (i + 1) is a multiple of this; the others are local.
+    pub global_every: usize,
+    /// RoPE base of the local layers (global layers use `rope_theta`).
+    pub local_rope_theta: f32,
+    /// Linear RoPE scaling of the global layers (positions divided by it; 1 = none).
+    pub global_rope_scale: f32,
+    /// `logits = cap · tanh(logits / cap)` when set.
+    pub final_softcap: Option<f32>,
+}
+
+impl ModelShape {
+    /// The attention window of layer `li` (`None`: the whole context).
+    pub fn window(&self, li: usize) -> Option<usize> {
+        let g = self.gemma.as_ref()?;
+        (!(li + 1).is_multiple_of(g.global_every)).then_some(g.sliding_window)
+    }
 }
 
 pub enum Linear {
@@ -142,6 +170,17 @@ pub struct Layer {
     /// Gate and up projections fused into one `[2 intermediate, hidden]` weight.
     pub gate_up: Linear,
     pub down: Linear,
+    /// Gemma 3's extra norms.
+    pub gemma: Option<GemmaNorms>,
+}
+
+pub struct GemmaNorms {
+    /// Per-head RMSNorm weights, `head_dim` long.
+    pub q_norm: Vec<f32>,
+    pub k_norm: Vec<f32>,
+    /// Applied to the attention output and to the FFN output before each residual add.
+    pub post_attn: Vec<f32>,
+    pub post_ffn: Vec<f32>,
 }
 
 pub struct Model {
@@ -153,6 +192,8 @@ pub struct Model {
     pub device: Device,
     rope_cos: Vec<f32>,
     rope_sin: Vec<f32>,
+    /// Gemma 3's local-layer RoPE tables (`local_rope_theta`).
+    rope_local: Option<(Vec<f32>, Vec<f32>)>,
     /// Threads that run this model's kernels.
     team: Team,
 }
@@ -175,19 +216,12 @@ impl Model {
         lm_head: Linear,
         device: Device,
     ) -> Self {
-        let half = shape.head_dim / 2;
-        let mut rope_cos = Vec::with_capacity(shape.context_length * half);
-        let mut rope_sin = Vec::with_capacity(shape.context_length * half);
-        for p in 0..shape.context_length {
-            for i in 0..half {
-                let freq = shape
-                    .rope_theta
-                    .powf(-((2 * i) as f32) / shape.head_dim as f32);
-                let a = p as f32 * freq;
-                rope_cos.push(a.cos());
-                rope_sin.push(a.sin());
-            }
-        }
+        let scale = shape.gemma.as_ref().map_or(1.0, |g| g.global_rope_scale);
+        let (rope_cos, rope_sin) = rope_table(&shape, shape.rope_theta, scale);
+        let rope_local = shape
+            .gemma
+            .as_ref()
+            .map(|g| rope_table(&shape, g.local_rope_theta, 1.0));
         Self {
             shape,
             embed,
@@ -197,6 +231,7 @@ impl Model {
             device,
             rope_cos,
             rope_sin,
+            rope_local,
             team: Team::new(0),
         }
     }
@@ -218,76 +253,101 @@ impl Model {
         seqs: &[BatchSeq],
         cache: &mut KvCache,
     ) -> Result<Vec<Vec<f32>>, ModelError> {
+        let step = Step::new(seqs, cache.block_size());
+        let mut x = self.embed(&step.tokens)?;
+        if self.shape.gemma.is_some() {
+            let scale = (self.shape.hidden as f32).sqrt();
+            x.iter_mut().for_each(|v| *v *= scale);
+        }
+        for (li, layer) in self.layers.iter().enumerate() {
+            self.attention_block(li, layer, &step, cache, &mut x)?;
+            self.ffn_block(layer, step.rows(), &mut x)?;
+        }
+        self.logits(seqs, &x)
+    }
+
+    /// `x += attention(norm(x))` for one layer, writing the step's K/V into `cache`.
+    fn attention_block(
+        &self,
+        li: usize,
+        layer: &Layer,
+        step: &Step,
+        cache: &mut KvCache,
+        x: &mut [f32],
+    ) -> Result<(), ModelError> {
         let s = &self.shape;
         let (hd, nh, nkv) = (s.head_dim, s.num_heads, s.num_kv_heads);
-        let (qdim, kvdim) = (nh * hd, nkv * hd);
-        let tokens: Vec<u32> = seqs.iter().flat_map(|q| q.tokens.iter().copied()).collect();
-        let rows = tokens.len();
-        let positions: Vec<usize> = seqs
-            .iter()
-            .flat_map(|q| q.start..q.start + q.tokens.len())
-            .collect();
-        let bs = cache.block_size();
-        let slots: Vec<usize> = seqs
-            .iter()
-            .flat_map(|q| {
-                (q.start..q.start + q.tokens.len())
-                    .map(move |p| q.block_table[p / bs] as usize * bs + p % bs)
-            })
-            .collect();
-        let attn_seqs: Vec<AttnSeq> = seqs
-            .iter()
-            .map(|q| AttnSeq {
-                block_table: q.block_table,
-                start: q.start,
-                len: q.tokens.len(),
-            })
-            .collect();
-        let scale = 1.0 / (hd as f32).sqrt();
-
-        let mut x = self.embed(&tokens)?;
+        let (qdim, kvdim, rows) = (nh * hd, nkv * hd, step.rows());
         let mut h = vec![0f32; x.len()];
+        rms_norm(x, &layer.attn_norm, s.rms_eps, &mut h);
+        let mut qkv = layer.qkv.forward(&self.team, &h, rows, &self.device)?;
+        let width = qdim + 2 * kvdim;
+        if let Some(b) = &layer.qkv_bias {
+            for r in qkv.chunks_mut(width) {
+                r.iter_mut().zip(b).for_each(|(x, b)| *x += b);
+            }
+        }
         let mut q = vec![0f32; rows * qdim];
         let mut k = vec![0f32; rows * kvdim];
         let mut v = vec![0f32; rows * kvdim];
-        let mut attn = vec![0f32; rows * qdim];
-        for (li, layer) in self.layers.iter().enumerate() {
-            rms_norm(&x, &layer.attn_norm, s.rms_eps, &mut h);
-            let mut qkv = layer.qkv.forward(&self.team, &h, rows, &self.device)?;
-            let width = qdim + 2 * kvdim;
-            if let Some(b) = &layer.qkv_bias {
-                for r in qkv.chunks_mut(width) {
-                    r.iter_mut().zip(b).for_each(|(x, b)| *x += b);
-                }
+        let local = s.window(li).is_some();
+        for (r, row) in qkv.chunks(width).enumerate() {
+            let (qr, kr) = (
+                &mut q[r * qdim..(r + 1) * qdim],
+                &mut k[r * kvdim..(r + 1) * kvdim],
+            );
+            qr.copy_from_slice(&row[..qdim]);
+            kr.copy_from_slice(&row[qdim..qdim + kvdim]);
+            v[r * kvdim..(r + 1) * kvdim].copy_from_slice(&row[qdim + kvdim..]);
+            if let Some(g) = &layer.gemma {
+                norm_in_place(qr, &g.q_norm, s.rms_eps);
+                norm_in_place(kr, &g.k_norm, s.rms_eps);
             }
-            for (r, row) in qkv.chunks(width).enumerate() {
-                q[r * qdim..(r + 1) * qdim].copy_from_slice(&row[..qdim]);
-                k[r * kvdim..(r + 1) * kvdim].copy_from_slice(&row[qdim..qdim + kvdim]);
-                v[r * kvdim..(r + 1) * kvdim].copy_from_slice(&row[qdim + kvdim..]);
-                self.rope(&mut q[r * qdim..(r + 1) * qdim], positions[r]);
-                self.rope(&mut k[r * kvdim..(r + 1) * kvdim], positions[r]);
-            }
-            cache.write(li, &slots, &k, &v);
-            cache.attention(&self.team, li, &q, &attn_seqs, nh, scale, &mut attn);
-            let o = layer.o.forward(&self.team, &attn, rows, &self.device)?;
-            x.iter_mut().zip(&o).for_each(|(x, o)| *x += o);
-
-            rms_norm(&x, &layer.ffn_norm, s.rms_eps, &mut h);
-            let gu = layer.gate_up.forward(&self.team, &h, rows, &self.device)?;
-            let inter = s.intermediate;
-            let mut act = vec![0f32; rows * inter];
-            for (a, row) in act.chunks_mut(inter).zip(gu.chunks(2 * inter)) {
-                let (g, u) = row.split_at(inter);
-                a.copy_from_slice(g);
-                swiglu(a, u);
-            }
-            let d = layer.down.forward(&self.team, &act, rows, &self.device)?;
-            x.iter_mut().zip(&d).for_each(|(x, d)| *x += d);
+            self.rope(qr, step.positions[r], local);
+            self.rope(kr, step.positions[r], local);
         }
+        cache.write(li, &step.slots, &k, &v);
+        let mut attn = vec![0f32; rows * qdim];
+        let scale = 1.0 / (hd as f32).sqrt();
+        let window = s.window(li);
+        let seqs = &step.attn_seqs;
+        cache.attention(&self.team, li, &q, seqs, nh, scale, window, &mut attn);
+        let mut o = layer.o.forward(&self.team, &attn, rows, &self.device)?;
+        if let Some(g) = &layer.gemma {
+            norm_in_place(&mut o, &g.post_attn, s.rms_eps);
+        }
+        x.iter_mut().zip(&o).for_each(|(x, o)| *x += o);
+        Ok(())
+    }
 
-        // Only the rows whose logits are wanted go through the final norm and the vocab matmul:
-        // for a prefill chunk that is one row, not the whole prompt.
-        let hidden = s.hidden;
+    /// `x += ffn(norm(x))`: SwiGLU, or Gemma's GeGLU with a norm on the output.
+    fn ffn_block(&self, layer: &Layer, rows: usize, x: &mut [f32]) -> Result<(), ModelError> {
+        let s = &self.shape;
+        let mut h = vec![0f32; x.len()];
+        rms_norm(x, &layer.ffn_norm, s.rms_eps, &mut h);
+        let gu = layer.gate_up.forward(&self.team, &h, rows, &self.device)?;
+        let inter = s.intermediate;
+        let mut act = vec![0f32; rows * inter];
+        for (a, row) in act.chunks_mut(inter).zip(gu.chunks(2 * inter)) {
+            let (g, u) = row.split_at(inter);
+            a.copy_from_slice(g);
+            match layer.gemma {
+                Some(_) => geglu(a, u),
+                None => swiglu(a, u),
+            }
+        }
+        let mut d = layer.down.forward(&self.team, &act, rows, &self.device)?;
+        if let Some(g) = &layer.gemma {
+            norm_in_place(&mut d, &g.post_ffn, s.rms_eps);
+        }
+        x.iter_mut().zip(&d).for_each(|(x, d)| *x += d);
+        Ok(())
+    }
+
+    /// Only the rows whose logits are wanted go through the final norm and the vocab matmul:
+    /// for a prefill chunk that is one row, not the whole prompt.
+    fn logits(&self, seqs: &[BatchSeq], x: &[f32]) -> Result<Vec<Vec<f32>>, ModelError> {
+        let hidden = self.shape.hidden;
         let mut last = Vec::new();
         let mut row = 0;
         for q in seqs {
@@ -301,8 +361,11 @@ impl Model {
         }
         let n = last.len() / hidden;
         let mut normed = vec![0f32; last.len()];
-        rms_norm(&last, &self.norm, s.rms_eps, &mut normed);
-        let logits = self.lm_head.forward(&self.team, &normed, n, &self.device)?;
+        rms_norm(&last, &self.norm, self.shape.rms_eps, &mut normed);
+        let mut logits = self.lm_head.forward(&self.team, &normed, n, &self.device)?;
+        if let Some(cap) = self.shape.gemma.as_ref().and_then(|g| g.final_softcap) {
+            logits.iter_mut().for_each(|l| *l = cap * (*l / cap).tanh());
+        }
         Ok(logits
             .chunks(logits.len() / n)
             .map(<[f32]>::to_vec)
@@ -327,12 +390,17 @@ impl Model {
         Ok(e.flatten_all()?.to_vec1()?)
     }
 
-    /// Rotates every head of one row (`[heads][head_dim]`) to `pos`.
-    fn rope(&self, x: &mut [f32], pos: usize) {
+    /// Rotates every head of one row (`[heads][head_dim]`) to `pos`, with the local-layer
+    /// tables when `local` and the model has them.
+    fn rope(&self, x: &mut [f32], pos: usize, local: bool) {
         let hd = self.shape.head_dim;
         let half = hd / 2;
-        let cos = &self.rope_cos[pos * half..(pos + 1) * half];
-        let sin = &self.rope_sin[pos * half..(pos + 1) * half];
+        let (cos, sin) = match (&self.rope_local, local) {
+            (Some((c, s)), true) => (c, s),
+            _ => (&self.rope_cos, &self.rope_sin),
+        };
+        let cos = &cos[pos * half..(pos + 1) * half];
+        let sin = &sin[pos * half..(pos + 1) * half];
         for head in x.chunks_mut(hd) {
             match self.shape.rope_style {
                 RopeStyle::Interleaved => {
@@ -351,5 +419,71 @@ impl Model {
                 }
             }
         }
+    }
+}
+
+/// RoPE cos and sin for every position of the context, `[position][head_dim / 2]`, positions
+/// divided by `scale` (linear RoPE scaling).
+fn rope_table(shape: &ModelShape, theta: f32, scale: f32) -> (Vec<f32>, Vec<f32>) {
+    let half = shape.head_dim / 2;
+    let mut cos = Vec::with_capacity(shape.context_length * half);
+    let mut sin = Vec::with_capacity(shape.context_length * half);
+    for p in 0..shape.context_length {
+        for i in 0..half {
+            let freq = theta.powf(-((2 * i) as f32) / shape.head_dim as f32);
+            let a = p as f32 / scale * freq;
+            cos.push(a.cos());
+            sin.push(a.sin());
+        }
+    }
+    (cos, sin)
+}
+
+/// RMSNorm of each `w.len()`-wide piece of `x`, in place.
+fn norm_in_place(x: &mut [f32], w: &[f32], eps: f32) {
+    let src = x.to_vec();
+    rms_norm(&src, w, eps, x);
+}
+
+/// The positions, cache slots and attention spans of one step's rows.
+struct Step<'a> {
+    tokens: Vec<u32>,
+    positions: Vec<usize>,
+    slots: Vec<usize>,
+    attn_seqs: Vec<AttnSeq<'a>>,
+}
+
+impl<'a> Step<'a> {
+    fn new(seqs: &[BatchSeq<'a>], bs: usize) -> Self {
+        let tokens = seqs.iter().flat_map(|q| q.tokens.iter().copied()).collect();
+        let positions = seqs
+            .iter()
+            .flat_map(|q| q.start..q.start + q.tokens.len())
+            .collect();
+        let slots = seqs
+            .iter()
+            .flat_map(|q| {
+                (q.start..q.start + q.tokens.len())
+                    .map(move |p| q.block_table[p / bs] as usize * bs + p % bs)
+            })
+            .collect();
+        let attn_seqs = seqs
+            .iter()
+            .map(|q| AttnSeq {
+                block_table: q.block_table,
+                start: q.start,
+                len: q.tokens.len(),
+            })
+            .collect();
+        Self {
+            tokens,
+            positions,
+            slots,
+            attn_seqs,
+        }
+    }
+
+    fn rows(&self) -> usize {
+        self.tokens.len()
     }
 }

@@ -100,6 +100,7 @@ impl KvCache {
         seqs: &[AttnSeq],
         num_heads: usize,
         scale: f32,
+        window: Option<usize>,
         out: &mut [f32],
     ) {
         let d = self.head_dim;
@@ -116,11 +117,14 @@ impl KvCache {
             let (t, kv_head) = (idx / self.num_kv_heads, idx % self.num_kv_heads);
             let (s, pos) = rows[t];
             let qg = &q[idx * group * d..(idx + 1) * group * d];
+            // A sliding window sees the last `w` positions, its own included.
+            let first = window.map_or(0, |w| (pos + 1).saturating_sub(w));
+            let span = first..pos + 1;
             self.attend_group(
                 kc,
                 vc,
                 seqs[s].block_table,
-                pos + 1,
+                span,
                 kv_head,
                 qg,
                 scale,
@@ -129,7 +133,8 @@ impl KvCache {
             );
         };
         let items = rows.len() * self.num_kv_heads;
-        let work_size: usize = rows.iter().map(|r| r.1 + 1).sum::<usize>() * num_heads * d;
+        let span = |pos: usize| window.map_or(pos + 1, |w| (pos + 1).min(w));
+        let work_size: usize = rows.iter().map(|r| span(r.1)).sum::<usize>() * num_heads * d;
         // Splitting across threads costs a microsecond or two; tiny steps stay on this thread.
         let parts = if work_size < 16 * 1024 {
             1
@@ -153,14 +158,14 @@ impl KvCache {
     }
 
     /// Attention of the `group` query heads in `q` (`[group][head_dim]`) that share `kv_head`,
-    /// over the first `ctx` tokens of a block table.
+    /// over the positions `span` of a block table.
     #[allow(clippy::too_many_arguments)]
     fn attend_group(
         &self,
         kc: &[f16],
         vc: &[f16],
         table: &[u32],
-        ctx: usize,
+        span: std::ops::Range<usize>,
         kv_head: usize,
         q: &[f32],
         scale: f32,
@@ -171,9 +176,11 @@ impl KvCache {
         let group = q.len() / d;
         let row = self.num_kv_heads * d;
         // Offsets of each context token's K/V for this head, walking the table block by block.
-        let offsets = table
+        let ctx = span.len();
+        let offsets = table[span.start / bs..]
             .iter()
             .flat_map(|&b| (0..bs).map(move |o| (b as usize * bs + o) * row + kv_head * d))
+            .skip(span.start % bs)
             .take(ctx);
         scores.clear();
         scores.resize(group * ctx, 0.0);
@@ -289,7 +296,7 @@ mod tests {
                 .collect();
             let scale = 1.0 / (d as f32).sqrt();
             let mut out = vec![0f32; rows * nh * d];
-            cache.attention(&Team::new(2), 0, &q, &seqs, nh, scale, &mut out);
+            cache.attention(&Team::new(2), 0, &q, &seqs, nh, scale, None, &mut out);
             let mut row = 0;
             for (i, &(start, len)) in shapes.iter().enumerate() {
                 let qs = &q[row * nh * d..(row + len) * nh * d];

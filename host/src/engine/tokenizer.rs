@@ -73,14 +73,22 @@ pub fn from_gguf(c: &gguf_file::Content) -> Result<Tokenizer, ModelError> {
             )))
         }
     };
-    let specials: Vec<AddedToken> = tokens
-        .iter()
-        .zip(&types)
-        .filter(|(_, &t)| t == TOKEN_TYPE_CONTROL || t == TOKEN_TYPE_USER_DEFINED)
-        .map(|(s, _)| AddedToken::from(s.clone(), true))
-        .collect();
-    tok.add_special_tokens(specials)
-        .map_err(|e| ModelError::Tokenizer(e.to_string()))?;
+    // Both kinds are matched whole in input text; control tokens are special (left out when
+    // decoding with special tokens skipped), user-defined ones are text (Gemma's runs of
+    // spaces and newlines, say) and must come out of the detokenizer.
+    let added = |kind: i32, special: bool| -> Vec<AddedToken> {
+        tokens
+            .iter()
+            .zip(&types)
+            .filter(|(_, &t)| t == kind)
+            .map(|(s, _)| AddedToken::from(s.clone(), special).normalized(false))
+            .collect()
+    };
+    let err = |e: tokenizers::Error| ModelError::Tokenizer(e.to_string());
+    tok.add_special_tokens(added(TOKEN_TYPE_CONTROL, true))
+        .map_err(err)?;
+    tok.add_tokens(added(TOKEN_TYPE_USER_DEFINED, false))
+        .map_err(err)?;
     Ok(tok)
 }
 

@@ -57,6 +57,19 @@ pub(super) fn stop_ids(tok: &Tokenizer, eos: &[u32]) -> Vec<u32> {
     ids
 }
 
+/// The model's template; without one, ChatML when the vocabulary has its tokens, else none.
+pub(super) fn chat_template(
+    source: Option<String>,
+    tok: &Tokenizer,
+    bos: String,
+    eos: String,
+) -> Result<ChatTemplate, ModelError> {
+    let chatml =
+        tok.token_to_id("<|im_start|>").is_some() && tok.token_to_id("<|im_end|>").is_some();
+    let source = source.or_else(|| chatml.then(|| super::chat_template::CHATML.to_string()));
+    Ok(ChatTemplate::new(source, bos, eos)?)
+}
+
 pub(super) fn token_text(tok: &Tokenizer, id: Option<u32>) -> String {
     id.and_then(|i| tok.id_to_token(i)).unwrap_or_default()
 }
@@ -157,6 +170,7 @@ fn load_hf(dir: &Path) -> Result<LoadedModel, ModelError> {
         rope_theta: cfg.rope_theta.unwrap_or(10_000.0),
         rope_style,
         context_length: cfg.max_position_embeddings.unwrap_or(4096),
+        gemma: None,
     };
     let mut layers = Vec::with_capacity(shape.num_layers);
     for i in 0..shape.num_layers {
@@ -188,6 +202,7 @@ fn load_hf(dir: &Path) -> Result<LoadedModel, ModelError> {
             ffn_norm: vec_f32(&format!("{p}.post_attention_layernorm.weight"))?,
             gate_up: Linear::Dense(Tensor::cat(&[w("mlp.gate_proj")?, w("mlp.up_proj")?], 0)?),
             down: Linear::Dense(w("mlp.down_proj")?),
+            gemma: None,
         });
     }
     let embed = get("model.embed_tokens.weight")?;
@@ -218,8 +233,9 @@ fn load_hf(dir: &Path) -> Result<LoadedModel, ModelError> {
             .and_then(|t| t.get("template").and_then(|s| s.as_str()).map(String::from)),
         _ => None,
     };
-    let template = ChatTemplate::new(
+    let template = chat_template(
         template_src,
+        &tok,
         token_string(&tcfg.bos_token),
         token_string(&tcfg.eos_token),
     )?;

@@ -154,6 +154,14 @@ async fn prompt_stage(
         }
         None => rag::ground(messages, &context),
     };
+    if !engine.template.is_present() {
+        return Err(ApiError::invalid(
+            "messages",
+            "This model has no chat template (a base model): use /v1/completions, bind a \
+             prompt_template plugin, or configure chat_template for the model"
+                .to_string(),
+        ));
+    }
     engine.template.render(&messages, true).map_err(|e| {
         ApiError::invalid(
             "messages",

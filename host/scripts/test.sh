@@ -5,6 +5,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 host/scripts/fetch-models.sh
+# Qwen2.5 1.5B and Gemma 3 270M (Q4_K_M) and llama.cpp's tokenizer vectors, cached outside
+# the clone, for the real-model, kernel and tokenizer conformance tests.
+host/scripts/fetch-real-models.sh
 # The plugin tests build real WebAssembly components from plugins/ and tests/plugins/.
 rustup target list --installed | grep -qx wasm32-wasip2 || rustup target add wasm32-wasip2
 # The end-to-end suite drives the server with the official OpenAI Python SDK, and computes

@@ -19,7 +19,7 @@ pub mod quant;
 pub mod runner;
 pub mod sampler;
 pub mod scheduler;
-mod team;
+pub mod team;
 pub mod tokenizer;
 pub mod weights;
 

@@ -1,0 +1,97 @@
+//! The models people actually download, end to end over HTTP: Qwen2.5-Coder-1.5B-Instruct
+//! Q4_K_M (k-quants, qwen2 BPE, ChatML) and Gemma 3 270M Q4_K_M (gemma3, SentencePiece, a
+//! base model). `host/scripts/fetch-real-models.sh` fetches both (pinned, sha256-checked).
+//!
+//! The expected greedy texts are llama.cpp's: `llama-server` (llama-cpp-python 0.3.36's
+//! vendored llama.cpp, built by `host/scripts/build-llama-peer.sh`, `-t 2`) answering
+//! `/v1/completions` with `temperature: 0` on the same GGUF. Prompts where the two engines'
+//! greedy paths split at a near-tie (top-2 logits within 0.03–0.07 nats in both engines)
+//! are left out; the README's model table records them.
+
+mod support;
+
+use serde_json::{json, Value};
+use support::Server;
+
+const QWEN: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../models/Qwen2.5-Coder-1.5B-Instruct.Q4_K_M.gguf"
+);
+const GEMMA: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../models/gemma-3-270m.Q4_K_M.gguf"
+);
+
+fn start(name: &str, path: &str) -> Server {
+    assert!(
+        std::path::Path::new(path).exists(),
+        "{path} is missing: run host/scripts/fetch-real-models.sh"
+    );
+    Server::start(&["--model", &format!("{name}={path}")])
+}
+
+fn complete(s: &Server, model: &str, prompt: &str, max_tokens: u32) -> String {
+    let body =
+        json!({"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0});
+    let (status, v): (u16, Value) = s.post("/v1/completions", &body);
+    assert_eq!(status, 200, "{v}");
+    v["choices"][0]["text"].as_str().unwrap().to_string()
+}
+
+fn sdk(script: &str, s: &Server, model: &str) -> String {
+    let script = format!("{}/../tests/{script}", env!("CARGO_MANIFEST_DIR"));
+    let out = std::process::Command::new("python3")
+        .args([&script, &format!("{}/v1", s.base), model])
+        .output()
+        .expect("python3 runs");
+    assert!(
+        out.status.success(),
+        "SDK script failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn qwen2_5_greedy_completions_equal_llama_cpp_and_chat_works_through_the_sdk() {
+    let s = start("qwen", QWEN);
+    let cases = [
+        (
+            "The capital of France is",
+            " Paris. Paris is the largest city in France and the second-largest city in Europe. Paris is the cultural and historical center of France and is home to many of",
+        ),
+        (
+            "def fibonacci(n):",
+            "\n    if n <= 0:\n        return \"Invalid input\"\n    elif n == 1:\n        return 0\n    elif n == 2",
+        ),
+        (
+            "List the primary colors:",
+            " red, blue, and green. These colors are essential for creating a wide range of visual effects and are widely used in various fields such as art, design,",
+        ),
+    ];
+    for (prompt, want) in cases {
+        assert_eq!(complete(&s, "qwen", prompt, 32), want, "{prompt}");
+    }
+    let answer = sdk("openai_sdk.py", &s, "qwen");
+    assert!(answer.contains("Paris"), "{answer}");
+}
+
+#[test]
+fn gemma3_greedy_completions_equal_llama_cpp_and_chat_is_refused_through_the_sdk() {
+    let s = start("gemma", GEMMA);
+    let cases = [
+        (
+            "def fibonacci(n):",
+            "\n    if n == 0:\n        return 0\n    elif n == 1:\n        return 1\n    elif n == 2:\n        return 2\n",
+        ),
+        (
+            "Water boils at",
+            " 100 degrees Celsius.\n\nWater boils at 100 degrees Celsius.\n\nWater boils at 100 degrees Celsius.\n\nWater boils at 100 degrees Celsius.",
+        ),
+    ];
+    for (prompt, want) in cases {
+        assert_eq!(complete(&s, "gemma", prompt, 40), want, "{prompt}");
+    }
+    sdk("openai_sdk_base_model.py", &s, "gemma");
+}

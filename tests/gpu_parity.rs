@@ -84,6 +84,7 @@ mod parity {
             ignore_eos: true,
             cache_salt: 0,
             weight: 1,
+            speculative: false,
         };
         let mut events = engine.submit(req).expect("submit");
         let mut out = Vec::new();

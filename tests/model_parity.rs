@@ -98,6 +98,7 @@ fn logits(model: &Model, tokens: &[u32]) -> Vec<f32> {
         start: 0,
         tokens,
         want_logits: true,
+        draft_rows: 0,
     };
     model.forward(&[seq], &mut cache).unwrap().remove(0)
 }

@@ -52,6 +52,8 @@ fn request(prompt: Vec<u32>, max_tokens: usize) -> GenerationRequest {
         ignore_eos: true,
         cache_salt: 0,
         weight: 1,
+        // The throughput rows measure plain decoding; `speculation_rows` compares both.
+        speculative: false,
     }
 }
 
@@ -160,6 +162,7 @@ pub async fn run(cfg: &ModelConfig, o: &BenchOptions) -> anyhow::Result<()> {
             a / decode1
         );
     }
+    speculation_rows(&engine, &metrics, &cfg.name, o, &mut salt).await;
     // KV waste is the unfilled tail of each sequence's last block, so it is measured on
     // prompts of realistic, mixed lengths.
     let lens: Vec<usize> = (0..o.kv_seqs)
@@ -182,6 +185,101 @@ pub async fn run(cfg: &ModelConfig, o: &BenchOptions) -> anyhow::Result<()> {
         100.0 * (1.0 - mean)
     );
     Ok(())
+}
+
+/// A CRM export an extraction request copies from.
+fn contacts() -> String {
+    let names = [
+        "Ada Park",
+        "Bo Chen",
+        "Cruz Ortiz",
+        "Dee Novak",
+        "Eli Haddad",
+        "Fay Moreau",
+    ];
+    let mut text = String::from("Account notes, week 48.\n");
+    for (i, n) in names.iter().cycle().take(18).enumerate() {
+        let user = n.to_lowercase().replace(' ', ".");
+        text += &format!(
+            "- {n} (ticket #{}) wrote from {user}{i}@example-{}.com about renewal terms.\n",
+            4100 + i * 7,
+            ["corp", "retail", "labs"][i % 3]
+        );
+    }
+    text + "\nEvery email address in the notes above, one per line:\n"
+}
+
+/// Greedy generation with prompt-lookup speculation off, then on: tokens/s of each, whether
+/// the outputs are identical, and the share of drafts accepted.
+async fn speculation_rows(
+    engine: &Arc<Engine>,
+    metrics: &Arc<Metrics>,
+    name: &str,
+    o: &BenchOptions,
+    salt: &mut usize,
+) {
+    let extraction = engine
+        .encode(&contacts(), true)
+        .expect("bench prompt encodes");
+    let workloads = [
+        ("extraction (answer copies the prompt)", extraction),
+        ("free text (little to copy)", prompt(engine, 16, *salt)),
+    ];
+    *salt += 1;
+    let counter = |c: &prometheus::IntCounterVec| c.with_label_values(&[name]).get();
+    for (label, p) in workloads {
+        let mut rates = [Vec::new(), Vec::new()];
+        let mut outputs = [Vec::new(), Vec::new()];
+        let (d0, a0) = (
+            counter(&metrics.spec_draft_tokens),
+            counter(&metrics.spec_accepted_tokens),
+        );
+        for _ in 0..o.repeat {
+            for (k, spec) in [false, true].into_iter().enumerate() {
+                let mut req = request(p.clone(), o.gen_tokens);
+                req.speculative = spec;
+                let t0 = Instant::now();
+                let (ids, r) = run_ids(engine, req, t0).await;
+                rates[k].push((r.tokens - 1) as f64 / (r.last - r.first).as_secs_f64());
+                outputs[k] = ids;
+            }
+        }
+        let drafted = counter(&metrics.spec_draft_tokens) - d0;
+        let accepted = counter(&metrics.spec_accepted_tokens) - a0;
+        let [off, on] = rates.map(median);
+        println!(
+            "| speculation, {label}: off / on | {off:.1} / {on:.1} tok/s ({:.2}x), {accepted} of {drafted} drafts accepted, outputs {} |",
+            on / off,
+            if outputs[0] == outputs[1] { "identical" } else { "DIFFER" }
+        );
+    }
+}
+
+/// `run_one` that also returns the generated token ids.
+async fn run_ids(engine: &Engine, req: GenerationRequest, t0: Instant) -> (Vec<u32>, Run) {
+    let mut s = engine.submit(req).expect("bench queue has room");
+    let (mut ids, mut first, mut last) = (Vec::new(), None, Duration::ZERO);
+    while let Some(ev) = s.recv().await {
+        match ev {
+            Event::Token { id, .. } => {
+                ids.push(id);
+                last = t0.elapsed();
+                first.get_or_insert(last);
+            }
+            Event::Done(..) => break,
+            Event::Failed(m) => panic!("bench request failed: {m}"),
+        }
+    }
+    let tokens = ids.len();
+    let first = first.unwrap_or_default();
+    (
+        ids,
+        Run {
+            first,
+            last,
+            tokens,
+        },
+    )
 }
 
 /// Resident memory of this process (Linux), in MiB.

@@ -144,6 +144,12 @@ pub struct EngineConfig {
     /// Fraction of the GPU's memory this engine may take in all (weights, step workspace, KV
     /// pool); the KV pool gets what is left of it. On CUDA this replaces `kv_cache_bytes`.
     pub gpu_memory_utilization: f32,
+    /// Prompt-lookup speculative decoding: draft tokens proposed per step by matching the
+    /// sequence's last n-gram earlier in its own tokens, verified in one forward (0 = off).
+    pub speculative_tokens: usize,
+    /// Speculate only while at most this many sequences run: drafts pay when decode is bound
+    /// by reading the weights, not in large batches.
+    pub speculative_max_seqs: usize,
 }
 
 /// Where a model's engine computes.
@@ -258,6 +264,8 @@ impl Default for EngineConfig {
             device: ComputeDevice::Cpu,
             dtype: GpuDtype::Auto,
             gpu_memory_utilization: 0.9,
+            speculative_tokens: 4,
+            speculative_max_seqs: 2,
         }
     }
 }

@@ -20,6 +20,8 @@ pub struct Metrics {
     pub generation_tokens: IntCounterVec,
     pub prefix_cache_hit_tokens: IntCounterVec,
     pub preemptions: IntCounterVec,
+    pub spec_draft_tokens: IntCounterVec,
+    pub spec_accepted_tokens: IntCounterVec,
     pub requests: IntCounterVec,
     pub http_requests: IntCounterVec,
     pub http_latency: Histogram,
@@ -118,6 +120,16 @@ impl Metrics {
             preemptions: counter(
                 "gateway_preemptions_total",
                 "Sequences preempted for KV blocks",
+                model,
+            ),
+            spec_draft_tokens: counter(
+                "gateway_spec_draft_tokens_total",
+                "Prompt-lookup draft tokens verified",
+                model,
+            ),
+            spec_accepted_tokens: counter(
+                "gateway_spec_accepted_tokens_total",
+                "Draft tokens accepted (each saves one decode step)",
                 model,
             ),
             requests: counter(

@@ -17,6 +17,7 @@ use super::model::BatchSeq;
 use super::runner::Runner;
 use super::sampler::Sampler;
 use super::scheduler::{Scheduler, SchedulerConfig, SeqId, Sequence};
+use super::spec::{prompt_lookup, DraftLength};
 use super::{Command, Event, FinishReason, GenerationRequest, Usage};
 use crate::config::ModelConfig;
 use crate::metrics::Metrics;
@@ -34,6 +35,9 @@ struct SeqState {
     last_token: Option<Instant>,
     /// Scheduled at least once; until then it counts against the submission queue.
     admitted: bool,
+    /// Prompt-lookup drafting allowed for this request, and its current draft length.
+    speculative: bool,
+    draft_len: DraftLength,
 }
 
 pub(super) struct EngineLoop {
@@ -47,6 +51,9 @@ pub(super) struct EngineLoop {
     waiting: Arc<AtomicUsize>,
     /// No sequence grows past this, whatever its request asked for.
     max_model_len: usize,
+    /// Draft tokens per step (0: no speculation) and the most running sequences it runs with.
+    spec_tokens: usize,
+    spec_max_seqs: usize,
 }
 
 impl EngineLoop {
@@ -81,6 +88,8 @@ impl EngineLoop {
             &metrics.generation_tokens,
             &metrics.prefix_cache_hit_tokens,
             &metrics.preemptions,
+            &metrics.spec_draft_tokens,
+            &metrics.spec_accepted_tokens,
         ] {
             c.with_label_values(&[&cfg.name]).inc_by(0);
         }
@@ -92,8 +101,14 @@ impl EngineLoop {
         ] {
             h.with_label_values(&[&cfg.name]);
         }
+        let spec_tokens = match runner.verifies_drafts() {
+            true => e.speculative_tokens,
+            false => 0,
+        };
         let this = Self {
             name: cfg.name.clone(),
+            spec_tokens,
+            spec_max_seqs: e.speculative_max_seqs,
             runner,
             tokenizer,
             eos_ids,
@@ -150,6 +165,7 @@ impl EngineLoop {
             ignore_eos,
             cache_salt,
             weight,
+            speculative,
         } = req;
         if !ignore_eos {
             stop_token_ids.extend(&self.eos_ids);
@@ -168,6 +184,8 @@ impl EngineLoop {
                 arrived: Instant::now(),
                 last_token: None,
                 admitted: false,
+                speculative,
+                draft_len: DraftLength::new(self.spec_tokens),
             },
         );
         self.metrics
@@ -179,6 +197,7 @@ impl EngineLoop {
     }
 
     fn step(&mut self) {
+        self.propose_drafts();
         let step = self.sched.schedule();
         let model = self.name.as_str();
         if !step.preempted.is_empty() {
@@ -213,11 +232,13 @@ impl EngineLoop {
                     .iter()
                     .find(|s| s.id == sc.id)
                     .expect("scheduled sequences run");
+                let done = sc.start + sc.len == seq.tokens.len();
                 BatchSeq {
                     block_table: &seq.blocks,
                     start: sc.start,
                     tokens: &seq.tokens[sc.start..sc.start + sc.len],
-                    want_logits: sc.start + sc.len == seq.tokens.len(),
+                    want_logits: done,
+                    draft_rows: if done { seq.draft } else { 0 },
                 }
             })
             .collect();
@@ -251,16 +272,75 @@ impl EngineLoop {
         };
         for sc in &step.scheduled {
             if self.sched.complete(sc) {
-                let row = logits.next().expect("one logits row per finished sequence");
-                self.on_logits(sc.id, row);
+                let drafts = self.sched.running_mut(sc.id).map_or(0, |s| s.draft);
+                let rows: Vec<Vec<f32>> = (0..=drafts)
+                    .map(|_| logits.next().expect("logits rows per finished sequence"))
+                    .collect();
+                self.on_rows(sc.id, rows);
             }
         }
     }
 
-    fn on_logits(&mut self, id: SeqId, mut row: Vec<f32>) {
-        let Some(st) = self.states.get_mut(&id) else {
+    /// Appends up to `n` prompt-lookup drafts to each decoding sequence that may speculate,
+    /// while the batch is small enough for verification to be nearly free.
+    fn propose_drafts(&mut self) {
+        if self.spec_tokens == 0 || self.sched.running.len() > self.spec_max_seqs {
             return;
+        }
+        for seq in self.sched.running.iter_mut() {
+            let decoding = seq.draft == 0 && seq.num_computed + 1 == seq.tokens.len();
+            let Some(st) = self
+                .states
+                .get(&seq.id)
+                .filter(|st| st.speculative && decoding)
+            else {
+                continue;
+            };
+            // Accepted drafts plus the token sampled after them must fit the request's
+            // max_tokens and the model's window.
+            let left = st.max_tokens.saturating_sub(seq.generated().len() + 1);
+            let window = self.max_model_len.saturating_sub(seq.tokens.len() + 1);
+            let drafts = prompt_lookup(&seq.tokens, st.draft_len.get().min(left).min(window));
+            seq.draft = drafts.len();
+            seq.tokens.extend(drafts);
+        }
+    }
+
+    /// Samples a sequence's logits rows in order: one for a plain step; with drafts, the
+    /// rows of the last token and of each draft. Drafts are accepted while the sampled token
+    /// equals them; the first token that differs (or the one after the last draft) ends it.
+    fn on_rows(&mut self, id: SeqId, rows: Vec<Vec<f32>>) {
+        let drafts = match self.sched.running_mut(id) {
+            Some(seq) if seq.draft > 0 => seq.tokens.split_off(seq.tokens.len() - seq.draft),
+            _ => Vec::new(),
         };
+        let mut accepted = 0;
+        for (i, row) in rows.into_iter().enumerate() {
+            match self.on_logits(id, row) {
+                Some(t) if drafts.get(i) == Some(&t) => accepted += 1,
+                _ => break,
+            }
+        }
+        if !drafts.is_empty() {
+            let model = self.name.as_str();
+            let m = &self.metrics;
+            m.spec_draft_tokens
+                .with_label_values(&[model])
+                .inc_by(drafts.len() as u64);
+            m.spec_accepted_tokens
+                .with_label_values(&[model])
+                .inc_by(accepted as u64);
+            if let Some(st) = self.states.get_mut(&id) {
+                st.draft_len.update(drafts.len(), accepted);
+            }
+            self.sched.settle_drafts(id);
+        }
+    }
+
+    /// Samples one token from `row` and streams it; `None` when the sequence ended (or was
+    /// already gone), else the token.
+    fn on_logits(&mut self, id: SeqId, mut row: Vec<f32>) -> Option<u32> {
+        let st = self.states.get_mut(&id)?;
         let sampled = st.sampler.sample(&mut row);
         let now = Instant::now();
         let model = self.name.as_str();
@@ -307,11 +387,13 @@ impl EngineLoop {
         if st.tx.send(ev).is_err() {
             // The client went away: free its blocks now rather than generating into the void.
             self.finish(id, None);
-            return;
+            return None;
         }
         if let Some(reason) = finish {
             self.finish(id, Some(reason));
+            return None;
         }
+        Some(sampled.token)
     }
 
     fn reset(&mut self, msg: &str) {

@@ -234,9 +234,11 @@ pub(super) fn load(path: &Path) -> Result<LoadedModel, ModelError> {
     let rope_style = match arch.as_str() {
         "llama" | "mistral" => RopeStyle::Interleaved,
         "qwen2" | "gemma3" => RopeStyle::Neox,
-        other => return Err(ModelError::Format(format!(
+        other => {
+            return Err(ModelError::Format(format!(
             "GGUF architecture {other:?} is not supported (llama, mistral, qwen2 and gemma3 are)"
-        ))),
+        )))
+        }
     };
     let shape = g.shape(&arch, rope_style)?;
     let tok = tokenizer::from_gguf(&g.content)?;

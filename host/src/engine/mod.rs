@@ -19,6 +19,7 @@ pub mod quant;
 pub mod runner;
 pub mod sampler;
 pub mod scheduler;
+mod spec;
 pub mod team;
 pub mod tokenizer;
 pub mod weights;
@@ -73,6 +74,8 @@ pub struct GenerationRequest {
     pub cache_salt: u64,
     /// The owner's share of admissions under contention (weighted fair queuing; at least 1).
     pub weight: u32,
+    /// Allow prompt-lookup speculative decoding for this request (when the engine has it on).
+    pub speculative: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

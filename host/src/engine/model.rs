@@ -205,6 +205,9 @@ pub struct BatchSeq<'a> {
     pub tokens: &'a [u32],
     /// Return logits for this sequence's last row.
     pub want_logits: bool,
+    /// With `want_logits`, also return logits for this many rows before the last (the rows
+    /// of speculative drafts being verified), in row order.
+    pub draft_rows: usize,
 }
 
 impl Model {
@@ -353,7 +356,8 @@ impl Model {
         for q in seqs {
             row += q.tokens.len();
             if q.want_logits {
-                last.extend_from_slice(&x[(row - 1) * hidden..row * hidden]);
+                let first = row - 1 - q.draft_rows.min(q.tokens.len() - 1);
+                last.extend_from_slice(&x[first * hidden..row * hidden]);
             }
         }
         if last.is_empty() {

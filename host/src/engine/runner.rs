@@ -78,6 +78,12 @@ impl Runner {
 
     /// One step: writes every row's K/V into the pool and returns one logits row per
     /// sequence with `want_logits`, in order.
+    /// Whether `forward` returns the logits rows of speculative drafts (`draft_rows`); the
+    /// CUDA network returns only each sequence's last row.
+    pub fn verifies_drafts(&self) -> bool {
+        matches!(self, Runner::Cpu { .. })
+    }
+
     pub fn forward(&mut self, seqs: &[BatchSeq]) -> Result<Vec<Vec<f32>>, ModelError> {
         match self {
             Runner::Cpu { model, cache } => model.forward(seqs, cache),

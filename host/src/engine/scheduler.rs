@@ -35,6 +35,9 @@ pub struct Sequence {
     pub cache_salt: u64,
     /// Fair-queuing finish tag while waiting (smallest is admitted first).
     pub tag: f64,
+    /// Trailing tokens that are unverified speculative drafts: computed with the rest, never
+    /// registered in the prefix cache, rolled back by `settle_drafts`.
+    pub draft: usize,
 }
 
 impl Sequence {
@@ -49,7 +52,15 @@ impl Sequence {
             last_hash: cache_salt,
             cache_salt,
             tag: 0.0,
+            draft: 0,
         }
+    }
+
+    /// Drops the drafts (unverified tokens) at the end.
+    fn drop_drafts(&mut self, n: usize) {
+        let n = n.min(self.draft);
+        self.tokens.truncate(self.tokens.len() - n);
+        self.draft -= n;
     }
 
     pub fn generated(&self) -> &[u32] {
@@ -142,6 +153,7 @@ impl Scheduler {
 
     fn preempt(&mut self, index: usize) -> SeqId {
         let mut seq = self.running.remove(index);
+        seq.drop_drafts(seq.draft);
         self.blocks.release(&seq.blocks);
         seq.blocks.clear();
         seq.num_computed = 0;
@@ -158,7 +170,10 @@ impl Scheduler {
         let mut budget = self.cfg.max_num_batched_tokens;
         let mut i = 0;
         while i < self.running.len() {
-            let seq = &self.running[i];
+            let seq = &mut self.running[i];
+            // Drafts are verified whole or not at all: trim the ones the budget cannot take.
+            let over = (seq.tokens.len() - seq.num_computed).saturating_sub(budget);
+            seq.drop_drafts(over);
             let want = (seq.tokens.len() - seq.num_computed).min(budget);
             if want == 0 {
                 i += 1;
@@ -180,7 +195,13 @@ impl Scheduler {
                 i += 1;
                 continue;
             }
-            // Out of blocks: the newest sequence gives its blocks back, which may be this one.
+            // Out of blocks: first give up drafts, then the newest sequence gives its blocks
+            // back, which may be this one.
+            if self.running[i].draft > 0 {
+                let d = self.running[i].draft;
+                self.running[i].drop_drafts(d);
+                continue;
+            }
             let victim = self.running.len() - 1;
             let id = self.preempt(victim);
             step.scheduled.retain(|s| s.id != id);
@@ -237,7 +258,7 @@ impl Scheduler {
         };
         let seq = &mut self.running[i];
         seq.num_computed = s.start + s.len;
-        while (seq.num_hashed + 1) * bs <= seq.num_computed {
+        while (seq.num_hashed + 1) * bs <= seq.num_computed - seq.draft {
             let range = seq.num_hashed * bs..(seq.num_hashed + 1) * bs;
             let h = self.blocks.chain_hash(seq.last_hash, &seq.tokens[range]);
             self.blocks.register(seq.blocks[seq.num_hashed], h);
@@ -245,6 +266,22 @@ impl Scheduler {
             seq.num_hashed += 1;
         }
         seq.num_computed == seq.tokens.len()
+    }
+
+    /// After drafts were verified and the accepted ones re-pushed as generated tokens: K/V
+    /// stays valid only for tokens before the last one, and blocks beyond what the tokens need
+    /// go back to the pool (their slots held rejected drafts).
+    pub fn settle_drafts(&mut self, id: SeqId) {
+        let Some(seq) = self.running.iter_mut().find(|q| q.id == id) else {
+            return;
+        };
+        seq.draft = 0;
+        seq.num_computed = seq.num_computed.min(seq.tokens.len().saturating_sub(1));
+        let keep = self.blocks.blocks_for(seq.tokens.len()).max(seq.num_hashed);
+        if seq.blocks.len() > keep {
+            let extra = seq.blocks.split_off(keep);
+            self.blocks.release(&extra);
+        }
     }
 
     /// Tokens stored in allocated blocks over their capacity, across running sequences.
@@ -483,5 +520,63 @@ mod tests {
         s.add(Sequence::new(1, prompt(6, 0), 0), 1);
         run_step(&mut s);
         assert!((s.kv_utilisation() - 6.0 / 8.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn drafts_are_computed_then_rolled_back_without_entering_the_prefix_cache() {
+        // Blocks of 4 tokens; a 6-token prompt, then one sampled token and 5 drafts.
+        let mut s = sched(16, 4, 64, true);
+        s.add(Sequence::new(1, prompt(6, 100), 0), 1);
+        run_step(&mut s);
+        let seq = s.running_mut(1).unwrap();
+        assert_eq!((seq.tokens.len(), seq.num_computed), (7, 6));
+        seq.tokens.extend([1, 2, 3, 4, 5]);
+        seq.draft = 5;
+        let step = s.schedule();
+        assert_eq!(step.scheduled[0].len, 6, "the last token and every draft");
+        assert_eq!(s.running_mut(1).unwrap().blocks.len(), 3);
+        assert!(s.complete(&step.scheduled[0]));
+        let seq = s.running_mut(1).unwrap();
+        assert_eq!(
+            seq.num_hashed, 1,
+            "only blocks of verified tokens are hashed"
+        );
+        // Two drafts accepted, then a different token sampled: 7 + 2 + 1 tokens.
+        seq.tokens.truncate(7);
+        seq.tokens.extend([1, 2, 9]);
+        s.settle_drafts(1);
+        let seq = s.running_mut(1).unwrap();
+        assert_eq!((seq.draft, seq.num_computed, seq.blocks.len()), (0, 9, 3));
+        // Nothing accepted: the extra block goes back.
+        seq.tokens.extend([4, 4, 4]);
+        seq.draft = 3;
+        let step = s.schedule();
+        assert!(s.complete(&step.scheduled[0]));
+        let free = s.blocks.num_free();
+        let seq = s.running_mut(1).unwrap();
+        seq.tokens.truncate(10);
+        seq.tokens.push(5);
+        s.settle_drafts(1);
+        let seq = s.running_mut(1).unwrap();
+        assert_eq!((seq.num_computed, seq.tokens.len()), (10, 11));
+        assert_eq!(seq.blocks.len(), 3);
+        assert_eq!(s.blocks.num_free(), free + 1);
+    }
+
+    #[test]
+    fn drafts_are_trimmed_to_the_token_budget_and_dropped_on_preemption() {
+        let mut s = sched(16, 4, 4, false);
+        s.add(Sequence::new(1, prompt(3, 100), 0), 1);
+        run_step(&mut s);
+        let seq = s.running_mut(1).unwrap();
+        seq.tokens.extend([1, 2, 3, 4, 5, 6]);
+        seq.draft = 6;
+        let step = s.schedule();
+        assert_eq!(
+            step.scheduled[0].len, 4,
+            "budget 4: the last token and 3 drafts"
+        );
+        assert_eq!(s.running_mut(1).unwrap().draft, 3);
+        assert!(s.complete(&step.scheduled[0]));
     }
 }

@@ -44,6 +44,8 @@ pub struct SamplingFields {
     pub logit_bias: Option<std::collections::HashMap<String, f32>>,
     #[serde(default)]
     pub ignore_eos: bool,
+    /// Extension: `false` turns speculative decoding off for this request.
+    pub speculative: Option<bool>,
     #[serde(default)]
     pub stream: bool,
     pub stream_options: Option<StreamOptions>,

@@ -17,6 +17,7 @@ pub struct Generation {
     pub stop: Vec<String>,
     pub stop_token_ids: Vec<u32>,
     pub ignore_eos: bool,
+    pub speculative: bool,
     pub stream: bool,
     pub include_usage: bool,
     pub max_tokens: Option<usize>,
@@ -130,6 +131,7 @@ pub fn generation(
         stop,
         stop_token_ids: f.stop_token_ids.unwrap_or_default(),
         ignore_eos: f.ignore_eos,
+        speculative: f.speculative.unwrap_or(true),
         stream: f.stream,
         include_usage: f.stream_options.is_some_and(|o| o.include_usage),
         max_tokens,
@@ -203,6 +205,7 @@ impl Generation {
                     ignore_eos: self.ignore_eos,
                     cache_salt: self.cache_salt,
                     weight: self.weight,
+                    speculative: self.speculative,
                 }
             })
             .collect())

@@ -27,22 +27,41 @@ const BLOCK: usize = 32;
 
 /// Rows `r0..r0 + nr` of `s` against the `g` activation rows of `x`, into `dst[row][g]`.
 #[cfg(all(target_arch = "x86_64", target_feature = "avx512f"))]
-pub(super) fn tile(s: &Segment, r0: usize, nr: usize, x: &[f32], g: usize, dst: &mut [f32]) {
+pub(super) fn tile(
+    s: &Segment,
+    r0: usize,
+    nr: usize,
+    x: &[f32],
+    g: usize,
+    dst: &mut [f32],
+    prefetch: bool,
+) {
     use avx512::rows;
     debug_assert!(nr <= TILE);
     // R weight rows × g activation rows per pass, R·g ≤ 16 accumulators.
     let args = (s, r0, nr, x, 0, g, dst);
+    macro_rules! by_g {
+        ($f:expr, $p:expr) => {{
+            const P: bool = $p;
+            match g {
+                8 => rows::<{ $f }, 2, 8, P>(args),
+                7 => rows::<{ $f }, 2, 7, P>(args),
+                6 => rows::<{ $f }, 2, 6, P>(args),
+                5 => rows::<{ $f }, 2, 5, P>(args),
+                4 => rows::<{ $f }, 4, 4, P>(args),
+                3 => rows::<{ $f }, 4, 3, P>(args),
+                2 => rows::<{ $f }, 4, 2, P>(args),
+                _ => rows::<{ $f }, 4, 1, P>(args),
+            }
+        }};
+    }
+    // Prefetching is a constant in the kernel so the loops without it carry no trace of it.
     macro_rules! by_batch {
         ($f:expr) => {
-            match g {
-                8 => rows::<{ $f }, 2, 8>(args),
-                7 => rows::<{ $f }, 2, 7>(args),
-                6 => rows::<{ $f }, 2, 6>(args),
-                5 => rows::<{ $f }, 2, 5>(args),
-                4 => rows::<{ $f }, 4, 4>(args),
-                3 => rows::<{ $f }, 4, 3>(args),
-                2 => rows::<{ $f }, 4, 2>(args),
-                _ => rows::<{ $f }, 4, 1>(args),
+            if prefetch {
+                by_g!($f, true)
+            } else {
+                by_g!($f, false)
             }
         };
     }
@@ -62,7 +81,15 @@ pub(super) fn tile(s: &Segment, r0: usize, nr: usize, x: &[f32], g: usize, dst: 
     target_feature = "fma",
     not(target_feature = "avx512f")
 ))]
-pub(super) fn tile(s: &Segment, r0: usize, nr: usize, x: &[f32], m: usize, dst: &mut [f32]) {
+pub(super) fn tile(
+    s: &Segment,
+    r0: usize,
+    nr: usize,
+    x: &[f32],
+    m: usize,
+    dst: &mut [f32],
+    _prefetch: bool,
+) {
     debug_assert!(nr <= TILE);
     let mut i0 = 0;
     while i0 < m {
@@ -84,7 +111,15 @@ pub(super) fn tile(s: &Segment, r0: usize, nr: usize, x: &[f32], m: usize, dst: 
         all(target_feature = "avx2", target_feature = "fma")
     )
 )))]
-pub(super) fn tile(s: &Segment, r0: usize, nr: usize, x: &[f32], m: usize, dst: &mut [f32]) {
+pub(super) fn tile(
+    s: &Segment,
+    r0: usize,
+    nr: usize,
+    x: &[f32],
+    m: usize,
+    dst: &mut [f32],
+    _prefetch: bool,
+) {
     debug_assert!(nr <= TILE);
     let k = s.cols;
     let mut buf = vec![0f32; nr * k];
@@ -252,9 +287,8 @@ mod avx512 {
     pub const Q5_0: u8 = 3;
     pub const Q5_1: u8 = 4;
 
-    /// How far ahead weights are prefetched, and up to which batch, as in `k_kernels`.
+    /// How far ahead weights are prefetched, as in `k_kernels`.
     const PREFETCH: usize = 8192;
-    const PREFETCH_MAX_G: usize = 2;
 
     #[inline(always)]
     unsafe fn f16_at(p: *const u8) -> f32 {
@@ -322,7 +356,7 @@ mod avx512 {
     /// Weight rows `r0..r0 + nr` times activation rows `i0..i0 + G`, into `dst[row * m + i]`,
     /// walking R weight rows at a time. The activation rows stay in L1 across the whole tile.
     #[allow(clippy::type_complexity)]
-    pub(super) fn rows<const F: u8, const R: usize, const G: usize>(
+    pub(super) fn rows<const F: u8, const R: usize, const G: usize, const P: bool>(
         (w, r0, nr, x, i0, m, dst): (&Segment, usize, usize, &[f32], usize, usize, &mut [f32]),
     ) {
         let k = w.cols;
@@ -347,7 +381,7 @@ mod avx512 {
                     for q in 0..R {
                         let b = rp[q].add(blk * bb);
                         // Every other block (blocks are ≤ 34 bytes): see k_kernels' PREFETCH.
-                        if G <= PREFETCH_MAX_G && blk % 2 == 0 {
+                        if P && blk % 2 == 0 {
                             _mm_prefetch::<_MM_HINT_T0>(b.wrapping_add(pf).cast());
                         }
                         let v = dequant::<F>(b);

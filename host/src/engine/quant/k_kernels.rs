@@ -92,22 +92,34 @@ pub(super) fn tile(
     i0: usize,
     g: usize,
     dst: &mut [f32],
+    prefetch: bool,
 ) {
     use avx512::rows;
     let args = (s, r0, nr, a, i0, dst);
     // R weight rows × g activation rows, R·g ≤ 16 float accumulators beside the eight weight
     // vectors of the super-block being multiplied.
+    macro_rules! by_g {
+        ($f:expr, $p:expr) => {{
+            const P: bool = $p;
+            match g {
+                8 => rows::<{ $f }, 1, 8, P>(args),
+                7 => rows::<{ $f }, 1, 7, P>(args),
+                6 => rows::<{ $f }, 1, 6, P>(args),
+                5 => rows::<{ $f }, 1, 5, P>(args),
+                4 => rows::<{ $f }, 4, 4, P>(args),
+                3 => rows::<{ $f }, 4, 3, P>(args),
+                2 => rows::<{ $f }, 4, 2, P>(args),
+                _ => rows::<{ $f }, 4, 1, P>(args),
+            }
+        }};
+    }
+    // Prefetching is a constant in the kernel so the loops without it carry no trace of it.
     macro_rules! by_batch {
         ($f:expr) => {
-            match g {
-                8 => rows::<{ $f }, 1, 8>(args),
-                7 => rows::<{ $f }, 1, 7>(args),
-                6 => rows::<{ $f }, 1, 6>(args),
-                5 => rows::<{ $f }, 1, 5>(args),
-                4 => rows::<{ $f }, 4, 4>(args),
-                3 => rows::<{ $f }, 4, 3>(args),
-                2 => rows::<{ $f }, 4, 2>(args),
-                _ => rows::<{ $f }, 4, 1>(args),
+            if prefetch {
+                by_g!($f, true)
+            } else {
+                by_g!($f, false)
             }
         };
     }
@@ -129,6 +141,7 @@ pub(super) fn tile(
     i0: usize,
     g: usize,
     dst: &mut [f32],
+    _prefetch: bool,
 ) {
     let rb = s.row_bytes();
     for t in 0..nr {
@@ -198,10 +211,6 @@ mod avx512 {
     /// How far ahead of the block being multiplied weights are prefetched (4–32 KiB measured
     /// alike; 8 KiB was best).
     const PREFETCH: usize = 8192;
-    /// Batches up to this size are bound by memory and gain from prefetching; larger ones are
-    /// bound by arithmetic, and prefetched weights would evict their activations from L1
-    /// (SmolLM2 prefill: 975 → 670 tok/s with prefetching at every batch size).
-    const PREFETCH_MAX_G: usize = 2;
 
     /// Lane → scale index for Q6_K weight vector `v` (16-weight sub-blocks: two per vector).
     static Q6K_SCALE_IDX: [[i16; 32]; 8] = {
@@ -326,7 +335,7 @@ mod avx512 {
     /// Weight rows `r0..r0 + nr` times activation rows `i0..i0 + G`, into `dst[row * G + j]`,
     /// walking R weight rows at a time (independent streams keep loads in flight).
     #[allow(clippy::type_complexity)]
-    pub(super) fn rows<const F: u8, const R: usize, const G: usize>(
+    pub(super) fn rows<const F: u8, const R: usize, const G: usize, const P: bool>(
         (s, r0, nr, a, i0, dst): (&Segment, usize, usize, &KActs, usize, &mut [f32]),
     ) {
         let k = s.cols;
@@ -365,7 +374,7 @@ mod avx512 {
                         // block of rows further ahead (a prefetch never faults, so running
                         // past the matrix is harmless). Measured on DRAM-resident Q4_K:
                         // 5.8 GB/s without, 24 GB/s with, single thread.
-                        if G <= PREFETCH_MAX_G {
+                        if P {
                             let ahead = blk.wrapping_add(pf);
                             _mm_prefetch::<_MM_HINT_T0>(ahead.cast());
                             _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64).cast());

@@ -84,6 +84,7 @@ fn quantize_block(x: &[f32], q: &mut [i16]) -> f32 {
 
 /// Rows `r0..r0 + nr` of `s` against activation rows `i0..i0 + g` of `a`, into `dst[row][g]`.
 #[cfg(all(target_arch = "x86_64", target_feature = "avx512bw"))]
+#[allow(clippy::too_many_arguments)] // the f32 kernels' signature plus the prepared activations
 pub(super) fn tile(
     s: &Segment,
     r0: usize,
@@ -133,6 +134,7 @@ pub(super) fn tile(
 
 /// Portable path: the same integer sums, one weight row and activation row at a time.
 #[cfg(not(all(target_arch = "x86_64", target_feature = "avx512bw")))]
+#[allow(clippy::too_many_arguments)]
 pub(super) fn tile(
     s: &Segment,
     r0: usize,
@@ -352,7 +354,7 @@ mod avx512 {
                 && dst.len() >= nr * G
         );
         let xq: [*const i16; G] = std::array::from_fn(|j| a.q[(i0 + j) * k..].as_ptr());
-        let xs: [&[f32]; G] = std::array::from_fn(|j| &a.scale[(i0 + j) * nb..]);
+        let xs: [*const f32; G] = std::array::from_fn(|j| a.scale[(i0 + j) * nb..].as_ptr());
         let xsum: [*const f32; G] =
             std::array::from_fn(|j| a.sums[(i0 + j) * nb * SUMS..].as_ptr());
         // Whole groups of R rows ahead, about PREFETCH bytes.
@@ -390,7 +392,7 @@ mod avx512 {
                             for (v, &w) in w.iter().enumerate() {
                                 ia = dot_acc(ia, w, _mm512_loadu_si512(x.add(v)));
                             }
-                            let scale = _mm512_set1_ps(d * xs[j][b]);
+                            let scale = _mm512_set1_ps(d * *xs[j].add(b));
                             acc[q][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia), scale, acc[q][j]);
                             if F != Q6K {
                                 let sums = _mm512_loadu_ps(xsum[j].add(b * SUMS));

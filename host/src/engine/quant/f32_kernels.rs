@@ -23,6 +23,13 @@ use crate::engine::cpu_ops::dot;
 ))]
 use super::Format;
 
+#[cfg(all(
+    target_arch = "x86_64",
+    any(
+        target_feature = "avx512f",
+        all(target_feature = "avx2", target_feature = "fma")
+    )
+))]
 const BLOCK: usize = 32;
 
 /// Rows `r0..r0 + nr` of `s` against the `g` activation rows of `x`, into `dst[row][g]`.
@@ -186,7 +193,7 @@ mod avx2 {
                 // machines; k-quants never come here).
                 Format::Q5_0 | Format::Q5_1 | Format::Q4K | Format::Q5K | Format::Q6K => {
                     let mut o = [0f32; BLOCK];
-                    super::dequantize_block(format, b, &mut o);
+                    crate::engine::quant::dequantize_block(format, b, &mut o);
                     let p = o.as_ptr();
                     std::array::from_fn(|i| _mm256_loadu_ps(p.add(8 * i)))
                 }

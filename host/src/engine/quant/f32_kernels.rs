@@ -47,29 +47,9 @@ pub(super) fn tile(
     debug_assert!(nr <= TILE);
     // R weight rows × g activation rows per pass, R·g ≤ 16 accumulators.
     let args = (s, r0, nr, x, 0, g, dst);
-    macro_rules! by_g {
-        ($f:expr, $p:expr) => {{
-            const P: bool = $p;
-            match g {
-                8 => rows::<{ $f }, 2, 8, P>(args),
-                7 => rows::<{ $f }, 2, 7, P>(args),
-                6 => rows::<{ $f }, 2, 6, P>(args),
-                5 => rows::<{ $f }, 2, 5, P>(args),
-                4 => rows::<{ $f }, 4, 4, P>(args),
-                3 => rows::<{ $f }, 4, 3, P>(args),
-                2 => rows::<{ $f }, 4, 2, P>(args),
-                _ => rows::<{ $f }, 4, 1, P>(args),
-            }
-        }};
-    }
-    // Prefetching is a constant in the kernel so the loops without it carry no trace of it.
     macro_rules! by_batch {
         ($f:expr) => {
-            if prefetch {
-                by_g!($f, true)
-            } else {
-                by_g!($f, false)
-            }
+            super::by_batch!(rows, $f, 2, g, prefetch, args)
         };
     }
     match s.format {

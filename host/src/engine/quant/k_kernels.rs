@@ -97,31 +97,11 @@ pub(super) fn tile(
 ) {
     use avx512::rows;
     let args = (s, r0, nr, a, i0, dst);
-    // R weight rows × g activation rows, R·g ≤ 16 float accumulators beside the eight weight
-    // vectors of the super-block being multiplied.
-    macro_rules! by_g {
-        ($f:expr, $p:expr) => {{
-            const P: bool = $p;
-            match g {
-                8 => rows::<{ $f }, 1, 8, P>(args),
-                7 => rows::<{ $f }, 1, 7, P>(args),
-                6 => rows::<{ $f }, 1, 6, P>(args),
-                5 => rows::<{ $f }, 1, 5, P>(args),
-                4 => rows::<{ $f }, 4, 4, P>(args),
-                3 => rows::<{ $f }, 4, 3, P>(args),
-                2 => rows::<{ $f }, 4, 2, P>(args),
-                _ => rows::<{ $f }, 4, 1, P>(args),
-            }
-        }};
-    }
-    // Prefetching is a constant in the kernel so the loops without it carry no trace of it.
+    // Batches over four walk one weight row at a time: its eight weight vectors stay in
+    // registers beside the float accumulators.
     macro_rules! by_batch {
         ($f:expr) => {
-            if prefetch {
-                by_g!($f, true)
-            } else {
-                by_g!($f, false)
-            }
+            super::by_batch!(rows, $f, 1, g, prefetch, args)
         };
     }
     match s.format {

@@ -343,18 +343,7 @@ fn models_health_and_metrics_endpoints() {
 #[test]
 fn official_openai_python_sdk_works_unchanged() {
     let s = Server::start(&[]);
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/openai_sdk.py");
-    let out = std::process::Command::new("python3")
-        .args([script, &format!("{}/v1", s.base), MODEL])
-        .output()
-        .expect("python3 runs");
-    assert!(
-        out.status.success(),
-        "SDK script failed (pip install openai):\n{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(String::from_utf8_lossy(&out.stdout).contains("Paris"));
+    assert!(s.sdk_script("openai_sdk.py", MODEL).contains("Paris"));
 }
 
 #[test]

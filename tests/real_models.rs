@@ -38,21 +38,6 @@ fn complete(s: &Server, model: &str, prompt: &str, max_tokens: u32) -> String {
     v["choices"][0]["text"].as_str().unwrap().to_string()
 }
 
-fn sdk(script: &str, s: &Server, model: &str) -> String {
-    let script = format!("{}/../tests/{script}", env!("CARGO_MANIFEST_DIR"));
-    let out = std::process::Command::new("python3")
-        .args([&script, &format!("{}/v1", s.base), model])
-        .output()
-        .expect("python3 runs");
-    assert!(
-        out.status.success(),
-        "SDK script failed:\n{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
 #[test]
 fn qwen2_5_greedy_completions_equal_llama_cpp_and_chat_works_through_the_sdk() {
     let s = start("qwen", QWEN);
@@ -73,7 +58,7 @@ fn qwen2_5_greedy_completions_equal_llama_cpp_and_chat_works_through_the_sdk() {
     for (prompt, want) in cases {
         assert_eq!(complete(&s, "qwen", prompt, 32), want, "{prompt}");
     }
-    let answer = sdk("openai_sdk.py", &s, "qwen");
+    let answer = s.sdk_script("openai_sdk.py", "qwen");
     assert!(answer.contains("Paris"), "{answer}");
 }
 
@@ -93,5 +78,5 @@ fn gemma3_greedy_completions_equal_llama_cpp_and_chat_is_refused_through_the_sdk
     for (prompt, want) in cases {
         assert_eq!(complete(&s, "gemma", prompt, 40), want, "{prompt}");
     }
-    sdk("openai_sdk_base_model.py", &s, "gemma");
+    s.sdk_script("openai_sdk_base_model.py", "gemma");
 }

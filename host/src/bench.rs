@@ -64,24 +64,7 @@ struct Run {
 }
 
 async fn run_one(engine: &Engine, req: GenerationRequest, t0: Instant) -> Run {
-    let mut s = engine.submit(req).expect("bench queue has room");
-    let (mut first, mut last, mut tokens) = (None, Duration::ZERO, 0);
-    while let Some(ev) = s.recv().await {
-        match ev {
-            Event::Token { .. } => {
-                tokens += 1;
-                last = t0.elapsed();
-                first.get_or_insert(last);
-            }
-            Event::Done(..) => break,
-            Event::Failed(m) => panic!("bench request failed: {m}"),
-        }
-    }
-    Run {
-        first: first.unwrap_or_default(),
-        last,
-        tokens,
-    }
+    run_ids(engine, req, t0).await.1
 }
 
 fn median(mut xs: Vec<f64>) -> f64 {
@@ -255,7 +238,7 @@ async fn speculation_rows(
     }
 }
 
-/// `run_one` that also returns the generated token ids.
+/// One request to its end: the generated token ids, and when the first and last arrived.
 async fn run_ids(engine: &Engine, req: GenerationRequest, t0: Instant) -> (Vec<u32>, Run) {
     let mut s = engine.submit(req).expect("bench queue has room");
     let (mut ids, mut first, mut last) = (Vec::new(), None, Duration::ZERO);

@@ -134,6 +134,23 @@ impl Server {
         self.child.wait().ok()?.code()
     }
 
+    /// Runs `tests/<script>` (an OpenAI Python SDK client) against this server's `/v1` with
+    /// `model`; panics with its output unless it exits 0; returns its stdout.
+    pub fn sdk_script(&self, script: &str, model: &str) -> String {
+        let script = format!("{}/../tests/{script}", env!("CARGO_MANIFEST_DIR"));
+        let out = Command::new("python3")
+            .args([&script, &format!("{}/v1", self.base), model])
+            .output()
+            .expect("python3 runs");
+        assert!(
+            out.status.success(),
+            "SDK script failed (pip install openai):\n{}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
     pub fn addr(&self) -> &str {
         &self.base["http://".len()..]
     }

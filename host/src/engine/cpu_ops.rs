@@ -72,6 +72,18 @@ pub fn geglu(a: &mut [f32], b: &[f32]) {
     }
 }
 
+/// RMSNorm of each `w.len()`-wide row of `x`, in place (each row's scale is computed before
+/// the row is written, so the result equals `rms_norm`'s).
+pub fn rms_norm_in_place(x: &mut [f32], w: &[f32], eps: f32) {
+    let n = w.len();
+    for xr in x.chunks_mut(n) {
+        let inv = 1.0 / (dot(xr, xr) / n as f32 + eps).sqrt();
+        for (v, &g) in xr.iter_mut().zip(w) {
+            *v = *v * inv * g;
+        }
+    }
+}
+
 /// RMSNorm of each `w.len()`-wide row of `x` into `out`.
 pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     let n = w.len();

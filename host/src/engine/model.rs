@@ -11,7 +11,7 @@ use std::sync::Arc;
 use candle_core::quantized::{QMatMul, QTensor};
 use candle_core::{Device, Tensor};
 
-use super::cpu_ops::{geglu, rms_norm, swiglu};
+use super::cpu_ops::{geglu, rms_norm, rms_norm_in_place, swiglu};
 use super::quant::QuantMatrix;
 use super::team::Team;
 
@@ -303,8 +303,8 @@ impl Model {
             kr.copy_from_slice(&row[qdim..qdim + kvdim]);
             v[r * kvdim..(r + 1) * kvdim].copy_from_slice(&row[qdim + kvdim..]);
             if let Some(g) = &layer.gemma {
-                norm_in_place(qr, &g.q_norm, s.rms_eps);
-                norm_in_place(kr, &g.k_norm, s.rms_eps);
+                rms_norm_in_place(qr, &g.q_norm, s.rms_eps);
+                rms_norm_in_place(kr, &g.k_norm, s.rms_eps);
             }
             self.rope(qr, step.positions[r], local);
             self.rope(kr, step.positions[r], local);
@@ -317,7 +317,7 @@ impl Model {
         cache.attention(&self.team, li, &q, seqs, nh, scale, window, &mut attn);
         let mut o = layer.o.forward(&self.team, &attn, rows, &self.device)?;
         if let Some(g) = &layer.gemma {
-            norm_in_place(&mut o, &g.post_attn, s.rms_eps);
+            rms_norm_in_place(&mut o, &g.post_attn, s.rms_eps);
         }
         x.iter_mut().zip(&o).for_each(|(x, o)| *x += o);
         Ok(())
@@ -341,7 +341,7 @@ impl Model {
         }
         let mut d = layer.down.forward(&self.team, &act, rows, &self.device)?;
         if let Some(g) = &layer.gemma {
-            norm_in_place(&mut d, &g.post_ffn, s.rms_eps);
+            rms_norm_in_place(&mut d, &g.post_ffn, s.rms_eps);
         }
         x.iter_mut().zip(&d).for_each(|(x, d)| *x += d);
         Ok(())
@@ -441,12 +441,6 @@ fn rope_table(shape: &ModelShape, theta: f32, scale: f32) -> (Vec<f32>, Vec<f32>
         }
     }
     (cos, sin)
-}
-
-/// RMSNorm of each `w.len()`-wide piece of `x`, in place.
-fn norm_in_place(x: &mut [f32], w: &[f32], eps: f32) {
-    let src = x.to_vec();
-    rms_norm(&src, w, eps, x);
 }
 
 /// The positions, cache slots and attention spans of one step's rows.

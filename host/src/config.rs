@@ -39,6 +39,50 @@ pub struct Config {
     /// Serve HTTPS (both listeners) with these PEM files.
     pub tls: Option<TlsConfig>,
     pub admin: AdminConfig,
+    pub http: HttpConfig,
+}
+
+/// Deadlines and caps at the HTTP edge, against silent, trickling and hoarding clients.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HttpConfig {
+    /// A request's headers must arrive within this long of its first byte (HTTP/1.1, and the
+    /// HTTP/2 preface); a silent new connection gets `idle_timeout_ms`.
+    pub header_timeout_ms: u64,
+    /// A request body may pause this long between pieces, and gets this long before it
+    /// must keep up `min_body_rate`. Too slow: 408.
+    pub body_timeout_ms: u64,
+    /// Bytes per second a body must average, after the first `body_timeout_ms`.
+    pub min_body_rate: u64,
+    /// A connection with no request in flight is closed after this long. Requests in flight,
+    /// generation streams included, are never cut by it.
+    pub idle_timeout_ms: u64,
+    /// A TLS client must finish its handshake within this long.
+    pub tls_handshake_timeout_ms: u64,
+    /// Open connections per listener; over it, new ones get 503 and are closed. 0 (default):
+    /// 10,000, or fewer to stay below the process's open-file limit. A value set here is
+    /// kept even above that limit (with a warning); accepts then back off when descriptors
+    /// run out.
+    pub max_connections: usize,
+    /// Open connections from one client address per listener (0 = no cap); over it, 429.
+    pub max_connections_per_client: usize,
+    /// Concurrent streams one HTTP/2 connection may open.
+    pub h2_max_concurrent_streams: u32,
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        Self {
+            header_timeout_ms: 10_000,
+            body_timeout_ms: 10_000,
+            min_body_rate: 1024,
+            idle_timeout_ms: 60_000,
+            tls_handshake_timeout_ms: 10_000,
+            max_connections: 0,
+            max_connections_per_client: 1_000,
+            h2_max_concurrent_streams: 128,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize, PartialEq)]
@@ -219,6 +263,7 @@ impl Default for Config {
             drain_seconds: 30,
             tls: None,
             admin: AdminConfig::default(),
+            http: HttpConfig::default(),
         }
     }
 }
@@ -341,6 +386,24 @@ impl Config {
         let p = &self.plugins;
         if p.timeout_ms == 0 || p.memory_mb == 0 || p.max_instances == 0 {
             return bad("plugins: timeout_ms, memory_mb and max_instances must be > 0".into());
+        }
+        let h = &self.http;
+        if [
+            h.header_timeout_ms,
+            h.body_timeout_ms,
+            h.idle_timeout_ms,
+            h.tls_handshake_timeout_ms,
+        ]
+        .contains(&0)
+            || h.h2_max_concurrent_streams == 0
+        {
+            return bad("http: timeouts and h2_max_concurrent_streams must be > 0".into());
+        }
+        if self.collections_dir.is_file() {
+            return bad(format!(
+                "collections_dir {} is a file, not a folder",
+                self.collections_dir.display()
+            ));
         }
         if self.admin.client_ca.is_some() && (self.tls.is_none() || self.admin.listen.is_none()) {
             return bad("admin.client_ca needs [tls] and admin.listen".into());

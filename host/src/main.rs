@@ -432,6 +432,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         admin_token: cfg.admin_token.clone(),
         max_upload_bytes: cfg.plugins.max_upload_bytes,
         shutdown: Default::default(),
+        http: edge_limits(&cfg),
     });
     server::serve(
         listeners,
@@ -445,6 +446,27 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         tracing::info!("usage ledger flushed");
     }
     Ok(())
+}
+
+/// The HTTP limits in force. The open-file limit is raised to its hard limit first; an unset
+/// connection cap then keeps a quarter of the descriptors for models, plugins, indexes and
+/// the ledger.
+fn edge_limits(cfg: &Config) -> gateway::config::HttpConfig {
+    const DEFAULT_MAX_CONNECTIONS: usize = 10_000;
+    let mut http = cfg.http.clone();
+    let room =
+        server::raise_fd_limit().map(|files| ((files as usize).saturating_sub(64) * 3 / 4).max(1));
+    match (http.max_connections, room) {
+        (0, Some(room)) => http.max_connections = DEFAULT_MAX_CONNECTIONS.min(room),
+        (0, None) => http.max_connections = DEFAULT_MAX_CONNECTIONS,
+        (n, Some(room)) if n > room => tracing::warn!(
+            max_connections = n,
+            fits = room,
+            "max_connections is above what the open-file limit leaves room for"
+        ),
+        _ => {}
+    }
+    http
 }
 
 /// The plugin runtime and registry, filled from the plugin folder (watched for changes) when

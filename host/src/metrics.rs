@@ -33,6 +33,55 @@ pub struct Metrics {
     pub tenant_requests: IntCounterVec,
     pub tenant_tokens: IntCounterVec,
     pub tenant_rejections: IntCounterVec,
+    pub edge: EdgeMetrics,
+}
+
+/// The HTTP edge: connections open, refused and closed by a deadline.
+pub struct EdgeMetrics {
+    pub open_connections: prometheus::IntGauge,
+    pub refused: IntCounterVec,
+    pub closed: IntCounterVec,
+    pub accept_errors: prometheus::IntCounter,
+}
+
+impl EdgeMetrics {
+    fn new(r: &Registry) -> Self {
+        let counter = |n: &str, h: &str, l: &[&str]| {
+            reg(r, IntCounterVec::new(Opts::new(n, h), l).expect("valid"))
+        };
+        Self {
+            open_connections: reg(
+                r,
+                prometheus::IntGauge::new(
+                    "gateway_open_connections",
+                    "Client connections open, all listeners",
+                )
+                .expect("valid"),
+            ),
+            refused: counter(
+                "gateway_connections_refused_total",
+                "Connections turned away by a cap (max_connections, max_connections_per_client)",
+                &["reason"],
+            ),
+            closed: counter(
+                "gateway_connections_closed_total",
+                "Connections closed by a deadline (header_timeout, idle_timeout, tls_handshake_timeout)",
+                &["reason"],
+            ),
+            accept_errors: reg(
+                r,
+                prometheus::IntCounter::new(
+                    "gateway_accept_errors_total",
+                    "Failed accepts (out of file descriptors, mostly)",
+                )
+                .expect("valid"),
+            ),
+        }
+    }
+
+    pub fn closed(&self, reason: &str) {
+        self.closed.with_label_values(&[reason]).inc();
+    }
 }
 
 fn reg<T: prometheus::core::Collector + Clone + 'static>(r: &Registry, m: T) -> T {
@@ -198,6 +247,7 @@ impl Metrics {
                 "Requests turned away by a tenant limit, by limit",
                 &["tenant", "reason"],
             ),
+            edge: EdgeMetrics::new(&r),
             registry: r,
         }
     }

@@ -40,6 +40,11 @@ pub struct Server {
 
 impl Server {
     pub fn start(extra: &[&str]) -> Self {
+        Self::start_with(extra, |_| {})
+    }
+
+    /// Like `start`, with `prepare` adjusting the command (environment, limits) first.
+    pub fn start_with(extra: &[&str], prepare: impl FnOnce(&mut Command)) -> Self {
         let model = model_path();
         assert!(
             std::path::Path::new(&model).exists(),
@@ -66,6 +71,7 @@ impl Server {
                 cmd.args(["--collections-dir", dir.to_str().unwrap()]);
             }
         }
+        prepare(&mut cmd);
         let mut child = cmd
             .args(extra)
             .env("RUST_LOG", "info")
@@ -149,6 +155,15 @@ impl Server {
             String::from_utf8_lossy(&out.stderr)
         );
         String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The log lines the server has written since the last call (or since it started).
+    pub fn log_lines(&self) -> Vec<String> {
+        self.log.lock().unwrap().try_iter().collect()
     }
 
     pub fn addr(&self) -> &str {

@@ -66,6 +66,20 @@ impl ApiError {
         }
     }
 
+    /// The body arrived too slowly: a stalled or trickling client (408, as nginx answers).
+    pub fn body_timeout(gap_ms: u64, min_rate: u64) -> Self {
+        Self {
+            status: StatusCode::REQUEST_TIMEOUT,
+            kind: "invalid_request_error",
+            message: format!(
+                "The request body arrived too slowly: more than {gap_ms} ms without data, or under {min_rate} bytes/s."
+            ),
+            param: None,
+            code: Some("request_timeout"),
+            retry_after: None,
+        }
+    }
+
     pub fn too_large(limit: usize) -> Self {
         Self {
             status: StatusCode::PAYLOAD_TOO_LARGE,

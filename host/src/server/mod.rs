@@ -5,6 +5,8 @@
 mod admin;
 mod collections;
 mod completions;
+mod conn;
+pub use conn::raise_fd_limit;
 mod embeddings;
 pub mod error;
 pub mod openai;
@@ -16,7 +18,6 @@ mod validation;
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -24,8 +25,6 @@ use bytes::Bytes;
 use http::{header, Method, StatusCode};
 use http_body_util::{combinators::UnsyncBoxBody, BodyExt, Full, Limited, StreamBody};
 use hyper::body::{Frame, Incoming};
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::server::conn::auto;
 use serde_json::json;
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
@@ -50,6 +49,8 @@ pub struct AppState {
     pub admin_token: Option<String>,
     pub max_upload_bytes: usize,
     pub shutdown: Shutdown,
+    /// Connection and body deadlines and caps.
+    pub http: crate::config::HttpConfig,
 }
 
 /// What a SIGTERM sets in motion. First `draining`: `/ready` turns 503 and no connection is
@@ -172,6 +173,7 @@ async fn read_body(
     headers: &http::HeaderMap,
     body: &mut Option<Incoming>,
     limit: usize,
+    http: &crate::config::HttpConfig,
 ) -> Result<Bytes, ApiError> {
     let body = body.take().expect("a request body is read at most once");
     if let Some(len) = headers
@@ -182,14 +184,17 @@ async fn read_body(
             return Err(ApiError::too_large(limit));
         }
     }
-    match Limited::new(body, limit).collect().await {
-        Ok(b) => Ok(b.to_bytes()),
-        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(ApiError::too_large(limit)),
-        Err(e) => Err(ApiError::invalid(
-            None,
-            format!("Could not read the request body: {e}"),
-        )),
-    }
+    conn::collect_body(body, limit, http)
+        .await
+        .map_err(|e| match e {
+            conn::BodyError::TooLarge => ApiError::too_large(limit),
+            conn::BodyError::TooSlow => {
+                ApiError::body_timeout(http.body_timeout_ms, http.min_body_rate)
+            }
+            conn::BodyError::Broken(e) => {
+                ApiError::invalid(None, format!("Could not read the request body: {e}"))
+            }
+        })
 }
 
 /// Reads and discards an unread body so the answer to a refused request reaches the client
@@ -219,7 +224,7 @@ async fn route(
                 .tenancy
                 .admit(&req.headers)
                 .map_err(ApiError::denied)?;
-            let body = read_body(&req.headers, body, state.max_body_bytes).await?;
+            let body = read_body(&req.headers, body, state.max_body_bytes, &state.http).await?;
             match path.as_str() {
                 "/v1/chat/completions" => completions::chat(&state, &caller, &body).await,
                 "/v1/completions" => completions::completion(&state, &caller, &body).await,
@@ -275,7 +280,7 @@ async fn route(
                 .and_then(|v| v.to_str().ok())
                 .map(str::to_string);
             let body = if matches!(method, Method::POST | Method::PUT) {
-                read_body(&req.headers, body, state.max_body_bytes).await?
+                read_body(&req.headers, body, state.max_body_bytes, &state.http).await?
             } else {
                 Bytes::new()
             };
@@ -314,7 +319,7 @@ async fn route(
             admin::authorized(&state, &req.headers)?;
             let query = req.uri.query().map(str::to_string);
             let body = if method == Method::PUT {
-                Some(read_body(&req.headers, body, state.max_upload_bytes).await?)
+                Some(read_body(&req.headers, body, state.max_upload_bytes, &state.http).await?)
             } else {
                 None
             };
@@ -360,7 +365,7 @@ fn route_label(path: &str) -> &'static str {
     }
 }
 
-async fn handle(
+pub(super) async fn handle(
     state: Arc<AppState>,
     role: Role,
     req: http::Request<Incoming>,
@@ -398,7 +403,10 @@ async fn handle(
             let reusable = match body.take() {
                 Some(b) if hyper::body::Body::is_end_stream(&b) => true,
                 Some(b) => discard(b, state.max_body_bytes).await,
-                None => e.status != StatusCode::PAYLOAD_TOO_LARGE,
+                None => !matches!(
+                    e.status,
+                    StatusCode::PAYLOAD_TOO_LARGE | StatusCode::REQUEST_TIMEOUT
+                ),
             };
             if http1 && !reusable {
                 r.headers_mut().insert(
@@ -447,15 +455,24 @@ pub async fn serve(
     state: Arc<AppState>,
     drain: std::time::Duration,
 ) -> std::io::Result<()> {
-    let graceful = Arc::new(hyper_util::server::graceful::GracefulShutdown::new());
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let (max, per_client) = (
+        state.http.max_connections,
+        state.http.max_connections_per_client,
+    );
+    // A gate per listener: a flood on the API port leaves the admin port usable.
+    let gates: Vec<_> = listeners
+        .iter()
+        .map(|_| conn::Gate::new(max, per_client))
+        .collect();
     let accepting: Vec<_> = listeners
         .into_iter()
-        .map(|l| {
-            tokio::spawn(accept_loop(
+        .zip(&gates)
+        .map(|(l, gate)| {
+            tokio::spawn(conn::accept_loop(
                 l,
                 state.clone(),
-                graceful.clone(),
+                gate.clone(),
                 stop_rx.clone(),
             ))
         })
@@ -469,13 +486,15 @@ pub async fn serve(
     for a in accepting {
         let _ = a.await;
     }
-    let graceful = Arc::try_unwrap(graceful)
-        .unwrap_or_else(|_| unreachable!("the accept loops have ended and dropped their handles"));
     tracing::info!(
         deadline_s = drain.as_secs(),
         "draining: waiting for requests in flight"
     );
-    let drained = graceful.shutdown();
+    let drained = async {
+        for g in &gates {
+            g.drained().await;
+        }
+    };
     tokio::pin!(drained);
     tokio::select! {
         _ = &mut drained => {
@@ -491,59 +510,6 @@ pub async fn serve(
         tracing::warn!("connections still open after the cut; exiting");
     }
     Ok(())
-}
-
-async fn accept_loop(
-    l: Listener,
-    state: Arc<AppState>,
-    graceful: Arc<hyper_util::server::graceful::GracefulShutdown>,
-    mut stop: tokio::sync::watch::Receiver<bool>,
-) {
-    loop {
-        let (stream, peer): (_, SocketAddr) = tokio::select! {
-            accepted = l.tcp.accept() => match accepted {
-                Ok(x) => x,
-                Err(e) => {
-                    tracing::warn!(error = %e, "accept failed");
-                    continue;
-                }
-            },
-            _ = stop.changed() => return,
-        };
-        let _ = stream.set_nodelay(true);
-        let (state, watcher, role) = (state.clone(), graceful.watcher(), l.role);
-        let acceptor = l.tls.as_ref().map(|t| t.acceptor());
-        tokio::spawn(async move {
-            let svc = hyper::service::service_fn(move |req| handle(state.clone(), role, req));
-            let builder = auto::Builder::new(TokioExecutor::new());
-            let result = match acceptor {
-                Some(acceptor) => match acceptor.accept(stream).await {
-                    Ok(tls) => {
-                        watcher
-                            .watch(
-                                builder
-                                    .serve_connection_with_upgrades(TokioIo::new(tls), svc)
-                                    .into_owned(),
-                            )
-                            .await
-                    }
-                    Err(e) => return tracing::debug!(%peer, error = %e, "TLS handshake failed"),
-                },
-                None => {
-                    watcher
-                        .watch(
-                            builder
-                                .serve_connection_with_upgrades(TokioIo::new(stream), svc)
-                                .into_owned(),
-                        )
-                        .await
-                }
-            };
-            if let Err(e) = result {
-                tracing::debug!(%peer, error = %e, "connection ended with an error");
-            }
-        });
-    }
 }
 
 async fn shutdown_signal() {

@@ -10,6 +10,15 @@ use gateway::config::PluginsConfig;
 use gateway::plugins::{CallError, Candidate, PluginKind, Registry, Runtime, TenantValues};
 use support::wasm::component;
 
+/// Drives one plugin call (an async fn: its deadline is a timer) to completion.
+fn block<T>(call: impl std::future::Future<Output = T>) -> T {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap()
+        .block_on(call)
+}
+
 fn runtime() -> Arc<Runtime> {
     Runtime::new(&PluginsConfig::default()).unwrap()
 }
@@ -33,9 +42,7 @@ fn candidates() -> Vec<Candidate> {
 
 /// Candidate ids from best to worst.
 fn order(rt: &Runtime, p: &gateway::plugins::Plugin, query: &str) -> Vec<String> {
-    let mut s = p
-        .rerank(rt, &TenantValues::default(), query, &candidates())
-        .unwrap();
+    let mut s = block(p.rerank(rt, &TenantValues::default(), query, &candidates())).unwrap();
     s.sort_by(|a, b| b.score.total_cmp(&a.score).then(a.id.cmp(&b.id)));
     s.into_iter().map(|s| s.id).collect()
 }
@@ -129,7 +136,7 @@ fn faults_are_contained_and_classified() {
         )
         .unwrap();
     let values = TenantValues::default();
-    let call = |q: &str| p.rerank(&rt, &values, q, &candidates());
+    let call = |q: &str| block(p.rerank(&rt, &values, q, &candidates()));
     assert!(
         matches!(call("trap"), Err(CallError::Trap(_))),
         "{:?}",
@@ -141,11 +148,29 @@ fn faults_are_contained_and_classified() {
     }
     let started = std::time::Instant::now();
     assert!(matches!(call("spin"), Err(CallError::Timeout { ms: 50 })));
+    println!(
+        "an endless loop was cut after {:?} (deadline 50 ms)",
+        started.elapsed()
+    );
     assert!(
         started.elapsed() < std::time::Duration::from_secs(2),
         "{:?}",
         started.elapsed()
     );
+    // Blocked in a host call past the deadline: abandoned on time, the instance dropped.
+    let started = std::time::Instant::now();
+    assert!(matches!(call("sleep"), Err(CallError::Timeout { ms: 50 })));
+    let took = started.elapsed();
+    println!("a 20 s sleep was cut after {took:?} (deadline 50 ms)");
+    assert!(took < std::time::Duration::from_millis(500), "{took:?}");
+    // A 20 MB error message comes back cut to a bounded size, marked as cut.
+    match call("huge-error") {
+        Err(CallError::Rejected { message, .. }) => {
+            assert!(message.len() < 4096, "{} bytes", message.len());
+            assert!(message.contains("truncated"), "{message}");
+        }
+        other => panic!("{other:?}"),
+    }
     assert!(matches!(
         call("alloc"),
         Err(CallError::Memory { limit_mb: 64 })
@@ -171,7 +196,7 @@ fn faults_are_contained_and_classified() {
         )
         .unwrap();
     assert!(matches!(
-        bad.parse(&rt, &values, "{}", None),
+        block(bad.parse(&rt, &values, "{}", None)),
         Err(CallError::InvalidOutput(_))
     ));
 }
@@ -243,7 +268,7 @@ fn compiled_components_are_cached_by_hash() {
         }],
         context: vec![],
     };
-    match p.render(&rt, &values, &req).unwrap() {
+    match block(p.render(&rt, &values, &req)).unwrap() {
         gateway::plugins::RenderedPrompt::Messages(m) => assert_eq!(m[0].content, "You are Ava."),
         other => panic!("{other:?}"),
     }

@@ -19,6 +19,11 @@ const CITE: &str = "Cite sources as [n].";
 /// A gateway whose plugin folder holds tenant `acme`'s real plugins and tenant `badco`'s
 /// faulty ones. Returns the server and the plugin folder.
 fn start() -> (Server, PathBuf) {
+    start_with("")
+}
+
+/// Like `start`, with more `[plugins]` settings (TOML lines).
+fn start_with(plugin_settings: &str) -> (Server, PathBuf) {
     let dir = std::env::temp_dir().join(format!(
         "gateway-e2e-plugins-{}-{}",
         std::process::id(),
@@ -72,6 +77,7 @@ policies = "{dir}/policies.toml"
 ledger = "{dir}/usage.sqlite"
 [plugins]
 dir = "{dir}"
+{plugin_settings}
 [[models]]
 name = "{MODEL}"
 path = "{model}"
@@ -437,6 +443,80 @@ fn a_faulty_plugin_fails_only_its_own_request() {
         )
         .0,
         200
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn sleeping_plugins_are_cut_on_time_and_cannot_starve_another_tenant() {
+    let (s, dir) = start_with("max_calls_per_tenant = 2");
+    let s = Arc::new(s);
+    // Eight clients of badco keep its plugin asleep in a WASI clock wait (epoch interruption
+    // cannot reach a guest blocked in the host); each call is cut at the 50 ms deadline, and
+    // beyond badco's quota of two calls at once, calls are refused at once.
+    let sleepers: Vec<_> = (0..8)
+        .map(|_| {
+            let s = s.clone();
+            std::thread::spawn(move || {
+                (0..5)
+                    .map(|_| {
+                        let t = Instant::now();
+                        let (st, body) = s.post_as(
+                            "sk-bad",
+                            "/v1/rerank",
+                            &json!({"query": "sleep", "documents": ["a", "b"]}),
+                        );
+                        (
+                            st,
+                            body["error"]["code"].as_str().map(String::from),
+                            t.elapsed(),
+                        )
+                    })
+                    .collect::<Vec<_>>()
+            })
+        })
+        .collect();
+    for _ in 0..10 {
+        let (st, body) = s.post_as(
+            "sk-acme",
+            "/v1/rerank",
+            &json!({"query": "export", "documents": rerank_docs()}),
+        );
+        assert_eq!(st, 200, "{body}");
+    }
+    let answers: Vec<_> = sleepers
+        .into_iter()
+        .flat_map(|t| t.join().unwrap())
+        .collect();
+    let timeouts = answers
+        .iter()
+        .filter(|a| a.1.as_deref() == Some("plugin_timeout"))
+        .count();
+    assert!(timeouts > 0, "{answers:?}");
+    for (st, code, took) in &answers {
+        match code.as_deref() {
+            Some("plugin_timeout") => assert_eq!(*st, 500),
+            Some("plugin_busy") => assert_eq!(*st, 503),
+            other => panic!("{st} {other:?}"),
+        }
+        // Before, a sleeping plugin ran 5 to 20 s against its 50 ms deadline.
+        assert!(*took < Duration::from_secs(2), "{took:?}");
+    }
+    // A 20 MB error message reaches the client (and the log) cut short.
+    let (st, body) = s.post_as(
+        "sk-bad",
+        "/v1/rerank",
+        &json!({"query": "huge-error", "documents": ["a", "b"]}),
+    );
+    assert_eq!(
+        (st, body["error"]["code"].as_str()),
+        (422, Some("plugin_rejected"))
+    );
+    let msg = body["error"]["message"].as_str().unwrap();
+    assert!(
+        msg.len() < 4096 && msg.contains("truncated"),
+        "{} bytes",
+        msg.len()
     );
     let _ = std::fs::remove_dir_all(dir);
 }

@@ -61,6 +61,18 @@ fn config() -> BTreeMap<String, String> {
 const MODEL_TEXT: &str = "Sure! Here is the contact:\n```json\n{name: 'Ada Lovelace', 'email': 'ada@example.com', tags: ['vip', 'emea',], active: True,}\n```\nLet me know if you need anything else.";
 const SCHEMA: &str = r#"{"type":"object","required":["name","email"],"properties":{"name":{"type":"string"},"email":{"type":"string"},"tags":{"type":"array","items":{"type":"string"}}}}"#;
 
+/// Drives one plugin call to completion on a runtime kept for the thread (the call's deadline
+/// is a timer), as the gateway's blocking pool does.
+fn block<T>(call: impl std::future::Future<Output = T>) -> T {
+    thread_local! {
+        static RT: tokio::runtime::Runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .expect("a tokio runtime");
+    }
+    RT.with(|rt| rt.block_on(call))
+}
+
 fn main() {
     let rt = Runtime::new(&PluginsConfig::default()).expect("runtime");
     let reg = Registry::new(rt.clone(), None);
@@ -199,33 +211,25 @@ fn main() {
     let mut rows: Vec<Row> = Vec::new();
     rows.push((
         "no-op (reranker, 20 candidates)",
-        time(|| drop(noop.rerank(&rt, &values, query, &host_cands).unwrap())),
+        time(|| drop(block(noop.rerank(&rt, &values, query, &host_cands)).unwrap())),
         cold_time(&|| {
-            drop(
-                cold_noop
-                    .rerank(&cold_rt, &values, query, &host_cands)
-                    .unwrap(),
-            )
+            drop(block(cold_noop.rerank(&cold_rt, &values, query, &host_cands)).unwrap())
         }),
         None,
     ));
     rows.push((
         "crm-persona-template",
-        time(|| drop(persona.render(&rt, &values, &host_req).unwrap())),
-        cold_time(&|| drop(cold_persona.render(&cold_rt, &values, &host_req).unwrap())),
+        time(|| drop(block(persona.render(&rt, &values, &host_req)).unwrap())),
+        cold_time(&|| drop(block(cold_persona.render(&cold_rt, &values, &host_req)).unwrap())),
         Some(time(|| {
             drop(crm_persona_template::render(native_req(), &lookup).unwrap())
         })),
     ));
     rows.push((
         "crm-field-reranker (20 candidates)",
-        time(|| drop(ranker.rerank(&rt, &values, query, &host_cands).unwrap())),
+        time(|| drop(block(ranker.rerank(&rt, &values, query, &host_cands)).unwrap())),
         cold_time(&|| {
-            drop(
-                cold_ranker
-                    .rerank(&cold_rt, &values, query, &host_cands)
-                    .unwrap(),
-            )
+            drop(block(cold_ranker.rerank(&cold_rt, &values, query, &host_cands)).unwrap())
         }),
         Some(time(|| {
             drop(crm_field_reranker::rerank(query, native_cands(), &lookup).unwrap())
@@ -233,27 +237,17 @@ fn main() {
     ));
     rows.push((
         "json-extract (repair, no schema)",
-        time(|| drop(json.parse(&rt, &values, MODEL_TEXT, None).unwrap())),
-        cold_time(&|| {
-            drop(
-                cold_json
-                    .parse(&cold_rt, &values, MODEL_TEXT, None)
-                    .unwrap(),
-            )
-        }),
+        time(|| drop(block(json.parse(&rt, &values, MODEL_TEXT, None)).unwrap())),
+        cold_time(&|| drop(block(cold_json.parse(&cold_rt, &values, MODEL_TEXT, None)).unwrap())),
         Some(time(|| {
             drop(json_extract::parse(MODEL_TEXT, None).unwrap())
         })),
     ));
     rows.push((
         "json-extract (repair + JSON Schema)",
-        time(|| drop(json.parse(&rt, &values, MODEL_TEXT, Some(SCHEMA)).unwrap())),
+        time(|| drop(block(json.parse(&rt, &values, MODEL_TEXT, Some(SCHEMA))).unwrap())),
         cold_time(&|| {
-            drop(
-                cold_json
-                    .parse(&cold_rt, &values, MODEL_TEXT, Some(SCHEMA))
-                    .unwrap(),
-            )
+            drop(block(cold_json.parse(&cold_rt, &values, MODEL_TEXT, Some(SCHEMA))).unwrap())
         }),
         Some(time(|| {
             drop(json_extract::parse(MODEL_TEXT, Some(SCHEMA)).unwrap())

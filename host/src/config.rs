@@ -136,6 +136,14 @@ pub struct PluginsConfig {
     pub memory_mb: usize,
     /// Plugin instances alive at once (the pooling allocator's slots); calls beyond fail fast.
     pub max_instances: u32,
+    /// Plugin calls one tenant may have running at once (0: a quarter of `max_instances`);
+    /// calls beyond fail fast with 503 `plugin_busy`, so one tenant cannot take every slot.
+    pub max_calls_per_tenant: usize,
+    /// A plugin error's message is cut to this many bytes (its code to 64), with a marker.
+    pub max_error_bytes: usize,
+    /// The most a plugin may return: a rendered prompt, parsed JSON plus repair notes. More
+    /// is an `invalid_output` failure.
+    pub max_output_bytes: usize,
     /// Largest component accepted by the admin upload, in bytes.
     pub max_upload_bytes: usize,
     /// Let plugins write to the gateway's stdout/stderr (for debugging plugins only).
@@ -276,6 +284,9 @@ impl Default for PluginsConfig {
             timeout_ms: 50,
             memory_mb: 64,
             max_instances: 256,
+            max_calls_per_tenant: 0,
+            max_error_bytes: 2048,
+            max_output_bytes: 1 << 20,
             max_upload_bytes: 32 << 20,
             debug_stdio: false,
             reuse_instances: true,

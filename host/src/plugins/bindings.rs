@@ -9,14 +9,22 @@ use wasmtime::component::ResourceTable;
 use wasmtime::{ResourceLimiter, StoreLimits};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
+// Exports are async so that a call is a future the host can abandon at its deadline, even
+// while the guest is blocked in a WASI call (a sleep, a poll) where epoch interruption cannot
+// reach it. The `host` imports stay synchronous: they never block.
 pub mod prompt_template {
-    wasmtime::component::bindgen!({ world: "prompt-template", path: "../wit" });
+    wasmtime::component::bindgen!({
+        world: "prompt-template",
+        path: "../wit",
+        exports: { default: async },
+    });
 }
 
 pub mod reranker {
     wasmtime::component::bindgen!({
         world: "reranker",
         path: "../wit",
+        exports: { default: async },
         with: { "gateway:plugins": super::prompt_template::gateway::plugins },
     });
 }
@@ -25,6 +33,7 @@ pub mod output_parser {
     wasmtime::component::bindgen!({
         world: "output-parser",
         path: "../wit",
+        exports: { default: async },
         with: { "gateway:plugins": super::prompt_template::gateway::plugins },
     });
 }

@@ -142,31 +142,48 @@ impl Plugin {
     }
 
     /// Runs the `prompt-template` world's `render`.
-    pub fn render(
+    pub async fn render(
         &self,
         rt: &Runtime,
         values: &TenantValues,
         request: &ChatRequest,
     ) -> Result<RenderedPrompt, CallError> {
-        self.call(rt, values, |store, bound| match bound {
-            Bound::PromptTemplate(p) => p.call_render(store, request),
-            _ => unreachable!("kind checked by the caller"),
-        })
+        let rendered = match self.call(rt, values, Request::Render(request)).await? {
+            Reply::Render(r) => r,
+            _ => unreachable!("a render call returns a rendered prompt"),
+        };
+        let size = match &rendered {
+            RenderedPrompt::Prompt(p) => p.len(),
+            RenderedPrompt::Messages(ms) => ms
+                .iter()
+                .map(|m| m.role.len() + m.content.len() + m.name.as_ref().map_or(0, |n| n.len()))
+                .sum(),
+        };
+        if size > rt.max_output_bytes {
+            return Err(self.invalid(format!(
+                "rendered a {size}-byte prompt, over the {}-byte limit (plugins.max_output_bytes)",
+                rt.max_output_bytes
+            )));
+        }
+        Ok(rendered)
     }
 
     /// Runs the `reranker` world's `rerank` and checks the result names only known candidates,
     /// each once, with finite scores.
-    pub fn rerank(
+    pub async fn rerank(
         &self,
         rt: &Runtime,
         values: &TenantValues,
         query: &str,
         candidates: &[Candidate],
     ) -> Result<Vec<Scored>, CallError> {
-        let scored = self.call(rt, values, |store, bound| match bound {
-            Bound::Reranker(p) => p.call_rerank(store, query, candidates),
-            _ => unreachable!("kind checked by the caller"),
-        })?;
+        let scored = match self
+            .call(rt, values, Request::Rerank(query, candidates))
+            .await?
+        {
+            Reply::Rerank(s) => s,
+            _ => unreachable!("a rerank call returns scores"),
+        };
         let mut seen = std::collections::HashSet::new();
         for s in &scored {
             if !candidates.iter().any(|c| c.id == s.id) {
@@ -183,17 +200,24 @@ impl Plugin {
     }
 
     /// Runs the `output-parser` world's `parse` and checks that what it returns is JSON.
-    pub fn parse(
+    pub async fn parse(
         &self,
         rt: &Runtime,
         values: &TenantValues,
         text: &str,
         schema: Option<&str>,
     ) -> Result<Parsed, CallError> {
-        let parsed = self.call(rt, values, |store, bound| match bound {
-            Bound::OutputParser(p) => p.call_parse(store, text, schema),
-            _ => unreachable!("kind checked by the caller"),
-        })?;
+        let parsed = match self.call(rt, values, Request::Parse(text, schema)).await? {
+            Reply::Parse(p) => p,
+            _ => unreachable!("a parse call returns parsed output"),
+        };
+        let size = parsed.json.len() + parsed.repairs.iter().map(String::len).sum::<usize>();
+        if size > rt.max_output_bytes {
+            return Err(self.invalid(format!(
+                "returned {size} bytes, over the {}-byte limit (plugins.max_output_bytes)",
+                rt.max_output_bytes
+            )));
+        }
         if let Err(e) = serde_json::from_str::<serde::de::IgnoredAny>(&parsed.json) {
             return Err(self.invalid(format!("`json` is not JSON: {e}")));
         }
@@ -201,37 +225,105 @@ impl Plugin {
     }
 
     fn invalid(&self, why: String) -> CallError {
+        // The reason may quote guest output (a candidate id): keep it short.
+        let why = bounded(why, 1024);
         tracing::warn!(tenant = %self.tenant, plugin = %self.name, cause = "invalid_output", "{why}");
         CallError::InvalidOutput(why)
     }
 
-    fn call<T>(
+    /// One call under the tenant's concurrency quota and the call deadline, which covers
+    /// instantiation too and holds whatever the guest does: computing (epoch interruption
+    /// traps it) or blocked in a host call (the call's future is dropped). An instance whose
+    /// call failed or ran out of time is dropped, never reused.
+    async fn call(
         &self,
         rt: &Runtime,
         values: &TenantValues,
-        f: impl FnOnce(
-            &mut wasmtime::Store<bindings::CallState>,
-            &Bound,
-        ) -> wasmtime::Result<Result<T, types::PluginError>>,
-    ) -> Result<T, CallError> {
-        let out = self
-            .pool
-            .take(rt, &self.prepared, &self.tenant, &self.name, values)
-            .and_then(|mut w| match f(&mut w.store, &w.bound) {
-                Ok(result) => {
-                    self.pool.give_back(rt, w);
-                    result.map_err(|e| CallError::Rejected {
-                        code: e.code,
-                        message: e.message,
-                    })
-                }
-                Err(e) => Err(warm::Pool::failed(rt, w, e)),
-            });
+        request: Request<'_>,
+    ) -> Result<Reply, CallError> {
+        let out = match rt.admit(&self.tenant) {
+            Err(e) => Err(e),
+            Ok(_slot) => {
+                let timed_out = CallError::Timeout {
+                    ms: rt.timeout.as_millis() as u64,
+                };
+                tokio::time::timeout(rt.timeout, self.call_now(rt, values, request))
+                    .await
+                    .unwrap_or(Err(timed_out))
+            }
+        };
         if let Err(e) = &out {
             tracing::warn!(tenant = %self.tenant, plugin = %self.name, cause = e.cause(), error = %e, "plugin call failed");
         }
         out
     }
+
+    async fn call_now(
+        &self,
+        rt: &Runtime,
+        values: &TenantValues,
+        request: Request<'_>,
+    ) -> Result<Reply, CallError> {
+        let mut w = self
+            .pool
+            .take(rt, &self.prepared, &self.tenant, &self.name, values)
+            .await?;
+        match invoke(&mut w.store, &w.bound, request).await {
+            Ok(result) => {
+                self.pool.give_back(rt, w);
+                result.map_err(|e| CallError::Rejected {
+                    code: bounded(e.code, 64),
+                    message: bounded(e.message, rt.max_error_bytes),
+                })
+            }
+            Err(e) => Err(warm::Pool::failed(rt, w, e)),
+        }
+    }
+}
+
+/// The arguments of one call, by world.
+enum Request<'r> {
+    Render(&'r ChatRequest),
+    Rerank(&'r str, &'r [Candidate]),
+    Parse(&'r str, Option<&'r str>),
+}
+
+enum Reply {
+    Render(RenderedPrompt),
+    Rerank(Vec<Scored>),
+    Parse(Parsed),
+}
+
+async fn invoke(
+    store: &mut wasmtime::Store<bindings::CallState>,
+    bound: &Bound,
+    request: Request<'_>,
+) -> wasmtime::Result<Result<Reply, types::PluginError>> {
+    Ok(match (bound, request) {
+        (Bound::PromptTemplate(p), Request::Render(r)) => {
+            p.call_render(store, r).await?.map(Reply::Render)
+        }
+        (Bound::Reranker(p), Request::Rerank(q, c)) => {
+            p.call_rerank(store, q, c).await?.map(Reply::Rerank)
+        }
+        (Bound::OutputParser(p), Request::Parse(t, s)) => {
+            p.call_parse(store, t, s).await?.map(Reply::Parse)
+        }
+        _ => unreachable!("the plugin's kind is checked before it is called"),
+    })
+}
+
+/// `text` cut to at most `max` bytes (on a character boundary) plus a marker saying so: what
+/// a plugin says reaches logs and response bodies, and must not be able to flood them.
+pub fn bounded(text: String, max: usize) -> String {
+    if text.len() <= max {
+        return text;
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}… [truncated, {} bytes in all]", &text[..end], text.len())
 }
 
 /// Tenant and plugin names end up in file paths: keep them to a safe alphabet.

@@ -41,6 +41,34 @@ pub struct Runtime {
     pub max_idle: usize,
     pub memory_cap: usize,
     inherit_stdio: bool,
+    /// Calls running now, per tenant, and the most one tenant may have: a tenant whose
+    /// plugins all sleep to their deadline cannot take every instance slot.
+    tenant_calls: std::sync::Mutex<std::collections::HashMap<Arc<str>, usize>>,
+    max_calls_per_tenant: usize,
+    pub max_error_bytes: usize,
+    pub max_output_bytes: usize,
+}
+
+/// One running call counted against its tenant's quota.
+pub struct TenantSlot<'a> {
+    rt: &'a Runtime,
+    tenant: Arc<str>,
+}
+
+impl Drop for TenantSlot<'_> {
+    fn drop(&mut self) {
+        let mut calls = self
+            .rt
+            .tenant_calls
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = calls.get_mut(&self.tenant) {
+            *n -= 1;
+            if *n == 0 {
+                calls.remove(&self.tenant);
+            }
+        }
+    }
 }
 
 /// A compiled, linked and world-checked plugin, ready to instantiate.
@@ -72,7 +100,9 @@ impl Runtime {
             .total_memories(cfg.max_instances * 2)
             .total_tables(cfg.max_instances * 4)
             .max_memory_size(memory_cap)
-            .max_memories_per_component(2);
+            .max_memories_per_component(2)
+            // Every call runs on a fiber: one stack per live instance.
+            .total_stacks(cfg.max_instances);
         let mut config = Config::new();
         config
             .allocation_strategy(InstanceAllocationStrategy::Pooling(pool))
@@ -84,7 +114,7 @@ impl Runtime {
             .memory_reservation_for_growth(0);
         let engine = Engine::new(&config).map_err(|e| fail(&e))?;
         let mut linker = Linker::new(&engine);
-        wasmtime_wasi::p2::add_to_linker_sync(&mut linker).map_err(|e| fail(&e))?;
+        wasmtime_wasi::p2::add_to_linker_async(&mut linker).map_err(|e| fail(&e))?;
         super::bindings::prompt_template::gateway::plugins::host::add_to_linker::<
             _,
             wasmtime::component::HasSelf<_>,
@@ -122,6 +152,13 @@ impl Runtime {
             max_idle: cfg.max_instances as usize / 2,
             memory_cap,
             inherit_stdio: cfg.debug_stdio,
+            tenant_calls: Default::default(),
+            max_calls_per_tenant: match cfg.max_calls_per_tenant {
+                0 => (cfg.max_instances as usize / 4).max(1),
+                n => n,
+            },
+            max_error_bytes: cfg.max_error_bytes,
+            max_output_bytes: cfg.max_output_bytes,
         }))
     }
 
@@ -242,6 +279,23 @@ impl Runtime {
         (store, stderr)
     }
 
+    /// Counts a call against `tenant`'s quota, or refuses it (`Busy`) when the tenant already
+    /// has its most calls running.
+    pub fn admit(&self, tenant: &Arc<str>) -> Result<TenantSlot<'_>, CallError> {
+        let mut calls = self.tenant_calls.lock().unwrap_or_else(|e| e.into_inner());
+        let n = calls.entry(tenant.clone()).or_default();
+        if *n >= self.max_calls_per_tenant {
+            return Err(CallError::Busy(format!(
+                "tenant `{tenant}` already has {n} plugin calls running (plugins.max_calls_per_tenant)"
+            )));
+        }
+        *n += 1;
+        Ok(TenantSlot {
+            rt: self,
+            tenant: tenant.clone(),
+        })
+    }
+
     /// Starts a call's deadline.
     pub fn arm(&self, store: &mut Store<CallState>) {
         store.set_epoch_deadline(self.deadline_ticks);
@@ -269,7 +323,7 @@ impl Runtime {
             .unwrap_or_default();
         if let Some(at) = text.find("panicked at") {
             let msg: String = text[at..].lines().take(2).collect::<Vec<_>>().join(": ");
-            return CallError::Panic(msg);
+            return CallError::Panic(super::bounded(msg, self.max_error_bytes));
         }
         if err.to_string().contains("instance count") || format!("{err:#}").contains("concurrent") {
             return CallError::Busy(format!("{err:#}"));
@@ -277,7 +331,7 @@ impl Runtime {
         let trap = err
             .downcast_ref::<Trap>()
             .map_or_else(|| format!("{err:#}"), |t| t.to_string());
-        CallError::Trap(trap)
+        CallError::Trap(super::bounded(trap, self.max_error_bytes))
     }
 }
 

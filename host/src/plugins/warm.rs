@@ -52,7 +52,7 @@ impl Pool {
     }
 
     /// An idle instance, or a new one.
-    pub fn take(
+    pub async fn take(
         &self,
         rt: &Runtime,
         prepared: &Prepared,
@@ -73,9 +73,15 @@ impl Pool {
         // Instantiation runs guest code too (start functions), under the same deadline.
         rt.arm(&mut store);
         let bound = match prepared {
-            Prepared::PromptTemplate(pre) => pre.instantiate(&mut store).map(Bound::PromptTemplate),
-            Prepared::Reranker(pre) => pre.instantiate(&mut store).map(Bound::Reranker),
-            Prepared::OutputParser(pre) => pre.instantiate(&mut store).map(Bound::OutputParser),
+            Prepared::PromptTemplate(pre) => pre
+                .instantiate_async(&mut store)
+                .await
+                .map(Bound::PromptTemplate),
+            Prepared::Reranker(pre) => pre.instantiate_async(&mut store).await.map(Bound::Reranker),
+            Prepared::OutputParser(pre) => pre
+                .instantiate_async(&mut store)
+                .await
+                .map(Bound::OutputParser),
         }
         .map_err(|e| rt.classify(&store, stderr.as_ref(), e))?;
         Ok(Warm {

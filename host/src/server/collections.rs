@@ -441,8 +441,8 @@ async fn rerank(
         })
         .collect();
     let query = req.query.clone();
-    let scored = call(state, caller, plugin, move |p, rt, values| {
-        p.rerank(rt, values, &query, &cands)
+    let scored = call(state, caller, plugin, move |p, rt, values| async move {
+        p.rerank(&rt, &values, &query, &cands).await
     })
     .await?;
     let mut order: Vec<(usize, f32)> = scored

@@ -136,8 +136,8 @@ async fn prompt_stage(
                     .collect(),
                 context,
             };
-            match call(state, caller, plugin, move |p, rt, v| {
-                p.render(rt, v, &request)
+            match call(state, caller, plugin, move |p, rt, v| async move {
+                p.render(&rt, &v, &request).await
             })
             .await?
             {

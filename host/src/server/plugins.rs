@@ -42,25 +42,31 @@ pub fn bound(
     Ok(plugin)
 }
 
-/// Runs `f` against `plugin` on the blocking pool, with metrics and error mapping.
-pub async fn call<T: Send + 'static>(
+/// Runs the call `f` makes against `plugin` on the blocking pool (a guest computes up to its
+/// deadline, which must not stall the runtime's I/O threads), with metrics and error mapping.
+pub async fn call<T, F, Fut>(
     state: &Arc<AppState>,
     caller: &Caller,
     plugin: Arc<Plugin>,
-    f: impl FnOnce(
-            &Plugin,
-            &crate::plugins::Runtime,
-            &crate::plugins::TenantValues,
-        ) -> Result<T, CallError>
+    f: F,
+) -> Result<T, ApiError>
+where
+    T: Send + 'static,
+    F: FnOnce(Arc<Plugin>, Arc<crate::plugins::Runtime>, crate::plugins::TenantValues) -> Fut
         + Send
         + 'static,
-) -> Result<T, ApiError> {
+    Fut: std::future::Future<Output = Result<T, CallError>> + Send + 'static,
+{
     let tenant = &caller.tenant;
-    let (st, t) = (state.clone(), tenant.clone());
-    let p = plugin.clone();
+    let call = f(
+        plugin.clone(),
+        state.plugins.runtime().clone(),
+        tenant.values.clone(),
+    );
+    let runtime = tokio::runtime::Handle::current();
     let (result, elapsed) = tokio::task::spawn_blocking(move || {
         let start = Instant::now();
-        let r = f(&p, st.plugins.runtime(), &t.values);
+        let r = runtime.block_on(call);
         (r, start.elapsed())
     })
     .await
@@ -205,8 +211,8 @@ async fn rerank_inner(
         originals.push(original);
     }
     let query = req.query;
-    let scored = call(state, caller, plugin, move |p, rt, values| {
-        p.rerank(rt, values, &query, &candidates)
+    let scored = call(state, caller, plugin, move |p, rt, values| async move {
+        p.rerank(&rt, &values, &query, &candidates).await
     })
     .await?;
     let mut results: Vec<(usize, f32)> = scored

@@ -63,7 +63,7 @@ impl OutputStage {
             &self.state,
             &self.caller,
             self.plugin.clone(),
-            move |p, rt, v| p.parse(rt, v, &text, schema.as_deref()),
+            move |p, rt, v| async move { p.parse(&rt, &v, &text, schema.as_deref()).await },
         )
         .await
     }

@@ -17,6 +17,13 @@ impl Guest for Plugin {
                     n = std::hint::black_box(n.wrapping_add(1));
                 }
             }
+            // Blocks in the host (a WASI monotonic-clock pollable), where epoch interruption
+            // cannot reach: only abandoning the call holds the deadline.
+            "sleep" => {
+                std::thread::sleep(std::time::Duration::from_secs(20));
+                Ok(vec![])
+            }
+            "huge-error" => Err(error("refused", "x".repeat(20 << 20))),
             "alloc" => {
                 // Capacity without writes: grows linear memory fast, so the memory cap (not the
                 // deadline) is what stops it even on a loaded machine.

@@ -30,7 +30,8 @@ fn main() {
     }
     let path = dir.join("policies.toml");
     std::fs::write(&path, policy).unwrap();
-    let ledger = Ledger::open(&dir.join("usage.sqlite")).unwrap();
+    let path = dir.join("usage.sqlite");
+    let ledger = Ledger::open(&path, gateway::tenancy::ledger::Durability::beside(&path)).unwrap();
     let tenancy =
         Arc::new(Tenancy::new(Some(path), Some(ledger), Arc::new(Metrics::new())).unwrap());
     let open = Arc::new(Tenancy::new(None, None, Arc::new(Metrics::new())).unwrap());

@@ -32,6 +32,12 @@ pub struct Config {
     pub policies: Option<PathBuf>,
     /// SQLite usage ledger (one row per request; budgets are counted from it after a restart).
     pub ledger: Option<PathBuf>,
+    /// Where ledger rows go when SQLite refuses writes (disk full), replayed into it later.
+    /// Default: beside the ledger (`<ledger>.spill.jsonl`); another filesystem is safer.
+    pub ledger_spill: Option<PathBuf>,
+    /// While neither the ledger nor the spill file takes writes: `refuse` billable requests
+    /// with 503 (default), or `serve` them and hold their rows in memory.
+    pub ledger_unwritable: LedgerUnwritable,
     /// Where tenants' search collections live (`<dir>/<tenant>/<collection>/`).
     pub collections_dir: PathBuf,
     /// On SIGTERM, how long in-flight requests and streams may take to finish.
@@ -40,6 +46,13 @@ pub struct Config {
     pub tls: Option<TlsConfig>,
     pub admin: AdminConfig,
     pub http: HttpConfig,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LedgerUnwritable {
+    Refuse,
+    Serve,
 }
 
 /// Deadlines and caps at the HTTP edge, against silent, trickling and hoarding clients.
@@ -267,6 +280,8 @@ impl Default for Config {
             plugins: PluginsConfig::default(),
             policies: None,
             ledger: Some("data/usage.sqlite".into()),
+            ledger_spill: None,
+            ledger_unwritable: LedgerUnwritable::Refuse,
             collections_dir: "data/collections".into(),
             drain_seconds: 30,
             tls: None,

@@ -345,7 +345,8 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     });
     let ledger = match &cfg.ledger {
         Some(p) => Some(
-            Ledger::open(p).with_context(|| format!("opening the usage ledger {}", p.display()))?,
+            Ledger::open(p, ledger_durability(&cfg, p))
+                .with_context(|| format!("opening the usage ledger {}", p.display()))?,
         ),
         None => None,
     };
@@ -446,6 +447,18 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         tracing::info!("usage ledger flushed");
     }
     Ok(())
+}
+
+fn ledger_durability(
+    cfg: &Config,
+    ledger: &std::path::Path,
+) -> gateway::tenancy::ledger::Durability {
+    let mut d = gateway::tenancy::ledger::Durability::beside(ledger);
+    if let Some(spill) = &cfg.ledger_spill {
+        d.spill = spill.clone();
+    }
+    d.refuse_when_failing = cfg.ledger_unwritable == gateway::config::LedgerUnwritable::Refuse;
+    d
 }
 
 /// The HTTP limits in force. The open-file limit is raised to its hard limit first; an unset

@@ -34,6 +34,53 @@ pub struct Metrics {
     pub tenant_tokens: IntCounterVec,
     pub tenant_rejections: IntCounterVec,
     pub edge: EdgeMetrics,
+    pub ledger: LedgerMetrics,
+}
+
+/// The usage ledger's writer, read when `/metrics` is scraped.
+pub struct LedgerMetrics {
+    failing: prometheus::IntGauge,
+    pending: prometheus::IntGauge,
+    spilled: prometheus::IntGauge,
+    failures: prometheus::IntCounter,
+}
+
+impl LedgerMetrics {
+    fn new(r: &Registry) -> Self {
+        let gauge = |n: &str, h: &str| reg(r, prometheus::IntGauge::new(n, h).expect("valid"));
+        Self {
+            failing: gauge(
+                "gateway_ledger_failing",
+                "1 while neither the usage ledger nor its spill file takes writes",
+            ),
+            pending: gauge(
+                "gateway_ledger_pending_rows",
+                "Usage rows held in memory, not yet on disk",
+            ),
+            spilled: gauge(
+                "gateway_ledger_spilled_rows",
+                "Usage rows in the spill file, waiting to be replayed into the ledger",
+            ),
+            failures: reg(
+                r,
+                prometheus::IntCounter::new(
+                    "gateway_ledger_write_failures_total",
+                    "Batches the usage ledger refused to write",
+                )
+                .expect("valid"),
+            ),
+        }
+    }
+
+    /// The writer's state: failing, rows pending in memory and in the spill file, and the
+    /// count of failed writes so far.
+    pub fn observe(&self, failing: bool, pending: usize, spilled: usize, failures: u64) {
+        self.failing.set(failing as i64);
+        self.pending.set(pending as i64);
+        self.spilled.set(spilled as i64);
+        let seen = self.failures.get();
+        self.failures.inc_by(failures.saturating_sub(seen));
+    }
 }
 
 /// The HTTP edge: connections open, refused and closed by a deadline.
@@ -248,6 +295,7 @@ impl Metrics {
                 &["tenant", "reason"],
             ),
             edge: EdgeMetrics::new(&r),
+            ledger: LedgerMetrics::new(&r),
             registry: r,
         }
     }

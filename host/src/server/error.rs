@@ -231,6 +231,14 @@ impl ApiError {
         match d {
             crate::tenancy::Denied::Unauthenticated(m) => Self::unauthorized(m),
             crate::tenancy::Denied::Limited(r) => Self::limited(r),
+            crate::tenancy::Denied::LedgerUnavailable => Self {
+                status: StatusCode::SERVICE_UNAVAILABLE,
+                kind: "server_error",
+                message: "The usage ledger cannot be written (disk full or failing), so billable requests are refused until it recovers.".into(),
+                param: None,
+                code: Some("ledger_unavailable"),
+                retry_after: Some(5),
+            },
         }
     }
 }

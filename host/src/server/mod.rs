@@ -222,7 +222,7 @@ async fn route(
         {
             let caller = state
                 .tenancy
-                .admit(&req.headers)
+                .admit_billable(&req.headers)
                 .map_err(ApiError::denied)?;
             let body = read_body(&req.headers, body, state.max_body_bytes, &state.http).await?;
             match path.as_str() {
@@ -272,7 +272,7 @@ async fn route(
         p if p == "/v1/collections" || p.starts_with("/v1/collections/") => {
             let caller = state
                 .tenancy
-                .admit(&req.headers)
+                .admit_billable(&req.headers)
                 .map_err(ApiError::denied)?;
             let content_type = req
                 .headers
@@ -311,10 +311,18 @@ async fn route(
                 ))
             }
         }
-        "/metrics" if method == Method::GET => Ok(text_response(
-            "text/plain; version=0.0.4",
-            state.metrics.render(),
-        )),
+        "/metrics" if method == Method::GET => {
+            if let Some(l) = &state.tenancy.ledger {
+                let h = l.health();
+                let (pending, spilled) = (h.pending_rows(), h.spilled_rows());
+                let m = &state.metrics.ledger;
+                m.observe(h.failing(), pending, spilled, h.write_failures());
+            }
+            Ok(text_response(
+                "text/plain; version=0.0.4",
+                state.metrics.render(),
+            ))
+        }
         p if p.starts_with("/admin/") => {
             admin::authorized(&state, &req.headers)?;
             let query = req.uri.query().map(str::to_string);

@@ -66,6 +66,8 @@ pub enum Denied {
     Unauthenticated(&'static str),
     /// A limit (429).
     Limited(Rejection),
+    /// The usage ledger takes no writes and the policy is to refuse billable requests (503).
+    LedgerUnavailable,
 }
 
 /// An admitted request: its tenant, the key it used, and one of the tenant's in-flight slots.
@@ -203,6 +205,14 @@ impl Tenancy {
             set.tenants.insert(tenant.policy.name.clone(), tenant);
         }
         self.policies.store(Arc::new(set));
+    }
+
+    /// `admit` for a request the ledger bills: refused while the ledger cannot record it.
+    pub fn admit_billable(&self, headers: &http::HeaderMap) -> Result<Caller, Denied> {
+        if self.ledger.as_ref().is_some_and(|l| !l.accepting()) {
+            return Err(Denied::LedgerUnavailable);
+        }
+        self.admit(headers)
     }
 
     /// Authenticates the bearer key and applies the tenant's request-rate and concurrency limits.
@@ -424,11 +434,10 @@ fn parse_hex32(s: &str) -> Option<[u8; 32]> {
     Some(out)
 }
 
+/// The token of an `Authorization: Bearer <token>` header; the scheme is case-insensitive
+/// (RFC 9110).
 pub fn bearer(headers: &http::HeaderMap) -> Option<&str> {
-    headers
-        .get(http::header::AUTHORIZATION)?
-        .to_str()
-        .ok()?
-        .strip_prefix("Bearer ")
-        .map(str::trim)
+    let value = headers.get(http::header::AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, token) = value.trim_start().split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
 }

@@ -163,7 +163,7 @@ fn faults_are_contained_and_classified() {
     let took = started.elapsed();
     println!("a 20 s sleep was cut after {took:?} (deadline 50 ms)");
     assert!(took < std::time::Duration::from_millis(500), "{took:?}");
-    // A 20 MB error message comes back cut to a bounded size, marked as cut.
+    // A 4 MiB error message comes back cut to a bounded size, marked as cut.
     match call("huge-error") {
         Err(CallError::Rejected { message, .. }) => {
             assert!(message.len() < 4096, "{} bytes", message.len());
@@ -272,6 +272,9 @@ fn compiled_components_are_cached_by_hash() {
         gateway::plugins::RenderedPrompt::Messages(m) => assert_eq!(m[0].content, "You are Ava."),
         other => panic!("{other:?}"),
     }
+    // Removing the plugin removes its compiled code.
+    assert!(reg.remove("acme", "persona").unwrap());
+    assert_eq!(std::fs::read_dir(&cache).unwrap().count(), 0);
     let _ = std::fs::remove_dir_all(cache);
 }
 

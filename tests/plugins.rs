@@ -502,7 +502,7 @@ fn sleeping_plugins_are_cut_on_time_and_cannot_starve_another_tenant() {
         // Before, a sleeping plugin ran 5 to 20 s against its 50 ms deadline.
         assert!(*took < Duration::from_secs(2), "{took:?}");
     }
-    // A 20 MB error message reaches the client (and the log) cut short.
+    // A 4 MiB error message reaches the client (and the log) cut short.
     let (st, body) = s.post_as(
         "sk-bad",
         "/v1/rerank",
@@ -638,6 +638,13 @@ fn hot_reload_by_file_and_by_admin_upload_drops_nothing() {
         admin("PUT", "/admin/plugins/acme/..%2Fx", real.clone(), ADMIN).0,
         400
     );
+    // A tenant the policy does not know gets nothing installed (and no folder).
+    let (st, body) = admin("PUT", "/admin/plugins/ghost/ranker", real.clone(), ADMIN);
+    assert_eq!(
+        (st, body["error"]["code"].as_str()),
+        (404, Some("tenant_not_found"))
+    );
+    assert!(!dir.join("ghost").exists());
     let (st, list) = admin("GET", "/admin/plugins", vec![], ADMIN);
     assert_eq!(st, 200);
     assert!(

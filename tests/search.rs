@@ -159,6 +159,19 @@ fn collections_search_filter_update_delete_and_isolation() {
         &json!({"filter": {"team": "support"}}),
     );
     assert_eq!(d["deleted"], 2);
+    // A filter that matches everything deletes nothing unless the client says `all`.
+    for filter in [json!({}), json!({"$and": []})] {
+        let (st, err) = s.post_as(
+            "k-acme",
+            "/v1/collections/kb/documents/delete",
+            &json!({ "filter": filter }),
+        );
+        assert_eq!(st, 400, "{err}");
+        assert!(err["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("\"all\": true"));
+    }
     let mut left = ids(&search(
         &s,
         "k-acme",

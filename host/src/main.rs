@@ -496,6 +496,10 @@ fn load_plugins(
     let Some(dir) = &pc.dir else {
         return Ok((registry, None));
     };
+    if !dir.exists() {
+        // Said out loud: a typo in the path would otherwise look like "no plugins".
+        tracing::warn!(dir = %dir.display(), "the plugin folder does not exist; creating it");
+    }
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let started = std::time::Instant::now();
     let report = tokio::task::block_in_place(|| registry.sync_dir());

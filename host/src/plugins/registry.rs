@@ -173,6 +173,10 @@ impl Registry {
             keep
         });
         rejected.retain(|p, _| p.exists());
+        if !report.loaded.is_empty() || !report.removed.is_empty() || !report.rejected.is_empty() {
+            self.runtime
+                .prune_cache(&next.values().map(|p| p.sha256.as_str()).collect());
+        }
         if !report.loaded.is_empty() || !report.removed.is_empty() {
             self.plugins.store(Arc::new(next));
         }
@@ -198,9 +202,12 @@ impl Registry {
         }))
     }
 
+    /// Changes the map (under the writer lock) and drops compiled code no plugin uses now.
     fn swap(&self, f: impl FnOnce(&mut BTreeMap<Key, Arc<Plugin>>)) {
         let mut next = (**self.plugins.load()).clone();
         f(&mut next);
+        self.runtime
+            .prune_cache(&next.values().map(|p| p.sha256.as_str()).collect());
         self.plugins.store(Arc::new(next));
     }
 }

@@ -241,6 +241,33 @@ impl Runtime {
             .map_err(|e| LoadError::Compile(format!("{e:#}")))
     }
 
+    /// Deletes compiled components in the cache that belong to none of `installed` (SHA-256s):
+    /// a removed or replaced plugin's machine code does not stay on disk forever.
+    pub fn prune_cache(&self, installed: &std::collections::HashSet<&str>) {
+        let Some(dir) = &self.cache_dir else { return };
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            let Some(sha) = name
+                .to_str()
+                .filter(|n| n.ends_with(".cwasm"))
+                .and_then(|n| n.split('-').next())
+            else {
+                continue;
+            };
+            if !installed.contains(sha) {
+                match std::fs::remove_file(entry.path()) {
+                    Ok(()) => tracing::debug!(file = ?name, "removed an unused compiled plugin"),
+                    Err(e) => {
+                        tracing::warn!(file = ?name, error = %e, "could not remove an unused compiled plugin")
+                    }
+                }
+            }
+        }
+    }
+
     /// A fresh store for one call: no filesystem, network, environment or arguments; stderr
     /// captured (for panic messages) unless stdio debugging is on.
     pub fn store(

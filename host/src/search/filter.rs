@@ -75,6 +75,16 @@ impl Scalar {
 
 impl Filter {
     /// Parses a filter object; errors name the offending key so the caller can fix it.
+    /// True for filters that match every document by their shape alone (`{}`, `{"$and": []}`),
+    /// which a delete must not take as a mistake-free "delete all".
+    pub fn matches_everything(&self) -> bool {
+        match self {
+            Filter::And(items) => items.iter().all(Filter::matches_everything),
+            Filter::Or(items) => items.iter().any(Filter::matches_everything),
+            _ => false,
+        }
+    }
+
     pub fn parse(v: &Value) -> Result<Self, String> {
         let Value::Object(m) = v else {
             return Err(format!("a filter is a JSON object, not {v}"));

@@ -146,6 +146,20 @@ async fn plugins(
             ))
         }
         ("PUT", [tenant, name]) => {
+            // A plugin for a tenant the policy does not know could never be called: it
+            // would only leave files (and a folder) behind.
+            if !state.tenancy.has_tenant(tenant) {
+                return Err(ApiError {
+                    status: StatusCode::NOT_FOUND,
+                    kind: "invalid_request_error",
+                    message: format!(
+                        "No tenant `{tenant}` in the policy in force; add it there first."
+                    ),
+                    param: None,
+                    code: Some("tenant_not_found"),
+                    retry_after: None,
+                });
+            }
             let kind = match query.and_then(|q| q.split('&').find_map(|kv| kv.strip_prefix("kind="))) {
                 Some(k) => Some(PluginKind::parse(k).ok_or_else(|| {
                     ApiError::invalid("kind", format!("Unknown plugin kind {k:?}; use prompt-template, reranker or output-parser."))

@@ -265,18 +265,31 @@ async fn delete(c: Arc<Collection>, body: &[u8]) -> Result<Response, ApiError> {
     struct Delete {
         ids: Option<Vec<String>>,
         filter: Option<Value>,
+        /// Must be true to delete every document (alone, or with a filter matching all).
+        #[serde(default)]
+        all: bool,
     }
     let req: Delete = serde_json::from_slice(body)?;
+    let everything = Filter::And(Vec::new());
     let n = match (req.ids, req.filter) {
         (Some(ids), None) => blocking(move || c.delete(ids)).await?,
-        (None, Some(f)) => {
-            let f = Filter::parse(&f).map_err(|m| ApiError::invalid("filter", m))?;
+        (None, f) if f.is_some() || req.all => {
+            let f = match f {
+                Some(f) => Filter::parse(&f).map_err(|m| ApiError::invalid("filter", m))?,
+                None => everything,
+            };
+            if f.matches_everything() && !req.all {
+                return Err(ApiError::invalid(
+                    "filter",
+                    "This filter matches every document; to delete them all, add `\"all\": true`.",
+                ));
+            }
             blocking(move || c.delete_where(&f)).await?
         }
         _ => {
             return Err(ApiError::invalid(
                 None,
-                "Give either `ids` (a list of document ids) or `filter`.",
+                "Give either `ids` (a list of document ids), `filter`, or `\"all\": true`.",
             ))
         }
     };

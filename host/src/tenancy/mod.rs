@@ -207,6 +207,11 @@ impl Tenancy {
         self.policies.store(Arc::new(set));
     }
 
+    /// Whether the policy in force has tenant `name` (in open mode, only `default`).
+    pub fn has_tenant(&self, name: &str) -> bool {
+        self.policies.load().tenants.contains_key(name)
+    }
+
     /// `admit` for a request the ledger bills: refused while the ledger cannot record it.
     pub fn admit_billable(&self, headers: &http::HeaderMap) -> Result<Caller, Denied> {
         if self.ledger.as_ref().is_some_and(|l| !l.accepting()) {

@@ -23,7 +23,7 @@ impl Guest for Plugin {
                 std::thread::sleep(std::time::Duration::from_secs(20));
                 Ok(vec![])
             }
-            "huge-error" => Err(error("refused", "x".repeat(20 << 20))),
+            "huge-error" => Err(error("refused", "x".repeat(4 << 20))),
             "alloc" => {
                 // Capacity without writes: grows linear memory fast, so the memory cap (not the
                 // deadline) is what stops it even on a loaded machine.

@@ -11,9 +11,9 @@ use std::time::Instant;
 use tokenizers::Tokenizer;
 use tokio::sync::mpsc as tokio_mpsc;
 
+use super::batch::BatchSeq;
 use super::block_manager::BlockManager;
 use super::detokenizer::{IncrementalDecoder, StopMatcher, StopOutcome};
-use super::model::BatchSeq;
 use super::runner::Runner;
 use super::sampler::Sampler;
 use super::scheduler::{Scheduler, SchedulerConfig, SeqId, Sequence};

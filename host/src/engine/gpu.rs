@@ -24,8 +24,8 @@ use gateway_kernels::layers::{Heads, Layers};
 use gateway_kernels::{Shape, PARTITION_SIZE};
 use half::{bf16, f16};
 
-use super::model::{BatchSeq, Linear, Model, ModelShape, RopeStyle};
-use super::runner::Pool;
+use super::batch::{BatchSeq, Pool};
+use super::model::{Linear, Model, ModelShape, RopeStyle};
 use super::ModelError;
 use crate::config::{EngineConfig, GpuDtype};
 

@@ -5,6 +5,7 @@
 //! Must not depend on: HTTP, JSON request shapes, tenants. The server turns API requests into a
 //! [`GenerationRequest`] and events into responses.
 
+pub mod batch;
 pub mod block_manager;
 pub mod chat_template;
 mod cpu_ops;

@@ -6,6 +6,7 @@
 //! through candle; the cheap elementwise work (RMSNorm, RoPE, SiLU, residuals) runs in plain
 //! Rust on the rows, which avoids one candle op and allocation per step for each of them.
 
+pub use super::batch::BatchSeq;
 use std::sync::Arc;
 
 use candle_core::quantized::{QMatMul, QTensor};
@@ -196,18 +197,6 @@ pub struct Model {
     rope_local: Option<(Vec<f32>, Vec<f32>)>,
     /// Threads that run this model's kernels.
     team: Team,
-}
-
-/// One sequence's rows in a step.
-pub struct BatchSeq<'a> {
-    pub block_table: &'a [u32],
-    pub start: usize,
-    pub tokens: &'a [u32],
-    /// Return logits for this sequence's last row.
-    pub want_logits: bool,
-    /// With `want_logits`, also return logits for this many rows before the last (the rows
-    /// of speculative drafts being verified), in row order.
-    pub draft_rows: usize,
 }
 
 impl Model {

@@ -6,17 +6,11 @@
 
 use crate::config::{ComputeDevice, EngineConfig};
 
-use super::model::{BatchSeq, Model};
+use super::batch::BatchSeq;
+pub use super::batch::Pool;
+use super::model::Model;
 use super::paged_attention::KvCache;
 use super::ModelError;
-
-/// The KV pool a runner allocated.
-#[derive(Debug, Clone, Copy)]
-pub struct Pool {
-    pub num_blocks: usize,
-    /// Bytes of one block across all layers, K and V.
-    pub block_bytes: usize,
-}
 
 // One runner per engine, built once and never moved on a hot path: variant sizes do not matter.
 #[allow(clippy::large_enum_variant)]
@@ -76,14 +70,14 @@ impl Runner {
         }
     }
 
-    /// One step: writes every row's K/V into the pool and returns one logits row per
-    /// sequence with `want_logits`, in order.
     /// Whether `forward` returns the logits rows of speculative drafts (`draft_rows`); the
     /// CUDA network returns only each sequence's last row.
     pub fn verifies_drafts(&self) -> bool {
         matches!(self, Runner::Cpu { .. })
     }
 
+    /// One step: writes every row's K/V into the pool and returns one logits row per
+    /// sequence with `want_logits`, in order.
     pub fn forward(&mut self, seqs: &[BatchSeq]) -> Result<Vec<Vec<f32>>, ModelError> {
         match self {
             Runner::Cpu { model, cache } => model.forward(seqs, cache),

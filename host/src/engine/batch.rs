@@ -1,0 +1,25 @@
+//! What crosses the device seam: the batch a runner is given (block tables, start positions,
+//! tokens) and the KV pool it reports. The scheduler builds the one and sizes the block
+//! manager from the other; the CPU network (`model.rs`) and the CUDA one (`gpu.rs`) both take
+//! the same batch, so neither knows the other nor the runner that picks between them.
+
+/// One sequence's rows in a step.
+#[derive(Debug, Clone, Copy)]
+pub struct BatchSeq<'a> {
+    pub block_table: &'a [u32],
+    pub start: usize,
+    pub tokens: &'a [u32],
+    /// Return logits for this sequence's last row.
+    pub want_logits: bool,
+    /// With `want_logits`, also return logits for this many rows before the last (the rows
+    /// of speculative drafts being verified), in row order.
+    pub draft_rows: usize,
+}
+
+/// The KV pool a runner allocated.
+#[derive(Debug, Clone, Copy)]
+pub struct Pool {
+    pub num_blocks: usize,
+    /// Bytes of one block across all layers, K and V.
+    pub block_bytes: usize,
+}

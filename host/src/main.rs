@@ -484,9 +484,7 @@ fn edge_limits(cfg: &Config) -> gateway::config::HttpConfig {
 
 /// The plugin runtime and registry, filled from the plugin folder (watched for changes) when
 /// one is configured. The watcher lives as long as the returned handle.
-fn load_plugins(
-    cfg: &Config,
-) -> anyhow::Result<(Arc<Registry>, Option<notify::RecommendedWatcher>)> {
+fn load_plugins(cfg: &Config) -> anyhow::Result<(Arc<Registry>, Option<gateway::common::Watch>)> {
     let mut pc = cfg.plugins.clone();
     if pc.cache_dir.is_none() {
         pc.cache_dir = pc.dir.as_ref().map(|d| d.join(".compiled"));

@@ -10,8 +10,8 @@ use std::time::SystemTime;
 use arc_swap::ArcSwap;
 use sha2::{Digest, Sha256};
 
-use super::runtime::{hex, write_atomically};
 use super::{valid_name, LoadError, Plugin, PluginKind, Runtime};
+use crate::common::{hex, write_atomically};
 
 type Key = (String, String);
 

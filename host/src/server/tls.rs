@@ -106,66 +106,37 @@ fn acceptor(files: &TlsFiles) -> Result<TlsAcceptor, TlsError> {
 
 /// Reloads on SIGHUP and when a certificate file changes (watching their folders, since
 /// certificate tools replace files by rename).
-pub fn watch(tls: Arc<Tls>) -> notify::Result<notify::RecommendedWatcher> {
-    use notify::{RecursiveMode, Watcher};
+pub fn watch(tls: Arc<Tls>) -> notify::Result<crate::common::Watch> {
     let f = tls.files().clone();
-    let paths: Vec<PathBuf> = [
-        Some(f.cert.clone()),
-        Some(f.key.clone()),
-        f.client_ca.clone(),
-    ]
-    .into_iter()
-    .flatten()
-    .collect();
+    let paths: Vec<PathBuf> = [Some(f.cert), Some(f.key), f.client_ca]
+        .into_iter()
+        .flatten()
+        .collect();
     let names: Vec<_> = paths
         .iter()
         .filter_map(|p| p.file_name().map(|n| n.to_os_string()))
         .collect();
-    let (tx, rx) = std::sync::mpsc::channel::<()>();
-    let hup = tx.clone();
-    let mut watcher = notify::recommended_watcher(move |ev: notify::Result<notify::Event>| {
-        if ev.is_ok_and(|ev| {
-            ev.paths
-                .iter()
-                .any(|p| p.file_name().is_some_and(|n| names.iter().any(|x| x == n)))
-        }) {
-            let _ = tx.send(());
-        }
-    })?;
-    let mut dirs: Vec<PathBuf> = paths
+    let relevant = move |p: &Path| p.file_name().is_some_and(|n| names.iter().any(|x| x == n));
+    let mut dirs: Vec<(PathBuf, bool)> = paths
         .iter()
-        .map(|p| {
-            p.parent()
-                .filter(|d| !d.as_os_str().is_empty())
-                .unwrap_or(Path::new("."))
-                .to_path_buf()
-        })
+        .map(|p| (crate::common::parent_dir(p), false))
         .collect();
     dirs.dedup();
-    for d in &dirs {
-        watcher.watch(d, RecursiveMode::NonRecursive)?;
-    }
+    let quiet = std::time::Duration::from_millis(100);
+    let watch = crate::common::watch("tls-watch", &dirs, relevant, quiet, move || tls.reload())?;
     #[cfg(unix)]
-    tokio::spawn(async move {
-        let Ok(mut sig) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
-        else {
-            return;
-        };
-        while sig.recv().await.is_some() {
-            let _ = hup.send(());
-        }
-    });
-    std::thread::Builder::new()
-        .name("tls-watch".into())
-        .spawn(move || {
-            while rx.recv().is_ok() {
-                while rx
-                    .recv_timeout(std::time::Duration::from_millis(100))
-                    .is_ok()
-                {}
-                tls.reload();
+    {
+        let hup = watch.trigger.clone();
+        tokio::spawn(async move {
+            let Ok(mut sig) =
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+            else {
+                return;
+            };
+            while sig.recv().await.is_some() {
+                let _ = hup.send(());
             }
-        })
-        .map_err(|e| notify::Error::generic(&e.to_string()))?;
-    Ok(watcher)
+        });
+    }
+    Ok(watch)
 }

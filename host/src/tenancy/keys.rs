@@ -9,10 +9,10 @@ pub fn hash(key: &str) -> [u8; 32] {
 /// A new key (`gw-` + 32 random bytes, hex) and the policy line that admits it.
 pub fn new_key(tenant: &str, id: &str) -> (String, String) {
     let bytes: [u8; 32] = rand::random();
-    let key = format!("gw-{}", crate::plugins::hex(&bytes));
+    let key = format!("gw-{}", crate::common::hex(&bytes));
     let line = format!(
         "# tenant {tenant}: add under its [[tenants]] entry\nkeys = [{{ id = \"{id}\", sha256 = \"{}\" }}]",
-        crate::plugins::hex(&hash(&key))
+        crate::common::hex(&hash(&key))
     );
     (key, line)
 }

@@ -104,7 +104,7 @@ impl Policies {
         let mut hashes = HashSet::new();
         for (i, t) in self.tenants.iter().enumerate() {
             let at = format!("tenants[{i}] ({:?})", t.name);
-            if !crate::plugins::valid_name(&t.name) {
+            if !crate::common::valid_name(&t.name) {
                 problems.push(format!(
                     "{at}.name: use 1 to 64 characters from a-z, 0-9, '-' and '_'"
                 ));
@@ -137,7 +137,7 @@ impl Policies {
                 ("reranker", &t.reranker),
             ] {
                 if let Some(p) = v {
-                    if !crate::plugins::valid_name(p) {
+                    if !crate::common::valid_name(p) {
                         problems.push(format!("{at}.{field}: {p:?} is not a valid plugin name"));
                     } else if !allows(&t.plugins, p) {
                         problems.push(format!("{at}.{field}: {p:?} is bound but not in `plugins`"));

@@ -1,0 +1,82 @@
+//! Small helpers several domains share: hex encoding, atomic file writes, and the alphabet of
+//! names that end up in file paths. Depends on nothing else in the crate.
+
+/// Lowercase hex of `bytes`.
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Writes via a temporary file and a rename, so readers never see half a file.
+pub fn write_atomically(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent)?;
+    }
+    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    std::fs::write(&tmp, bytes)?;
+    std::fs::rename(&tmp, path)
+}
+
+/// Tenant and plugin names end up in file paths: keep them to a safe alphabet.
+pub fn valid_name(s: &str) -> bool {
+    (1..=64).contains(&s.len())
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
+        && s.as_bytes()[0].is_ascii_alphanumeric()
+}
+
+/// A folder watch whose events, debounced, run a callback on a thread of its own (a copy or an
+/// editor's save arrives as several events). Watching lasts as long as this value.
+pub struct Watch {
+    _watcher: notify::RecommendedWatcher,
+    /// Sends a change by hand (a SIGHUP, say).
+    pub trigger: std::sync::mpsc::Sender<()>,
+}
+
+/// Watches `dirs` (recursively or not) and calls `on_change` once events for paths that
+/// `relevant` accepts have been quiet for `quiet`.
+pub fn watch(
+    thread: &str,
+    dirs: &[(std::path::PathBuf, bool)],
+    relevant: impl Fn(&std::path::Path) -> bool + Send + 'static,
+    quiet: std::time::Duration,
+    mut on_change: impl FnMut() + Send + 'static,
+) -> notify::Result<Watch> {
+    use notify::{RecursiveMode, Watcher};
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let events = tx.clone();
+    let mut watcher = notify::recommended_watcher(move |ev: notify::Result<notify::Event>| {
+        if ev.is_ok_and(|ev| ev.paths.iter().any(|p| relevant(p))) {
+            let _ = events.send(());
+        }
+    })?;
+    for (dir, recursive) in dirs {
+        let mode = if *recursive {
+            RecursiveMode::Recursive
+        } else {
+            RecursiveMode::NonRecursive
+        };
+        watcher.watch(dir, mode)?;
+    }
+    std::thread::Builder::new()
+        .name(thread.into())
+        .spawn(move || {
+            while rx.recv().is_ok() {
+                while rx.recv_timeout(quiet).is_ok() {}
+                on_change();
+            }
+        })
+        .map_err(|e| notify::Error::generic(&e.to_string()))?;
+    Ok(Watch {
+        _watcher: watcher,
+        trigger: tx,
+    })
+}
+
+/// The folder holding `path` (`.` for a bare file name): watch that, since editors replace
+/// files by rename, which a watch on the file itself would lose.
+pub fn parent_dir(path: &std::path::Path) -> std::path::PathBuf {
+    path.parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(std::path::Path::new("."))
+        .to_path_buf()
+}

@@ -458,7 +458,8 @@ fn the_drain_deadline_cuts_generations_with_an_error_and_charges_them() {
     assert_eq!(status, 503, "{body}");
     assert_eq!(body["error"]["code"], "server_shutting_down", "{body}");
 
-    // Both are in the ledger as cancelled, charged what they generated before the cut.
+    // Both are in the ledger as cut at shutdown (not as cancelled by their client), charged
+    // what they generated before the cut.
     let conn = rusqlite::Connection::open(dir.join("usage.sqlite")).unwrap();
     let rows: Vec<(String, i64, i64)> = conn
         .prepare("SELECT status, prompt_tokens, completion_tokens FROM requests")
@@ -470,7 +471,7 @@ fn the_drain_deadline_cuts_generations_with_an_error_and_charges_them() {
     assert_eq!(rows.len(), 2, "{rows:?}");
     assert!(
         rows.iter()
-            .all(|(st, p, c)| st == "cancelled" && *p > 0 && *c < 1500),
+            .all(|(st, p, c)| st == "shutdown" && *p > 0 && *c < 1500),
         "{rows:?}"
     );
     assert!(

@@ -30,13 +30,13 @@ fn main() {
     }
     let path = dir.join("policies.toml");
     std::fs::write(&path, policy).unwrap();
-    let path = dir.join("usage.sqlite");
-    let ledger = Ledger::open(&path, gateway::tenancy::ledger::Durability::beside(&path)).unwrap();
+    let ledger_path = dir.join("usage.sqlite");
+    let durability = gateway::tenancy::ledger::Durability::beside(&ledger_path);
+    let ledger = Ledger::open(&ledger_path, durability).unwrap();
     let tenancy =
         Arc::new(Tenancy::new(Some(path), Some(ledger), Arc::new(Metrics::new())).unwrap());
     let open = Arc::new(Tenancy::new(None, None, Arc::new(Metrics::new())).unwrap());
 
-    let mut headers = http::HeaderMap::new();
     let mut rows = Vec::new();
     for (name, t) in [
         ("policies + ledger", &tenancy),
@@ -49,12 +49,11 @@ fn main() {
             while Instant::now() < due {
                 std::hint::spin_loop();
             }
-            let key = format!("Bearer key-{}-a", i % 200);
-            headers.insert(http::header::AUTHORIZATION, key.parse().unwrap());
+            let key = format!("key-{}-a", i % 200);
             let t0 = Instant::now();
-            let caller = t.admit(&headers).unwrap();
+            let caller = t.admit(Some(&key)).unwrap();
             let r = t.reserve(&caller, "model", "chat", 40, 140).unwrap();
-            r.settle(40, 60, "ok");
+            r.settle(40, 60, gateway::tenancy::Outcome::Ok);
             drop(r);
             drop(caller);
             samples.push(t0.elapsed());

@@ -28,5 +28,14 @@ python3 -c 'import gguf' 2>/dev/null ||
 python3 kernels/emu/tiny_model.py models/SmolLM2-135M-Instruct.Q4_1.gguf "$out/tiny.gguf"
 echo "CUDA emulator: kernel tests and engine parity on the CPU (no GPU involved)"
 export LD_LIBRARY_PATH="$PWD/$out" EMU_TOTAL_MB=2048
-cargo test --release -p gateway-kernels --features cuda --test gpu_kernels
-GATEWAY_TEST_MODEL="$PWD/$out/tiny.gguf" cargo test --release -p gateway --features cuda --test gpu_parity
+log="$out/emu-tests.log"
+{
+  cargo test --release -p gateway-kernels --features cuda --test gpu_kernels
+  GATEWAY_TEST_MODEL="$PWD/$out/tiny.gguf" cargo test --release -p gateway --features cuda --test gpu_parity
+} 2>&1 | tee "$log"
+# Both tests print SKIPPED rather than fail when they find no usable device; under the emulator
+# there always is one, so a skip here means the GPU path did not run: fail.
+if grep -q SKIPPED "$log"; then
+  echo "CUDA emulator: a GPU test was SKIPPED under the emulator; the GPU path did not run" >&2
+  exit 1
+fi

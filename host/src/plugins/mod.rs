@@ -17,12 +17,13 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::SystemTime;
 
+pub use crate::common::{hex, valid_name, write_atomically};
 pub use bindings::output_parser::Parsed;
 pub use bindings::prompt_template::gateway::plugins::types::{ContextChunk, Message};
 pub use bindings::prompt_template::{ChatRequest, RenderedPrompt};
 pub use bindings::reranker::{Candidate, Scored};
 pub use registry::Registry;
-pub use runtime::{hex, write_atomically, Runtime};
+pub use runtime::Runtime;
 
 use bindings::prompt_template::gateway::plugins::types;
 use runtime::Prepared;
@@ -324,12 +325,4 @@ pub fn bounded(text: String, max: usize) -> String {
         end -= 1;
     }
     format!("{}… [truncated, {} bytes in all]", &text[..end], text.len())
-}
-
-/// Tenant and plugin names end up in file paths: keep them to a safe alphabet.
-pub fn valid_name(s: &str) -> bool {
-    (1..=64).contains(&s.len())
-        && s.bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
-        && s.as_bytes()[0].is_ascii_alphanumeric()
 }

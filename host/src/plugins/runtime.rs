@@ -8,6 +8,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
+
+use crate::common::{hex, write_atomically};
 use wasmtime::component::{Component, Linker, ResourceTable};
 use wasmtime::{
     Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Store, StoreLimitsBuilder,
@@ -352,7 +354,10 @@ impl Runtime {
             let msg: String = text[at..].lines().take(2).collect::<Vec<_>>().join(": ");
             return CallError::Panic(super::bounded(msg, self.max_error_bytes));
         }
-        if err.to_string().contains("instance count") || format!("{err:#}").contains("concurrent") {
+        if err
+            .downcast_ref::<wasmtime::PoolConcurrencyLimitError>()
+            .is_some()
+        {
             return CallError::Busy(format!("{err:#}"));
         }
         let trap = err
@@ -366,17 +371,3 @@ impl Runtime {
 #[derive(Debug, thiserror::Error)]
 #[error("cannot start the plugin runtime: {0}")]
 pub struct StartError(String);
-
-pub fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-/// Writes via a temporary file and a rename, so readers never see half a file.
-pub fn write_atomically(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
-    if let Some(parent) = path.parent() {
-        std::fs::create_dir_all(parent)?;
-    }
-    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-    std::fs::write(&tmp, bytes)?;
-    std::fs::rename(&tmp, path)
-}

@@ -169,10 +169,10 @@ async fn plugins(
             let wasm = body.unwrap_or_default();
             let existed = state.plugins.get(tenant, name).is_some();
             let (st, t, n) = (state.clone(), tenant.to_string(), name.to_string());
-            let installed =
-                tokio::task::spawn_blocking(move || st.plugins.install(&t, &n, &wasm, kind))
-                    .await
-                    .map_err(|e| ApiError::internal(format!("plugin install task failed: {e}")))?;
+            let installed = super::blocking("plugin install", move || {
+                st.plugins.install(&t, &n, &wasm, kind)
+            })
+            .await?;
             match installed {
                 Ok(p) => {
                     tracing::info!(tenant = %p.tenant, plugin = %p.name, kind = %p.kind(), "plugin installed through the admin API");
@@ -225,9 +225,7 @@ pub fn authorized(state: &AppState, headers: &http::HeaderMap) -> Result<(), Api
             )
         });
     };
-    let presented = crate::tenancy::bearer(headers)
-        .unwrap_or_default()
-        .as_bytes();
+    let presented = super::bearer(headers).unwrap_or_default().as_bytes();
     let expected = expected.as_bytes();
     let mut diff = presented.len() ^ expected.len();
     for (i, e) in expected.iter().enumerate() {

@@ -10,14 +10,14 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::error::ApiError;
-use super::plugins::{bound, call};
+use super::plugins::bound;
 use super::{json_response, AppState, Response};
 use crate::plugins::{Candidate, PluginKind};
 use crate::search::collection::{Collection, DocInput, Fusion, Hit, Query};
 use crate::search::filter::Filter;
 use crate::search::request::{FusionKind, RerankChoice, SearchRequest};
 use crate::search::CreateOptions;
-use crate::tenancy::Caller;
+use crate::tenancy::{Caller, Outcome};
 
 const MAX_TOP_K: usize = 1000;
 
@@ -25,10 +25,7 @@ const MAX_TOP_K: usize = 1000;
 async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, crate::search::SearchError> + Send + 'static,
 ) -> Result<T, ApiError> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(|e| ApiError::internal(format!("index task failed: {e}")))?
-        .map_err(ApiError::from)
+    super::blocking("index", f).await?.map_err(ApiError::from)
 }
 
 /// The caller's collection `name`, if its policy allows it.
@@ -242,7 +239,15 @@ async fn upsert(
         .map_err(|e| ApiError::internal(e.to_string()))?;
     let col = c.clone();
     let done = blocking(move || col.commit(prepared)).await;
-    reservation.settle(tokens, 0, if done.is_ok() { "ok" } else { "error" });
+    reservation.settle(
+        tokens,
+        0,
+        if done.is_ok() {
+            Outcome::Ok
+        } else {
+            Outcome::Failed
+        },
+    );
     let done = done?;
     state
         .metrics
@@ -409,7 +414,15 @@ pub async fn search(
         (Ok(hits), Some(plugin)) => rerank(state, caller, plugin, req, hits).await,
         (searched, _) => searched,
     };
-    reservation.settle(charged, 0, if hits.is_ok() { "ok" } else { "error" });
+    reservation.settle(
+        charged,
+        0,
+        if hits.is_ok() {
+            Outcome::Ok
+        } else {
+            Outcome::Failed
+        },
+    );
     Ok(Searched {
         hits: hits?,
         query_tokens: charged,
@@ -430,40 +443,20 @@ async fn rerank(
     let cands: Vec<Candidate> = hits
         .iter()
         .enumerate()
-        .map(|(i, h)| Candidate {
-            id: i.to_string(),
-            text: h.text.clone(),
-            metadata: h
-                .metadata
-                .iter()
-                .map(|(k, v)| {
-                    let v = match v {
-                        Value::String(s) => s.clone(),
-                        Value::Array(items) => items
-                            .iter()
-                            .filter_map(Value::as_str)
-                            .collect::<Vec<_>>()
-                            .join(","),
-                        other => other.to_string(),
-                    };
-                    (k.clone(), v)
-                })
-                .chain([("document_id".to_string(), h.id.clone())])
-                .collect(),
-            score: h.score,
+        .map(|(i, h)| {
+            let mut metadata = super::plugins::metadata(h.metadata.iter());
+            metadata.push(("document_id".to_string(), h.id.clone()));
+            Candidate {
+                id: i.to_string(),
+                text: h.text.clone(),
+                metadata,
+                score: h.score,
+            }
         })
         .collect();
     let query = req.query.clone();
-    let scored = call(state, caller, plugin, move |p, rt, values| async move {
-        p.rerank(&rt, &values, &query, &cands).await
-    })
-    .await?;
-    let mut order: Vec<(usize, f32)> = scored
-        .into_iter()
-        .filter_map(|s| Some((s.id.parse::<usize>().ok()?, s.score)))
-        .collect();
-    order.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
-    order.truncate(req.top_k);
+    let order =
+        super::plugins::rerank_order(state, caller, plugin, query, cands, req.top_k).await?;
     let mut slots: Vec<Option<Hit>> = hits.drain(..).map(Some).collect();
     Ok(order
         .into_iter()

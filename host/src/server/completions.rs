@@ -100,7 +100,9 @@ pub async fn chat(
         "chat",
         std::slice::from_ref(&reqs),
     )?;
-    let streams = submit(&engine, vec![reqs])?;
+    // Refused by the engine (queue full, too long): a failure, not a cancellation.
+    let streams = submit(&engine, vec![reqs])
+        .inspect_err(|_| reservation.end(crate::tenancy::Outcome::Failed))?;
     let mut reply = Reply::new(Kind::Chat, "chatcmpl", req.model, engine, &gen, None);
     reply.output = output;
     reply.reservation = Some(reservation);
@@ -271,7 +273,8 @@ pub async fn completion(
         .map(|p| gen.requests(&engine, p, "prompt"))
         .collect::<Result<Vec<_>, _>>()?;
     let reservation = reserve(state, caller, &req.model, "completions", &reqs)?;
-    let streams = submit(&engine, reqs)?;
+    let streams =
+        submit(&engine, reqs).inspect_err(|_| reservation.end(crate::tenancy::Outcome::Failed))?;
     let mut reply = Reply::new(Kind::Completion, "cmpl", req.model, engine, &gen, echo);
     reply.reservation = Some(reservation);
     reply.run(streams, gen.stream, state.shutdown.cut()).await
@@ -311,14 +314,13 @@ async fn encode(
     param: &'static str,
 ) -> Result<Vec<Vec<u32>>, ApiError> {
     let engine = engine.clone();
-    tokio::task::spawn_blocking(move || {
+    super::blocking("tokenizer", move || {
         texts
             .iter()
             .map(|t| engine.encode(t, add_bos))
             .collect::<Result<Vec<_>, _>>()
     })
-    .await
-    .map_err(|e| ApiError::internal(format!("tokenizer task failed: {e}")))?
+    .await?
     .map_err(|e| ApiError::invalid(param, e.to_string()))
 }
 

@@ -74,9 +74,8 @@ pub async fn embeddings(
     }
     let e = embedder.clone();
     let ids = match texts {
-        Some(ts) => tokio::task::spawn_blocking(move || e.tokenize(&ts))
-            .await
-            .map_err(|e| ApiError::internal(format!("tokenizer task failed: {e}")))?
+        Some(ts) => super::blocking("tokenizer", move || e.tokenize(&ts))
+            .await?
             .map_err(|e| ApiError::invalid("input", e.to_string()))?,
         None => tokens.unwrap_or_default(),
     };
@@ -92,16 +91,15 @@ pub async fn embeddings(
         )
         .map_err(ApiError::limited)?;
     let e = embedder.clone();
-    let vectors = tokio::task::spawn_blocking(move || e.embed(&ids))
-        .await
-        .map_err(|e| ApiError::internal(format!("embedding task failed: {e}")))?
+    let vectors = super::blocking("embedding", move || e.embed(&ids))
+        .await?
         .map_err(|e| match e {
             EmbedError::TooLong { .. } | EmbedError::BadToken { .. } => {
                 ApiError::invalid("input", e.to_string())
             }
             other => ApiError::internal(other.to_string()),
         })?;
-    reservation.settle(prompt_tokens, 0, "ok");
+    reservation.settle(prompt_tokens, 0, crate::tenancy::Outcome::Ok);
     let data: Vec<Value> = vectors
         .into_iter()
         .enumerate()

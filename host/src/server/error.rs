@@ -167,7 +167,8 @@ impl ApiError {
             message: format!("Plugin `{plugin}` of tenant `{tenant}` {e}"),
             param: None,
             code: Some(code),
-            retry_after: None,
+            // Busy is the tenant's quota or the shared pool: a slot frees within a deadline.
+            retry_after: matches!(e, CallError::Busy(_)).then_some(1),
         }
     }
 
@@ -268,5 +269,67 @@ impl From<crate::search::SearchError> for ApiError {
             code,
             retry_after: None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plugins::CallError;
+    use crate::tenancy::Denied;
+
+    #[test]
+    fn bodies_have_the_openai_shape() {
+        let e = ApiError::invalid("top_p", "`top_p` must be greater than 0.");
+        assert_eq!(e.status, StatusCode::BAD_REQUEST);
+        let b = e.body();
+        assert_eq!(b["error"]["type"], "invalid_request_error");
+        assert_eq!(b["error"]["param"], "top_p");
+        assert!(b["error"]["code"].is_null());
+        assert_eq!(b["error"]["message"], "`top_p` must be greater than 0.");
+        let r = super::super::Response::from(&ApiError::too_large(10));
+        assert_eq!(r.status(), StatusCode::PAYLOAD_TOO_LARGE);
+        assert_eq!(r.headers()[http::header::CONTENT_TYPE], "application/json");
+    }
+
+    #[test]
+    fn domain_errors_map_to_status_and_code() {
+        let ledger = ApiError::denied(Denied::LedgerUnavailable);
+        assert_eq!(
+            (ledger.status, ledger.code),
+            (StatusCode::SERVICE_UNAVAILABLE, Some("ledger_unavailable"))
+        );
+        let r = super::super::Response::from(&ledger);
+        assert_eq!(r.headers()[http::header::RETRY_AFTER], "5");
+        let cases = [
+            (CallError::Timeout { ms: 50 }, 500, "plugin_timeout"),
+            (CallError::Busy("quota".into()), 503, "plugin_busy"),
+            (
+                CallError::Rejected {
+                    code: "no-json".into(),
+                    message: "no JSON".into(),
+                },
+                422,
+                "plugin_rejected",
+            ),
+            (
+                CallError::Memory { limit_mb: 64 },
+                500,
+                "plugin_memory_limit",
+            ),
+            (
+                CallError::InvalidOutput("x".into()),
+                500,
+                "plugin_invalid_output",
+            ),
+        ];
+        for (e, status, code) in cases {
+            let a = ApiError::plugin("acme", "p", &e);
+            assert_eq!((a.status.as_u16(), a.code), (status, Some(code)), "{e}");
+            assert_eq!(a.kind, "plugin_error");
+            assert!(a.message.contains("`p` of tenant `acme`"), "{}", a.message);
+        }
+        let timeout = ApiError::body_timeout(10_000, 1024);
+        assert_eq!(timeout.status, StatusCode::REQUEST_TIMEOUT);
     }
 }

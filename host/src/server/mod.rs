@@ -3,9 +3,11 @@
 //! engine threads, so no handler blocks the runtime on compute.
 
 mod admin;
+mod bodies;
 mod collections;
 mod completions;
 mod conn;
+mod deadlines;
 pub use conn::raise_fd_limit;
 mod embeddings;
 pub mod error;
@@ -13,6 +15,7 @@ pub mod openai;
 mod plugins;
 mod rag;
 mod reply;
+mod routes;
 pub mod tls;
 mod validation;
 
@@ -23,15 +26,17 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use http::{header, Method, StatusCode};
-use http_body_util::{combinators::UnsyncBoxBody, BodyExt, Full, Limited, StreamBody};
-use hyper::body::{Frame, Incoming};
+use http_body_util::combinators::UnsyncBoxBody;
+use hyper::body::Incoming;
 use serde_json::json;
 use tokio::net::TcpListener;
-use tokio::sync::mpsc;
 
 use crate::engine::Engine;
 use crate::metrics::Metrics;
+use bodies::{discard, read_body, text_response};
+pub use bodies::{json_response, sse_response};
 use error::ApiError;
+use routes::{Endpoint, Resolved};
 
 pub type Response = http::Response<UnsyncBoxBody<Bytes, Infallible>>;
 
@@ -131,136 +136,66 @@ fn allowed_model<T>(
     Ok(found)
 }
 
-pub fn json_response(status: StatusCode, v: &serde_json::Value) -> Response {
-    http::Response::builder()
-        .status(status)
-        .header(header::CONTENT_TYPE, "application/json")
-        .body(Full::new(Bytes::from(v.to_string())).boxed_unsync())
-        .expect("static headers are valid")
-}
-
-fn text_response(content_type: &'static str, text: String) -> Response {
-    http::Response::builder()
-        .header(header::CONTENT_TYPE, content_type)
-        .body(Full::new(Bytes::from(text)).boxed_unsync())
-        .expect("static headers are valid")
-}
-
-/// Server-sent events from a channel of already framed `data: ...\n\n` chunks.
-pub fn sse_response(rx: mpsc::Receiver<Bytes>) -> Response {
-    let frames = futures_util::stream::unfold(rx, |mut rx| async move {
-        rx.recv().await.map(|b| (Ok(Frame::data(b)), rx))
-    });
-    http::Response::builder()
-        .header(header::CONTENT_TYPE, "text/event-stream")
-        .header(header::CACHE_CONTROL, "no-cache")
-        .body(BodyExt::boxed_unsync(StreamBody::new(frames)))
-        .expect("static headers are valid")
-}
-
-impl From<&ApiError> for Response {
-    fn from(e: &ApiError) -> Self {
-        let mut r = json_response(e.status, &e.body());
-        if let Some(s) = e.retry_after {
-            r.headers_mut().insert(header::RETRY_AFTER, s.into());
-        }
-        r
-    }
-}
-
-/// Takes the request body (once) and reads it whole, up to `limit` bytes.
-async fn read_body(
-    headers: &http::HeaderMap,
-    body: &mut Option<Incoming>,
-    limit: usize,
-    http: &crate::config::HttpConfig,
-) -> Result<Bytes, ApiError> {
-    let body = body.take().expect("a request body is read at most once");
-    if let Some(len) = headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok()?.parse::<usize>().ok())
-    {
-        if len > limit {
-            return Err(ApiError::too_large(limit));
-        }
-    }
-    conn::collect_body(body, limit, http)
+/// Runs `f` on the blocking pool (tokenizers, encoders, indexes, plugins, compilation: work
+/// that must not stall the runtime's I/O threads); a panic there is a 500 naming `what`.
+pub(super) async fn blocking<T: Send + 'static>(
+    what: &'static str,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, ApiError> {
+    tokio::task::spawn_blocking(f)
         .await
-        .map_err(|e| match e {
-            conn::BodyError::TooLarge => ApiError::too_large(limit),
-            conn::BodyError::TooSlow => {
-                ApiError::body_timeout(http.body_timeout_ms, http.min_body_rate)
-            }
-            conn::BodyError::Broken(e) => {
-                ApiError::invalid(None, format!("Could not read the request body: {e}"))
-            }
-        })
+        .map_err(|e| ApiError::internal(format!("{what} task failed: {e}")))
 }
 
-/// Reads and discards an unread body so the answer to a refused request reaches the client
-/// and the connection stays usable (a "lingering close", bounded in bytes and time). False if
-/// the body was too large, too slow or broken: the connection must then close.
-async fn discard(body: Incoming, limit: usize) -> bool {
-    let drain = Limited::new(body, limit).collect();
-    matches!(
-        tokio::time::timeout(std::time::Duration::from_secs(2), drain).await,
-        Ok(Ok(_))
-    )
+/// The tenant behind the request's bearer key, within its limits; `billable` requests are also
+/// refused while the usage ledger cannot record them.
+fn admit(
+    state: &AppState,
+    headers: &http::HeaderMap,
+    billable: bool,
+) -> Result<crate::tenancy::Caller, ApiError> {
+    let token = bearer(headers);
+    let admitted = if billable {
+        state.tenancy.admit_billable(token)
+    } else {
+        state.tenancy.admit(token)
+    };
+    admitted.map_err(ApiError::denied)
+}
+
+/// The token of an `Authorization: Bearer <token>` header; the scheme is case-insensitive
+/// (RFC 9110).
+pub(super) fn bearer(headers: &http::HeaderMap) -> Option<&str> {
+    let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, token) = value.trim_start().split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
 }
 
 async fn route(
     state: Arc<AppState>,
+    endpoint: Endpoint,
     req: &http::request::Parts,
     body: &mut Option<Incoming>,
 ) -> Result<Response, ApiError> {
-    let path = req.uri.path().to_string();
-    let method = req.method.clone();
-    let post = |m: &Method| m == Method::POST;
-    match path.as_str() {
-        "/v1/chat/completions" | "/v1/completions" | "/v1/rerank" | "/v1/embeddings"
-            if post(&method) =>
-        {
-            let caller = state
-                .tenancy
-                .admit_billable(&req.headers)
-                .map_err(ApiError::denied)?;
+    let path = req.uri.path();
+    match endpoint {
+        Endpoint::Chat | Endpoint::Completions | Endpoint::Rerank | Endpoint::Embeddings => {
+            let caller = admit(&state, &req.headers, true)?;
             let body = read_body(&req.headers, body, state.max_body_bytes, &state.http).await?;
-            match path.as_str() {
-                "/v1/chat/completions" => completions::chat(&state, &caller, &body).await,
-                "/v1/completions" => completions::completion(&state, &caller, &body).await,
-                "/v1/embeddings" => embeddings::embeddings(&state, &caller, &body).await,
+            match endpoint {
+                Endpoint::Chat => completions::chat(&state, &caller, &body).await,
+                Endpoint::Completions => completions::completion(&state, &caller, &body).await,
+                Endpoint::Embeddings => embeddings::embeddings(&state, &caller, &body).await,
                 _ => plugins::rerank(&state, &caller, &body).await,
             }
         }
-        "/v1/models" if method == Method::GET => {
-            let caller = state
-                .tenancy
-                .admit(&req.headers)
-                .map_err(ApiError::denied)?;
-            let mut data: Vec<_> = state
-                .engines
-                .values()
-                .filter(|e| caller.allows_model(&e.info.name))
-                .map(|e| model_card(&state, e))
-                .collect();
-            data.extend(
-                state
-                    .embedders
-                    .values()
-                    .filter(|e| caller.allows_model(&e.name))
-                    .map(|e| embeddings::model_card(e, state.started)),
-            );
-            Ok(json_response(
-                StatusCode::OK,
-                &json!({"object": "list", "data": data}),
-            ))
+        Endpoint::Models => {
+            let caller = admit(&state, &req.headers, false)?;
+            Ok(json_response(StatusCode::OK, &models(&state, &caller)))
         }
-        p if p.starts_with("/v1/models/") && method == Method::GET => {
-            let caller = state
-                .tenancy
-                .admit(&req.headers)
-                .map_err(ApiError::denied)?;
-            let id = &p["/v1/models/".len()..];
+        Endpoint::Model => {
+            let caller = admit(&state, &req.headers, false)?;
+            let id = &path["/v1/models/".len()..];
             if state.embedders.contains_key(id) {
                 let e = state.embedder(&caller, id)?;
                 let card = embeddings::model_card(&e, state.started);
@@ -269,80 +204,78 @@ async fn route(
             let engine = state.engine(&caller, id)?;
             Ok(json_response(StatusCode::OK, &model_card(&state, &engine)))
         }
-        p if p == "/v1/collections" || p.starts_with("/v1/collections/") => {
-            let caller = state
-                .tenancy
-                .admit_billable(&req.headers)
-                .map_err(ApiError::denied)?;
+        Endpoint::Collections => {
+            let caller = admit(&state, &req.headers, true)?;
             let content_type = req
                 .headers
                 .get(header::CONTENT_TYPE)
                 .and_then(|v| v.to_str().ok())
                 .map(str::to_string);
-            let body = if matches!(method, Method::POST | Method::PUT) {
+            let body = if matches!(req.method, Method::POST | Method::PUT) {
                 read_body(&req.headers, body, state.max_body_bytes, &state.http).await?
             } else {
                 Bytes::new()
             };
-            let rest = &p["/v1/collections".len()..];
-            collections::route(
-                &state,
-                &caller,
-                &method,
-                rest,
-                content_type.as_deref(),
-                body,
-            )
-            .await
+            let rest = &path["/v1/collections".len()..];
+            let ct = content_type.as_deref();
+            collections::route(&state, &caller, &req.method, rest, ct, body).await
         }
-        "/health" if method == Method::GET => {
-            Ok(json_response(StatusCode::OK, &json!({"status": "ok"})))
-        }
-        "/ready" if method == Method::GET => {
-            if state.shutdown.draining() {
-                Err(ApiError::overloaded(
-                    "Draining: the gateway is shutting down.",
-                ))
-            } else {
-                let models: Vec<_> = state.engines.keys().collect();
-                Ok(json_response(
-                    StatusCode::OK,
-                    &json!({"status": "ready", "models": models}),
-                ))
-            }
-        }
-        "/metrics" if method == Method::GET => {
-            if let Some(l) = &state.tenancy.ledger {
-                let h = l.health();
-                let (pending, spilled) = (h.pending_rows(), h.spilled_rows());
-                let m = &state.metrics.ledger;
-                m.observe(h.failing(), pending, spilled, h.write_failures());
-            }
-            Ok(text_response(
-                "text/plain; version=0.0.4",
-                state.metrics.render(),
-            ))
-        }
-        p if p.starts_with("/admin/") => {
+        Endpoint::Health => Ok(json_response(StatusCode::OK, &json!({"status": "ok"}))),
+        Endpoint::Ready => ready(&state),
+        Endpoint::Metrics => Ok(metrics(&state)),
+        Endpoint::Admin => {
             admin::authorized(&state, &req.headers)?;
             let query = req.uri.query().map(str::to_string);
-            let body = if method == Method::PUT {
+            let body = if req.method == Method::PUT {
                 Some(read_body(&req.headers, body, state.max_upload_bytes, &state.http).await?)
             } else {
                 None
             };
-            admin::route(&state, &method, &path, query.as_deref(), body).await
+            admin::route(&state, &req.method, path, query.as_deref(), body).await
         }
-        "/v1/chat/completions"
-        | "/v1/completions"
-        | "/v1/rerank"
-        | "/v1/embeddings"
-        | "/v1/models"
-        | "/health"
-        | "/ready"
-        | "/metrics" => Err(ApiError::method_not_allowed(&method, &path)),
-        _ => Err(ApiError::not_found(&path)),
     }
+}
+
+/// `/v1/models`: the tenant's chat and embedding models.
+fn models(state: &AppState, caller: &crate::tenancy::Caller) -> serde_json::Value {
+    let mut data: Vec<_> = state
+        .engines
+        .values()
+        .filter(|e| caller.allows_model(&e.info.name))
+        .map(|e| model_card(state, e))
+        .collect();
+    data.extend(
+        state
+            .embedders
+            .values()
+            .filter(|e| caller.allows_model(&e.name))
+            .map(|e| embeddings::model_card(e, state.started)),
+    );
+    json!({"object": "list", "data": data})
+}
+
+fn ready(state: &AppState) -> Result<Response, ApiError> {
+    if state.shutdown.draining() {
+        return Err(ApiError::overloaded(
+            "Draining: the gateway is shutting down.",
+        ));
+    }
+    let models: Vec<_> = state.engines.keys().collect();
+    Ok(json_response(
+        StatusCode::OK,
+        &json!({"status": "ready", "models": models}),
+    ))
+}
+
+/// `/metrics`, with the ledger writer's state read at scrape time.
+fn metrics(state: &AppState) -> Response {
+    if let Some(l) = &state.tenancy.ledger {
+        let h = l.health();
+        let (pending, spilled) = (h.pending_rows(), h.spilled_rows());
+        let m = &state.metrics.ledger;
+        m.observe(h.failing(), pending, spilled, h.write_failures());
+    }
+    text_response("text/plain; version=0.0.4", state.metrics.render())
 }
 
 fn model_card(state: &AppState, e: &Engine) -> serde_json::Value {
@@ -355,47 +288,25 @@ fn model_card(state: &AppState, e: &Engine) -> serde_json::Value {
     })
 }
 
-/// The route label for metrics: known routes by name, everything else lumped together so a
-/// scanner cannot blow up the label set.
-fn route_label(path: &str) -> &'static str {
-    match path {
-        "/v1/chat/completions" => "chat_completions",
-        "/v1/completions" => "completions",
-        "/health" => "health",
-        "/ready" => "ready",
-        "/metrics" => "metrics",
-        "/v1/rerank" => "rerank",
-        "/v1/embeddings" => "embeddings",
-        p if p.starts_with("/v1/collections") => "collections",
-        p if p.starts_with("/v1/models") => "models",
-        p if p.starts_with("/admin/") => "admin",
-        _ => "other",
-    }
-}
-
 pub(super) async fn handle(
     state: Arc<AppState>,
     role: Role,
     req: http::Request<Incoming>,
 ) -> Result<Response, Infallible> {
     let start = Instant::now();
-    let label = route_label(req.uri().path());
+    let label = routes::label(req.uri().path());
     let method = req.method().clone();
     let path = req.uri().path().to_string();
-    let admin = path.starts_with("/admin/");
-    let shared = matches!(path.as_str(), "/health" | "/ready" | "/metrics");
-    let allowed = match role {
-        Role::All => true,
-        Role::Api => !admin,
-        Role::Admin => admin || shared,
-    };
     let (parts, body) = req.into_parts();
     let http1 = parts.version < http::Version::HTTP_2;
     let mut body = Some(body);
-    let routed = if allowed {
-        route(state.clone(), &parts, &mut body).await
-    } else {
-        Err(ApiError::not_found(&path))
+    // A listener does not reveal the other listener's routes: they are unknown here.
+    let routed = match routes::resolve(&method, &path) {
+        Resolved::Found(e) if e.served_by(role) => route(state.clone(), e, &parts, &mut body).await,
+        Resolved::WrongMethod(e) if e.served_by(role) => {
+            Err(ApiError::method_not_allowed(&method, &path))
+        }
+        _ => Err(ApiError::not_found(&path)),
     };
     let resp = match routed {
         Ok(r) => r,

@@ -14,6 +14,57 @@ use super::{json_response, AppState, Response};
 use crate::plugins::{CallError, Candidate, Plugin, PluginKind, Registry};
 use crate::tenancy::{Caller, Tenant};
 
+/// Metadata as every reranker sees it: strings as they are, numbers and booleans as JSON text,
+/// arrays of scalars joined with commas; nulls and nested objects left out.
+pub(super) fn metadata<'a>(
+    fields: impl Iterator<Item = (&'a String, &'a Value)>,
+) -> Vec<(String, String)> {
+    let scalar = |v: &Value| match v {
+        Value::String(s) => Some(s.clone()),
+        Value::Number(_) | Value::Bool(_) => Some(v.to_string()),
+        _ => None,
+    };
+    fields
+        .filter_map(|(k, v)| {
+            let text = match v {
+                Value::Array(items) => Some(
+                    items
+                        .iter()
+                        .filter_map(scalar)
+                        .collect::<Vec<_>>()
+                        .join(","),
+                ),
+                other => scalar(other),
+            };
+            text.map(|t| (k.clone(), t))
+        })
+        .collect()
+}
+
+/// Scores `candidates` (whose ids are their indices) with the reranker `plugin`: (index,
+/// score) pairs, best first, equal scores in input order, at most `top`.
+pub(super) async fn rerank_order(
+    state: &Arc<AppState>,
+    caller: &Caller,
+    plugin: Arc<Plugin>,
+    query: String,
+    candidates: Vec<Candidate>,
+    top: usize,
+) -> Result<Vec<(usize, f32)>, ApiError> {
+    let scored = call(state, caller, plugin, move |p, rt, values| async move {
+        p.rerank(&rt, &values, &query, &candidates).await
+    })
+    .await?;
+    // The plugin layer checked that every id is a candidate's, once.
+    let mut order: Vec<(usize, f32)> = scored
+        .into_iter()
+        .filter_map(|s| Some((s.id.parse::<usize>().ok()?, s.score)))
+        .collect();
+    order.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    order.truncate(top);
+    Ok(order)
+}
+
 /// The tenant's plugin bound to `kind` under `name`.
 pub fn bound(
     registry: &Registry,
@@ -64,13 +115,12 @@ where
         tenant.values.clone(),
     );
     let runtime = tokio::runtime::Handle::current();
-    let (result, elapsed) = tokio::task::spawn_blocking(move || {
+    let (result, elapsed) = super::blocking("plugin", move || {
         let start = Instant::now();
         let r = runtime.block_on(call);
         (r, start.elapsed())
     })
-    .await
-    .map_err(|e| ApiError::internal(format!("plugin task failed: {e}")))?;
+    .await?;
     caller.plugin_us.fetch_add(
         elapsed.as_micros() as u64,
         std::sync::atomic::Ordering::Relaxed,
@@ -122,7 +172,11 @@ pub async fn rerank(
 ) -> Result<Response, ApiError> {
     let started = Instant::now();
     let result = rerank_inner(state, caller, body).await;
-    let status = if result.is_ok() { "ok" } else { "error" };
+    let status = if result.is_ok() {
+        crate::tenancy::Outcome::Ok
+    } else {
+        crate::tenancy::Outcome::Failed
+    };
     state
         .tenancy
         .record_plain(caller, "rerank", "rerank", started, status);
@@ -190,15 +244,7 @@ async fn rerank_inner(
                         format!("documents[{i}] needs a string `text` field."),
                     ));
                 };
-                let metadata = map
-                    .iter()
-                    .filter(|(k, _)| *k != "text")
-                    .filter_map(|(k, v)| match v {
-                        Value::String(s) => Some((k.clone(), s.clone())),
-                        Value::Number(_) | Value::Bool(_) => Some((k.clone(), v.to_string())),
-                        _ => None,
-                    })
-                    .collect();
+                let metadata = metadata(map.iter().filter(|(k, _)| *k != "text"));
                 (text.clone(), metadata, Value::Object(map))
             }
         };
@@ -210,24 +256,8 @@ async fn rerank_inner(
         });
         originals.push(original);
     }
-    let query = req.query;
-    let scored = call(state, caller, plugin, move |p, rt, values| async move {
-        p.rerank(&rt, &values, &query, &candidates).await
-    })
-    .await?;
-    let mut results: Vec<(usize, f32)> = scored
-        .into_iter()
-        .map(|s| {
-            (
-                s.id.parse::<usize>()
-                    .expect("ids are the indices the host assigned"),
-                s.score,
-            )
-        })
-        .collect();
-    // Stable: equal scores keep the documents' order.
-    results.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
-    results.truncate(req.top_n.unwrap_or(usize::MAX));
+    let top = req.top_n.unwrap_or(usize::MAX);
+    let results = rerank_order(state, caller, plugin, req.query, candidates, top).await?;
     let results: Vec<Value> = results
         .into_iter()
         .map(|(index, score)| {

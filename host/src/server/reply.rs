@@ -19,7 +19,7 @@ use super::{json_response, sse_response, AppState, Response};
 use crate::engine::tokenizer::token_bytes;
 use crate::engine::{Engine, Event, EventStream, FinishReason, TokenLogprobs, Usage};
 use crate::plugins::Plugin;
-use crate::tenancy::{Caller, Reservation};
+use crate::tenancy::{Caller, Outcome, Reservation};
 
 const DONE: &[u8] = b"data: [DONE]\n\n";
 
@@ -120,9 +120,20 @@ impl Reply {
             tokio::spawn(self.stream(streams, tx, cut));
             return Ok(sse_response(rx));
         }
-        tokio::select! {
-            body = self.collect(streams) => body,
-            () = cut => Err(ApiError::shutting_down()),
+        let (body, outcome) = tokio::select! {
+            body = self.collect(streams) => (body, Outcome::Failed),
+            () = cut => (Err(ApiError::shutting_down()), Outcome::Shutdown),
+        };
+        if body.is_err() {
+            self.end(outcome);
+        }
+        body
+    }
+
+    /// Settles the reservation of a request that ended early, with the tokens counted so far.
+    fn end(&self, outcome: Outcome) {
+        if let Some(r) = &self.reservation {
+            r.end(outcome);
         }
     }
 
@@ -160,7 +171,7 @@ impl Reply {
         if let Some(r) = &self.reservation {
             let u = &body["usage"];
             let n = |k: &str| u[k].as_u64().unwrap_or(0);
-            r.settle(n("prompt_tokens"), n("completion_tokens"), "ok");
+            r.settle(n("prompt_tokens"), n("completion_tokens"), Outcome::Ok);
         }
         Ok(json_response(http::StatusCode::OK, &body))
     }
@@ -355,6 +366,7 @@ impl Reply {
                     None => break,
                 },
                 () = &mut cut => {
+                    self.end(Outcome::Shutdown);
                     send(&ApiError::shutting_down().body()).await;
                     let _ = tx.send(Bytes::from_static(DONE)).await;
                     return;
@@ -396,6 +408,7 @@ impl Reply {
                                         choice["repairs"] = json!(p.repairs);
                                     }
                                     Err(e) => {
+                                        self.end(Outcome::Failed);
                                         send(&e.body()).await;
                                         let _ = tx.send(Bytes::from_static(DONE)).await;
                                         return;
@@ -426,6 +439,7 @@ impl Reply {
             }
         }
         if usages.len() < total {
+            self.end(Outcome::Failed);
             // A choice ended without its finish: say so rather than end as if it were complete.
             if !failed {
                 send(
@@ -442,7 +456,7 @@ impl Reply {
             r.settle(
                 usage.prompt_tokens as u64,
                 usage.completion_tokens as u64,
-                "ok",
+                Outcome::Ok,
             );
         }
         if self.include_usage {

@@ -211,3 +211,56 @@ impl Generation {
             .collect())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fields(v: serde_json::Value) -> SamplingFields {
+        serde_json::from_value(v).unwrap()
+    }
+
+    fn refused(v: serde_json::Value, max_tokens: Option<usize>) -> ApiError {
+        match generation(fields(v), max_tokens, None) {
+            Err(e) => e,
+            Ok(_) => panic!("accepted"),
+        }
+    }
+
+    #[test]
+    fn defaults_are_openai_defaults() {
+        let g = generation(fields(serde_json::json!({})), None, None).unwrap();
+        assert_eq!(g.sampling.temperature, 1.0);
+        assert_eq!(g.sampling.top_p, 1.0);
+        assert_eq!(
+            (g.n, g.stream, g.include_usage, g.speculative),
+            (1, false, false, true)
+        );
+    }
+
+    #[test]
+    fn each_bad_field_is_named() {
+        use serde_json::json;
+        let cases = [
+            (json!({"top_p": 0.0}), None, "top_p"),
+            (json!({"temperature": 2.5}), None, "temperature"),
+            (json!({"top_k": -2}), None, "top_k"),
+            (json!({"n": 17}), None, "n"),
+            (json!({"stop": vec!["x"; 17]}), None, "stop"),
+            (json!({"logit_bias": {"abc": 1.0}}), None, "logit_bias"),
+            (json!({"logit_bias": {"5": 101.0}}), None, "logit_bias"),
+            (
+                json!({"stream_options": {"include_usage": true}}),
+                None,
+                "stream_options",
+            ),
+            (json!({}), Some(0), "max_tokens"),
+            (json!({"presence_penalty": -3.0}), None, "presence_penalty"),
+        ];
+        for (v, max_tokens, param) in cases {
+            let e = refused(v.clone(), max_tokens);
+            assert_eq!(e.status, http::StatusCode::BAD_REQUEST, "{v}");
+            assert_eq!(e.param.as_deref(), Some(param), "{v}: {}", e.message);
+        }
+    }
+}

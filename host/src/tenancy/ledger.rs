@@ -31,7 +31,7 @@ pub struct Record {
     pub prompt_tokens: u64,
     pub completion_tokens: u64,
     pub latency_ms: f64,
-    /// `ok`, `cancelled`, `error`.
+    /// `ok`, `cancelled`, `error`, `shutdown` (`Outcome::as_str`).
     pub status: &'static str,
     pub plugin_ms: f64,
 }

@@ -20,7 +20,6 @@ use std::time::Instant;
 use arc_swap::ArcSwap;
 
 use crate::metrics::Metrics;
-use crate::plugins::TenantValues;
 use ledger::{Ledger, Record};
 use limits::{Rates, Rejection, Slot, Usage};
 use policy::{Policies, PolicyError, TenantPolicy};
@@ -32,7 +31,8 @@ pub const OPEN_TENANT: &str = "default";
 pub struct Tenant {
     pub name: Arc<str>,
     pub policy: TenantPolicy,
-    pub values: TenantValues,
+    /// The policy's `config` values, as plugins read them through `config-get`.
+    pub values: Arc<std::collections::BTreeMap<String, String>>,
     /// Keys this tenant's prefix-cache entries apart from every other tenant's.
     pub cache_salt: u64,
     rates: Arc<Rates>,
@@ -141,7 +141,7 @@ impl Tenancy {
     pub fn replace(&self, text: &str) -> Result<(), PolicyError> {
         let parsed = Policies::parse(text)?;
         if let Some(path) = &self.path {
-            crate::plugins::write_atomically(path, text.as_bytes())
+            crate::common::write_atomically(path, text.as_bytes())
                 .map_err(|e| PolicyError(vec![format!("{}: {e}", path.display())]))?;
         }
         self.install(parsed, text.to_string());
@@ -213,20 +213,21 @@ impl Tenancy {
     }
 
     /// `admit` for a request the ledger bills: refused while the ledger cannot record it.
-    pub fn admit_billable(&self, headers: &http::HeaderMap) -> Result<Caller, Denied> {
+    pub fn admit_billable(&self, key: Option<&str>) -> Result<Caller, Denied> {
         if self.ledger.as_ref().is_some_and(|l| !l.accepting()) {
             return Err(Denied::LedgerUnavailable);
         }
-        self.admit(headers)
+        self.admit(key)
     }
 
-    /// Authenticates the bearer key and applies the tenant's request-rate and concurrency limits.
-    pub fn admit(&self, headers: &http::HeaderMap) -> Result<Caller, Denied> {
+    /// Authenticates the API key (the request's bearer token) and applies the tenant's
+    /// request-rate and concurrency limits.
+    pub fn admit(&self, key: Option<&str>) -> Result<Caller, Denied> {
         let set = self.policies.load();
         let (tenant, key_id) = if self.open_mode() {
             (set.tenants[OPEN_TENANT].clone(), Arc::from("none"))
         } else {
-            let key = bearer(headers).ok_or(Denied::Unauthenticated(
+            let key = key.ok_or(Denied::Unauthenticated(
                 "Missing API key: send `Authorization: Bearer <key>`.",
             ))?;
             let hash = keys::hash(key);
@@ -307,8 +308,9 @@ impl Tenancy {
         model: &str,
         endpoint: &'static str,
         started: Instant,
-        status: &'static str,
+        outcome: Outcome,
     ) {
+        let status = outcome.as_str();
         self.metrics
             .tenant_requests
             .with_label_values(&[&caller.tenant.name, status])
@@ -326,6 +328,31 @@ impl Tenancy {
                 status,
                 plugin_ms: caller.plugin_us.load(Ordering::Relaxed) as f64 / 1e3,
             });
+        }
+    }
+}
+
+/// How a request ended, as the ledger and `gateway_tenant_requests_total` record it. Typed so
+/// that a failure is never written down as a cancellation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Answered in full.
+    Ok,
+    /// The client went away before the answer was complete.
+    Cancelled,
+    /// The gateway failed it (engine, plugin, index): an error went to the client.
+    Failed,
+    /// Cut at the drain deadline of a shutdown.
+    Shutdown,
+}
+
+impl Outcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Ok => "ok",
+            Outcome::Cancelled => "cancelled",
+            Outcome::Failed => "error",
+            Outcome::Shutdown => "shutdown",
         }
     }
 }
@@ -354,11 +381,21 @@ impl Reservation {
         self.completion_tokens.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Settles a request that ended early (`Failed`, `Shutdown`) with the tokens counted so far.
+    pub fn end(&self, outcome: Outcome) {
+        let (p, c) = (
+            self.prompt_tokens.load(Ordering::Relaxed),
+            self.completion_tokens.load(Ordering::Relaxed),
+        );
+        self.settle(p, c, outcome);
+    }
+
     /// Settles with the exact usage reported to the client.
-    pub fn settle(&self, prompt_tokens: u64, completion_tokens: u64, status: &'static str) {
+    pub fn settle(&self, prompt_tokens: u64, completion_tokens: u64, outcome: Outcome) {
         if self.settled.swap(true, Ordering::AcqRel) {
             return;
         }
+        let status = outcome.as_str();
         let t = &self.tenant;
         t.usage
             .settle(self.reserved, prompt_tokens + completion_tokens);
@@ -390,12 +427,9 @@ impl Reservation {
 }
 
 impl Drop for Reservation {
+    /// Not settled by then: the client went away (every failure path settles first).
     fn drop(&mut self) {
-        let (p, c) = (
-            self.prompt_tokens.load(Ordering::Relaxed),
-            self.completion_tokens.load(Ordering::Relaxed),
-        );
-        self.settle(p, c, "cancelled");
+        self.end(Outcome::Cancelled);
     }
 }
 
@@ -437,12 +471,4 @@ fn parse_hex32(s: &str) -> Option<[u8; 32]> {
         *b = u8::from_str_radix(s.get(2 * i..2 * i + 2)?, 16).ok()?;
     }
     Some(out)
-}
-
-/// The token of an `Authorization: Bearer <token>` header; the scheme is case-insensitive
-/// (RFC 9110).
-pub fn bearer(headers: &http::HeaderMap) -> Option<&str> {
-    let value = headers.get(http::header::AUTHORIZATION)?.to_str().ok()?;
-    let (scheme, token) = value.trim_start().split_once(' ')?;
-    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
 }

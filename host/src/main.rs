@@ -300,124 +300,16 @@ fn main() -> anyhow::Result<()> {
 }
 
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {
-    let mut cfg = args.engine.config()?;
-    cfg.listen = args.listen.unwrap_or(cfg.listen);
-    cfg.max_body_bytes = args.max_body_bytes.unwrap_or(cfg.max_body_bytes);
+    let cfg = args.config()?;
     let metrics = Arc::new(Metrics::new());
-    let mut engines = std::collections::BTreeMap::new();
-    for m in &cfg.models {
-        tracing::info!(model = %m.name, path = %m.path.display(), "loading model");
-        let started = std::time::Instant::now();
-        let engine = tokio::task::block_in_place(|| Engine::start(m, metrics.clone()))
-            .with_context(|| format!("loading model {}", m.name))?;
-        tracing::info!(model = %m.name, seconds = started.elapsed().as_secs_f32(), "model ready");
-        engines.insert(m.name.clone(), Arc::new(engine));
-    }
-    cfg.plugins.dir = args.plugins_dir.or(cfg.plugins.dir);
-    cfg.admin_token = args.admin_token.or(cfg.admin_token);
-    cfg.policies = args.policies.or(cfg.policies);
-    match (args.tls_cert, args.tls_key) {
-        (Some(cert), Some(key)) => cfg.tls = Some(gateway::config::TlsConfig { cert, key }),
-        (None, None) => {}
-        _ => anyhow::bail!("--tls-cert and --tls-key go together"),
-    }
-    if let Some(l) = args.ledger {
-        cfg.ledger = Some(l);
-    }
-    cfg.collections_dir = args.collections_dir.unwrap_or(cfg.collections_dir);
-    cfg.validate()?;
-    let (plugins, _watcher) = load_plugins(&cfg)?;
-    let mut embedders = std::collections::BTreeMap::new();
-    for e in &cfg.embeddings {
-        if *e == gateway::config::EmbeddingModelConfig::default() && !e.path.exists() {
-            tracing::warn!(path = %e.path.display(), "default embedding model not found (host/scripts/fetch-models.sh fetches it); /v1/embeddings has no model");
-            continue;
-        }
-        let loaded = tokio::task::block_in_place(|| {
-            gateway::search::embedder::Embedder::load(&e.name, &e.path)
-        })
-        .with_context(|| format!("loading embedding model {}", e.name))?;
-        tracing::info!(model = %e.name, dim = loaded.dim, "embedding model ready");
-        embedders.insert(e.name.clone(), Arc::new(loaded));
-    }
+    let engines = load_engines(&cfg, &metrics)?;
+    let (plugins, _plugin_watch) = load_plugins(&cfg)?;
+    let embedders = load_embedders(&cfg)?;
     let collections = tokio::task::block_in_place(|| {
         gateway::search::Collections::open(cfg.collections_dir.clone(), embedders.clone())
     });
-    let ledger = match &cfg.ledger {
-        Some(p) => Some(
-            Ledger::open(p, ledger_durability(&cfg, p))
-                .with_context(|| format!("opening the usage ledger {}", p.display()))?,
-        ),
-        None => None,
-    };
-    let tenancy = Arc::new(
-        Tenancy::new(cfg.policies.clone(), ledger, metrics.clone())
-            .map_err(|e| anyhow::anyhow!("invalid policy file:\n{e}"))?,
-    );
-    let _policy_watcher = match &cfg.policies {
-        Some(p) => {
-            tracing::info!(path = %p.display(), "policies loaded");
-            Some(
-                gateway::tenancy::watch::watch(tenancy.clone())
-                    .with_context(|| format!("watching {}", p.display()))?,
-            )
-        }
-        None => {
-            tracing::warn!(
-                "no policy file: requests are not authenticated and all belong to tenant `default`"
-            );
-            None
-        }
-    };
-    let tls = match &cfg.tls {
-        Some(t) => Some(load_tls(t.cert.clone(), t.key.clone(), None)?),
-        None => None,
-    };
-    let mut listeners = Vec::new();
-    let mut watchers = Vec::new();
-    let tcp = tokio::net::TcpListener::bind(cfg.listen)
-        .await
-        .with_context(|| format!("binding {}", cfg.listen))?;
-    if tls.is_some() {
-        tracing::info!("TLS on: h2 and HTTP/1.1 by ALPN");
-    }
-    tracing::info!(addr = %tcp.local_addr()?, "serving the OpenAI API");
-    let role = if cfg.admin.listen.is_some() {
-        server::Role::Api
-    } else {
-        server::Role::All
-    };
-    if let Some(t) = &tls {
-        watchers.push(server::tls::watch(t.clone()).context("watching the TLS files")?);
-    }
-    listeners.push(server::Listener {
-        tcp,
-        tls: tls.clone(),
-        role,
-    });
-    if let Some(addr) = cfg.admin.listen {
-        let tcp = tokio::net::TcpListener::bind(addr)
-            .await
-            .with_context(|| format!("binding the admin listener {addr}"))?;
-        let admin_tls = match (&cfg.tls, &cfg.admin.client_ca) {
-            (Some(t), Some(ca)) => {
-                let t = load_tls(t.cert.clone(), t.key.clone(), Some(ca.clone()))?;
-                watchers.push(server::tls::watch(t.clone()).context("watching the TLS files")?);
-                Some(t)
-            }
-            _ => tls.clone(),
-        };
-        tracing::info!(
-            client_certs = cfg.admin.client_ca.is_some(),
-            "admin API on its own listener"
-        );
-        tracing::info!(addr = %tcp.local_addr()?, "serving the admin API");
-        listeners.push(server::Listener {
-            tcp,
-            tls: admin_tls,
-            role: server::Role::Admin,
-        });
-    }
+    let (tenancy, _policy_watch) = open_tenancy(&cfg, &metrics)?;
+    let (listeners, tls_watches) = bind_listeners(&cfg).await?;
     let started = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)?
         .as_secs();
@@ -435,18 +327,153 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         shutdown: Default::default(),
         http: edge_limits(&cfg),
     });
-    server::serve(
-        listeners,
-        state,
-        std::time::Duration::from_secs(cfg.drain_seconds),
-    )
-    .await?;
-    drop(watchers);
+    let drain = std::time::Duration::from_secs(cfg.drain_seconds);
+    server::serve(listeners, state, drain).await?;
+    drop(tls_watches);
     if let Some(l) = &tenancy.ledger {
         l.close();
         tracing::info!("usage ledger flushed");
     }
     Ok(())
+}
+
+impl ServeArgs {
+    /// The config file (or defaults) with this command's flags on top, validated.
+    fn config(self) -> anyhow::Result<Config> {
+        let mut cfg = self.engine.config()?;
+        cfg.listen = self.listen.unwrap_or(cfg.listen);
+        cfg.max_body_bytes = self.max_body_bytes.unwrap_or(cfg.max_body_bytes);
+        cfg.plugins.dir = self.plugins_dir.or(cfg.plugins.dir);
+        cfg.admin_token = self.admin_token.or(cfg.admin_token);
+        cfg.policies = self.policies.or(cfg.policies);
+        match (self.tls_cert, self.tls_key) {
+            (Some(cert), Some(key)) => cfg.tls = Some(gateway::config::TlsConfig { cert, key }),
+            (None, None) => {}
+            _ => anyhow::bail!("--tls-cert and --tls-key go together"),
+        }
+        if let Some(l) = self.ledger {
+            cfg.ledger = Some(l);
+        }
+        cfg.collections_dir = self.collections_dir.unwrap_or(cfg.collections_dir);
+        cfg.validate()?;
+        Ok(cfg)
+    }
+}
+
+/// One engine (thread, KV pool) per configured model.
+fn load_engines(
+    cfg: &Config,
+    metrics: &Arc<Metrics>,
+) -> anyhow::Result<std::collections::BTreeMap<String, Arc<Engine>>> {
+    let mut engines = std::collections::BTreeMap::new();
+    for m in &cfg.models {
+        tracing::info!(model = %m.name, path = %m.path.display(), "loading model");
+        let started = std::time::Instant::now();
+        let engine = tokio::task::block_in_place(|| Engine::start(m, metrics.clone()))
+            .with_context(|| format!("loading model {}", m.name))?;
+        tracing::info!(model = %m.name, seconds = started.elapsed().as_secs_f32(), "model ready");
+        engines.insert(m.name.clone(), Arc::new(engine));
+    }
+    Ok(engines)
+}
+
+type Embedders = std::collections::BTreeMap<String, Arc<gateway::search::embedder::Embedder>>;
+
+/// The embedding models; the default one is skipped (with a warning) when not fetched.
+fn load_embedders(cfg: &Config) -> anyhow::Result<Embedders> {
+    let mut embedders = Embedders::new();
+    for e in &cfg.embeddings {
+        if *e == gateway::config::EmbeddingModelConfig::default() && !e.path.exists() {
+            tracing::warn!(path = %e.path.display(), "default embedding model not found (host/scripts/fetch-models.sh fetches it); /v1/embeddings has no model");
+            continue;
+        }
+        let loaded = tokio::task::block_in_place(|| {
+            gateway::search::embedder::Embedder::load(&e.name, &e.path)
+        })
+        .with_context(|| format!("loading embedding model {}", e.name))?;
+        tracing::info!(model = %e.name, dim = loaded.dim, "embedding model ready");
+        embedders.insert(e.name.clone(), Arc::new(loaded));
+    }
+    Ok(embedders)
+}
+
+/// Policies (watched for changes when from a file) and the usage ledger.
+fn open_tenancy(
+    cfg: &Config,
+    metrics: &Arc<Metrics>,
+) -> anyhow::Result<(Arc<Tenancy>, Option<gateway::common::Watch>)> {
+    let ledger = match &cfg.ledger {
+        Some(p) => Some(
+            Ledger::open(p, ledger_durability(cfg, p))
+                .with_context(|| format!("opening the usage ledger {}", p.display()))?,
+        ),
+        None => None,
+    };
+    let tenancy = Arc::new(
+        Tenancy::new(cfg.policies.clone(), ledger, metrics.clone())
+            .map_err(|e| anyhow::anyhow!("invalid policy file:\n{e}"))?,
+    );
+    let Some(p) = &cfg.policies else {
+        tracing::warn!(
+            "no policy file: requests are not authenticated and all belong to tenant `default`"
+        );
+        return Ok((tenancy, None));
+    };
+    tracing::info!(path = %p.display(), "policies loaded");
+    let watch = gateway::tenancy::watch::watch(tenancy.clone())
+        .with_context(|| format!("watching {}", p.display()))?;
+    Ok((tenancy, Some(watch)))
+}
+
+/// The API listener and, when configured, the admin one, with their TLS (watched for changes).
+async fn bind_listeners(
+    cfg: &Config,
+) -> anyhow::Result<(Vec<server::Listener>, Vec<gateway::common::Watch>)> {
+    let tls = match &cfg.tls {
+        Some(t) => Some(load_tls(t.cert.clone(), t.key.clone(), None)?),
+        None => None,
+    };
+    let mut watches = Vec::new();
+    let tcp = tokio::net::TcpListener::bind(cfg.listen)
+        .await
+        .with_context(|| format!("binding {}", cfg.listen))?;
+    if let Some(t) = &tls {
+        tracing::info!("TLS on: h2 and HTTP/1.1 by ALPN");
+        watches.push(server::tls::watch(t.clone()).context("watching the TLS files")?);
+    }
+    tracing::info!(addr = %tcp.local_addr()?, "serving the OpenAI API");
+    let role = match cfg.admin.listen {
+        Some(_) => server::Role::Api,
+        None => server::Role::All,
+    };
+    let mut listeners = vec![server::Listener {
+        tcp,
+        tls: tls.clone(),
+        role,
+    }];
+    let Some(addr) = cfg.admin.listen else {
+        return Ok((listeners, watches));
+    };
+    let tcp = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("binding the admin listener {addr}"))?;
+    let admin_tls = match (&cfg.tls, &cfg.admin.client_ca) {
+        (Some(t), Some(ca)) => {
+            let t = load_tls(t.cert.clone(), t.key.clone(), Some(ca.clone()))?;
+            watches.push(server::tls::watch(t.clone()).context("watching the TLS files")?);
+            Some(t)
+        }
+        _ => tls,
+    };
+    let client_certs = cfg.admin.client_ca.is_some();
+    tracing::info!(client_certs, "admin API on its own listener");
+    tracing::info!(addr = %tcp.local_addr()?, "serving the admin API");
+    listeners.push(server::Listener {
+        tcp,
+        tls: admin_tls,
+        role: server::Role::Admin,
+    });
+    Ok((listeners, watches))
 }
 
 fn ledger_durability(

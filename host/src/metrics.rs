@@ -138,6 +138,7 @@ fn reg<T: prometheus::core::Collector + Clone + 'static>(r: &Registry, m: T) -> 
 }
 
 impl Metrics {
+    // Long, but a table rather than logic: one declaration (name, help, labels) per metric.
     pub fn new() -> Self {
         let r = Registry::new();
         let model = &["model"];

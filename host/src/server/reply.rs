@@ -334,11 +334,7 @@ impl Reply {
         tx: mpsc::Sender<Bytes>,
         cut: impl Future<Output = ()> + Send,
     ) {
-        let send = |v: &Value| {
-            let tx = tx.clone();
-            let frame = Bytes::from(format!("data: {v}\n\n"));
-            async move { tx.send(frame).await.is_ok() }
-        };
+        let sse = Sse(tx);
         let total = streams.len();
         let mut merged = stream::select_all(streams.into_iter().enumerate().map(|(i, s)| {
             stream::unfold(s, |mut s| async move { s.recv().await.map(|e| (e, s)) })
@@ -347,17 +343,12 @@ impl Reply {
         }));
         if self.kind == Kind::Chat {
             for i in 0..total {
-                if !send(&self.chunk(json!({"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null}))).await {
+                if !sse.send(&self.chunk(json!({"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null}))).await {
                     return;
                 }
             }
         }
-        let mut usages = BTreeMap::new();
-        let mut failed = false;
-        let mut text_len = vec![0usize; total];
-        // The whole text of each choice, kept only when the output parser needs it at the end.
-        let mut texts = vec![String::new(); if self.output.is_some() { total } else { 0 }];
-        let mut echo_pending = vec![self.echo.is_some(); total];
+        let mut p = Progress::new(total, self.output.is_some(), self.echo.is_some());
         tokio::pin!(cut);
         loop {
             let (i, ev) = tokio::select! {
@@ -367,91 +358,108 @@ impl Reply {
                 },
                 () = &mut cut => {
                     self.end(Outcome::Shutdown);
-                    send(&ApiError::shutting_down().body()).await;
-                    let _ = tx.send(Bytes::from_static(DONE)).await;
-                    return;
+                    return sse.fail(&ApiError::shutting_down()).await;
                 }
             };
             let finished = matches!(ev, Event::Done(..));
             let choice = match ev {
                 Event::Token { id, text, logprobs } => {
-                    self.count_token();
-                    if text.is_empty() && logprobs.is_none() {
-                        continue;
-                    }
-                    text_len[i] += text.len();
-                    if let Some(t) = texts.get_mut(i) {
-                        t.push_str(&text);
-                    }
-                    let lp =
-                        logprobs.map_or(Value::Null, |l| self.logprobs(&[(id, l)], text_len[i]));
-                    let text = self.take_echo(&mut echo_pending[i], i) + &text;
-                    match self.kind {
-                        Kind::Chat => {
-                            json!({"index": i, "delta": {"content": text}, "logprobs": lp, "finish_reason": null})
-                        }
-                        Kind::Completion => {
-                            json!({"index": i, "text": text, "logprobs": lp, "finish_reason": null})
-                        }
+                    match self.token_choice(&mut p, i, id, text, logprobs) {
+                        Some(c) => c,
+                        None => continue,
                     }
                 }
-                Event::Done(u, f) => {
-                    usages.insert(i, u);
-                    match self.kind {
-                        Kind::Chat => {
-                            let mut choice = json!({"index": i, "delta": {}, "logprobs": null, "finish_reason": f.as_str()});
-                            if let Some(out) = &self.output {
-                                match out.parse(std::mem::take(&mut texts[i])).await {
-                                    Ok(p) => {
-                                        choice["parsed"] =
-                                            serde_json::from_str(&p.json).unwrap_or(Value::Null);
-                                        choice["repairs"] = json!(p.repairs);
-                                    }
-                                    Err(e) => {
-                                        self.end(Outcome::Failed);
-                                        send(&e.body()).await;
-                                        let _ = tx.send(Bytes::from_static(DONE)).await;
-                                        return;
-                                    }
-                                }
-                            }
-                            choice
-                        }
-                        Kind::Completion => {
-                            // A choice that produced no text still echoes its prompt.
-                            let text = self.take_echo(&mut echo_pending[i], i);
-                            json!({"index": i, "text": text, "logprobs": null, "finish_reason": f.as_str()})
-                        }
+                Event::Done(u, f) => match self.done_choice(&mut p, i, u, f).await {
+                    Ok(c) => c,
+                    Err(e) => {
+                        self.end(Outcome::Failed);
+                        return sse.fail(&e).await;
                     }
-                }
+                },
                 Event::Failed(m) => {
-                    send(&ApiError::internal(m).body()).await;
-                    failed = true;
-                    break;
+                    self.end(Outcome::Failed);
+                    return sse.fail(&ApiError::internal(m)).await;
                 }
             };
             let mut chunk = self.chunk(choice);
             if let (true, Some(c)) = (finished, &self.citations) {
                 chunk["citations"] = json!(c);
             }
-            if !send(&chunk).await {
+            if !sse.send(&chunk).await {
                 return;
             }
         }
-        if usages.len() < total {
-            self.end(Outcome::Failed);
-            // A choice ended without its finish: say so rather than end as if it were complete.
-            if !failed {
-                send(
-                    &ApiError::internal("The engine stopped before the generation finished.")
-                        .body(),
-                )
-                .await;
-            }
-            let _ = tx.send(Bytes::from_static(DONE)).await;
-            return;
+        self.close_stream(&sse, p).await
+    }
+
+    /// The chunk for one generated token of choice `i`, or None when there is nothing to send
+    /// yet (text held back for a stop string or an incomplete character).
+    fn token_choice(
+        &self,
+        p: &mut Progress,
+        i: usize,
+        id: u32,
+        text: String,
+        logprobs: Option<TokenLogprobs>,
+    ) -> Option<Value> {
+        self.count_token();
+        if text.is_empty() && logprobs.is_none() {
+            return None;
         }
-        let usage = self.usage(usages.iter().map(|(i, u)| (*i, u)));
+        p.text_len[i] += text.len();
+        if let Some(t) = p.texts.get_mut(i) {
+            t.push_str(&text);
+        }
+        let lp = logprobs.map_or(Value::Null, |l| self.logprobs(&[(id, l)], p.text_len[i]));
+        let text = self.take_echo(&mut p.echo_pending[i], i) + &text;
+        Some(match self.kind {
+            Kind::Chat => {
+                json!({"index": i, "delta": {"content": text}, "logprobs": lp, "finish_reason": null})
+            }
+            Kind::Completion => {
+                json!({"index": i, "text": text, "logprobs": lp, "finish_reason": null})
+            }
+        })
+    }
+
+    /// The finishing chunk of choice `i`; with an output parser, its verdict on the whole text.
+    async fn done_choice(
+        &self,
+        p: &mut Progress,
+        i: usize,
+        usage: Usage,
+        finish: FinishReason,
+    ) -> Result<Value, ApiError> {
+        p.usages.insert(i, usage);
+        let reason = finish.as_str();
+        Ok(match self.kind {
+            Kind::Chat => {
+                let mut choice =
+                    json!({"index": i, "delta": {}, "logprobs": null, "finish_reason": reason});
+                if let Some(out) = &self.output {
+                    let parsed = out.parse(std::mem::take(&mut p.texts[i])).await?;
+                    choice["parsed"] = serde_json::from_str(&parsed.json).unwrap_or(Value::Null);
+                    choice["repairs"] = json!(parsed.repairs);
+                }
+                choice
+            }
+            Kind::Completion => {
+                // A choice that produced no text still echoes its prompt.
+                let text = self.take_echo(&mut p.echo_pending[i], i);
+                json!({"index": i, "text": text, "logprobs": null, "finish_reason": reason})
+            }
+        })
+    }
+
+    /// After the last event: settles the reservation and sends the usage chunk and `[DONE]`,
+    /// or, when a choice ended without its finish, says so rather than end as if complete.
+    async fn close_stream(&self, sse: &Sse, p: Progress) {
+        if p.usages.len() < p.text_len.len() {
+            self.end(Outcome::Failed);
+            let stopped = ApiError::internal("The engine stopped before the generation finished.");
+            return sse.fail(&stopped).await;
+        }
+        let usage = self.usage(p.usages.iter().map(|(i, u)| (*i, u)));
         if let Some(r) = &self.reservation {
             r.settle(
                 usage.prompt_tokens as u64,
@@ -463,10 +471,81 @@ impl Reply {
             let mut c = self.envelope(true);
             c["choices"] = json!([]);
             c["usage"] = serde_json::to_value(usage).expect("plain struct");
-            if !send(&c).await {
+            if !sse.send(&c).await {
                 return;
             }
         }
-        let _ = tx.send(Bytes::from_static(DONE)).await;
+        sse.done().await;
+    }
+}
+
+/// Per-choice progress of a streamed response.
+struct Progress {
+    usages: BTreeMap<usize, Usage>,
+    text_len: Vec<usize>,
+    /// The whole text of each choice, kept only when the output parser needs it at the end.
+    texts: Vec<String>,
+    echo_pending: Vec<bool>,
+}
+
+impl Progress {
+    fn new(choices: usize, keep_text: bool, echo: bool) -> Self {
+        Self {
+            usages: BTreeMap::new(),
+            text_len: vec![0; choices],
+            texts: vec![String::new(); if keep_text { choices } else { 0 }],
+            echo_pending: vec![echo; choices],
+        }
+    }
+}
+
+/// The SSE side of a streamed response: `data: <json>` events, then `data: [DONE]`.
+struct Sse(mpsc::Sender<Bytes>);
+
+impl Sse {
+    /// False when the client has gone away.
+    async fn send(&self, v: &Value) -> bool {
+        let frame = Bytes::from(format!("data: {v}\n\n"));
+        self.0.send(frame).await.is_ok()
+    }
+
+    async fn done(&self) {
+        let _ = self.0.send(Bytes::from_static(DONE)).await;
+    }
+
+    /// An error event in the OpenAI error shape, then the end of the stream.
+    async fn fail(&self, e: &ApiError) {
+        self.send(&e.body()).await;
+        self.done().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn sse_frames_events_errors_and_done() {
+        let (tx, mut rx) = mpsc::channel(8);
+        let sse = Sse(tx);
+        assert!(sse.send(&json!({"a": 1})).await);
+        sse.fail(&ApiError::shutting_down()).await;
+        assert_eq!(
+            rx.recv().await.unwrap(),
+            Bytes::from_static(b"data: {\"a\":1}\n\n")
+        );
+        let err = rx.recv().await.unwrap();
+        let text = std::str::from_utf8(&err).unwrap();
+        let body: Value = serde_json::from_str(
+            text.strip_prefix("data: ")
+                .unwrap()
+                .strip_suffix("\n\n")
+                .unwrap(),
+        )
+        .unwrap();
+        assert_eq!(body["error"]["code"], "server_shutting_down");
+        assert_eq!(rx.recv().await.unwrap(), Bytes::from_static(DONE));
+        drop(sse);
+        assert!(rx.recv().await.is_none());
     }
 }

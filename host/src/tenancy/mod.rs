@@ -271,7 +271,7 @@ impl Tenancy {
         let reserved = tenant
             .usage
             .reserve(&tenant.rates, tenant.policy.token_budget, tokens, now, |period| match &self.ledger {
-                Some(l) => l.period_usage(&tenant.name, period, now).unwrap_or_else(|e| {
+                Some(l) => off_runtime(|| l.period_usage(&tenant.name, period, now)).unwrap_or_else(|e| {
                     tracing::error!(error = %e, "cannot read the usage ledger; counting this period from zero");
                     fallback_period(period, now)
                 }),
@@ -438,6 +438,17 @@ fn open_tenant() -> TenantPolicy {
         .expect("static policy")
         .tenants
         .remove(0)
+}
+
+/// Runs blocking `f` (a SQLite query, once per tenant and period) so that it does not stall
+/// an async worker: on a multi-threaded runtime the worker hands its other tasks over first.
+fn off_runtime<T>(f: impl FnOnce() -> T) -> T {
+    match tokio::runtime::Handle::try_current() {
+        Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
+            tokio::task::block_in_place(f)
+        }
+        _ => f(),
+    }
 }
 
 fn fallback_period(period: policy::Period, now: i64) -> (i64, i64, u64) {

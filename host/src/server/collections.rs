@@ -307,13 +307,8 @@ pub struct Searched {
     pub query_tokens: u64,
 }
 
-/// Hits for `req` in `c`, reranked when asked.
-pub async fn search(
-    state: &Arc<AppState>,
-    caller: &Caller,
-    c: Arc<Collection>,
-    req: &SearchRequest,
-) -> Result<Searched, ApiError> {
+/// The search's numbers checked, and its filter parsed.
+fn checked_filter(req: &SearchRequest) -> Result<Option<Filter>, ApiError> {
     if req.query.trim().is_empty() {
         return Err(ApiError::invalid("query", "`query` must not be empty."));
     }
@@ -332,12 +327,19 @@ pub async fn search(
             "`alpha` must be between 0 and 1.",
         ));
     }
-    let filter = req
-        .filter
+    req.filter
         .as_ref()
         .map(Filter::parse)
         .transpose()
-        .map_err(|m| ApiError::invalid("filter", m))?;
+        .map_err(|m| ApiError::invalid("filter", m))
+}
+
+/// The reranker plugin the search asks for: none, the tenant's default, or one by name.
+fn reranker(
+    state: &AppState,
+    caller: &Caller,
+    req: &SearchRequest,
+) -> Result<Option<Arc<crate::plugins::Plugin>>, ApiError> {
     let reranker = match &req.rerank {
         None | Some(RerankChoice::On(false)) => None,
         Some(RerankChoice::Plugin(name)) => Some(name.clone()),
@@ -353,9 +355,20 @@ pub async fn search(
             })?)
         }
     };
-    let plugin = reranker
+    reranker
         .map(|n| bound(&state.plugins, &caller.tenant, &n, PluginKind::Reranker))
-        .transpose()?;
+        .transpose()
+}
+
+/// Hits for `req` in `c`, reranked when asked.
+pub async fn search(
+    state: &Arc<AppState>,
+    caller: &Caller,
+    c: Arc<Collection>,
+    req: &SearchRequest,
+) -> Result<Searched, ApiError> {
+    let filter = checked_filter(req)?;
+    let plugin = reranker(state, caller, req)?;
     let candidates = req.candidates.unwrap_or(50).clamp(req.top_k, MAX_TOP_K);
     // A reranker sees a deeper pool than it returns, or it could only reorder.
     let first_k = if plugin.is_some() {

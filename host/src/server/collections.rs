@@ -55,6 +55,7 @@ fn card(c: &Collection) -> Value {
 }
 
 /// Routes `/v1/collections[/...]`; `rest` is the path after `/v1/collections`.
+// Long, but a dispatch table: one arm of a few lines per (method, path) of the collections API.
 pub async fn route(
     state: &Arc<AppState>,
     caller: &Caller,

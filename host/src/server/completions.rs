@@ -35,22 +35,7 @@ pub async fn chat(
         .into_iter()
         .map(message)
         .collect::<Result<Vec<_>, _>>()?;
-    let logprobs = match (req.logprobs, req.top_logprobs) {
-        (false, Some(_)) => {
-            return Err(ApiError::invalid(
-                "top_logprobs",
-                "`top_logprobs` requires `logprobs` to be true.",
-            ))
-        }
-        (true, Some(k)) if k > MAX_TOP_LOGPROBS => {
-            return Err(ApiError::invalid(
-                "top_logprobs",
-                format!("`top_logprobs` must be at most {MAX_TOP_LOGPROBS}."),
-            ))
-        }
-        (true, k) => Some(k.unwrap_or(0)),
-        (false, None) => None,
-    };
+    let logprobs = chat_logprobs(req.logprobs, req.top_logprobs)?;
     let mut gen = validation::generation(
         req.sampling,
         req.max_completion_tokens.or(req.max_tokens),
@@ -68,18 +53,7 @@ pub async fn chat(
         .into_values()
         .map(|t| t.content)
         .collect();
-    // Passages the client sent (vLLM's `documents`) are data just like retrieved ones.
-    let mut context: Vec<ContextChunk> = req
-        .documents
-        .unwrap_or_default()
-        .into_iter()
-        .enumerate()
-        .map(|(i, d)| ContextChunk {
-            id: rag::strip_specials(&d.id.unwrap_or_else(|| i.to_string()), &specials),
-            text: rag::strip_specials(&d.text, &specials),
-            title: d.title.map(|t| rag::strip_specials(&t, &specials)),
-        })
-        .collect();
+    let mut context = documents(req.documents.unwrap_or_default(), &specials);
     let mut citations = None;
     if let Some(r) = &rag {
         let first = context.len() + 1;
@@ -108,6 +82,36 @@ pub async fn chat(
     reply.reservation = Some(reservation);
     reply.citations = citations;
     reply.run(streams, gen.stream, state.shutdown.cut()).await
+}
+
+/// Chat's `logprobs` + `top_logprobs` as the engine takes them: None, or the count of
+/// alternatives per token.
+fn chat_logprobs(logprobs: bool, top: Option<usize>) -> Result<Option<usize>, ApiError> {
+    match (logprobs, top) {
+        (false, Some(_)) => Err(ApiError::invalid(
+            "top_logprobs",
+            "`top_logprobs` requires `logprobs` to be true.",
+        )),
+        (true, Some(k)) if k > MAX_TOP_LOGPROBS => Err(ApiError::invalid(
+            "top_logprobs",
+            format!("`top_logprobs` must be at most {MAX_TOP_LOGPROBS}."),
+        )),
+        (true, k) => Ok(Some(k.unwrap_or(0))),
+        (false, None) => Ok(None),
+    }
+}
+
+/// Passages the client sent (vLLM's `documents`), as context chunks: data just like retrieved
+/// ones, so the model's special tokens are stripped from them.
+fn documents(docs: Vec<Document>, specials: &[String]) -> Vec<ContextChunk> {
+    docs.into_iter()
+        .enumerate()
+        .map(|(i, d)| ContextChunk {
+            id: rag::strip_specials(&d.id.unwrap_or_else(|| i.to_string()), specials),
+            text: rag::strip_specials(&d.text, specials),
+            title: d.title.map(|t| rag::strip_specials(&t, specials)),
+        })
+        .collect()
 }
 
 /// The prompt text: the tenant's prompt-template plugin when one is bound, else the model's

@@ -24,30 +24,12 @@ struct EmbeddingRequest {
     dimensions: Option<usize>,
 }
 
-pub async fn embeddings(
-    state: &Arc<AppState>,
-    caller: &Caller,
-    body: &[u8],
-) -> Result<Response, ApiError> {
-    let req: EmbeddingRequest = serde_json::from_slice(body)?;
-    let embedder = state.embedder(&caller.tenant, &req.model)?;
-    let base64 = match req.encoding_format.as_deref() {
-        None | Some("float") => false,
-        Some("base64") => true,
-        Some(other) => {
-            return Err(ApiError::invalid(
-                "encoding_format",
-                format!("`encoding_format` must be `float` or `base64`, got {other:?}."),
-            ))
-        }
-    };
-    if let Some(d) = req.dimensions.filter(|&d| d != embedder.dim) {
-        return Err(ApiError::invalid(
-            "dimensions",
-            format!("Model `{}` produces {}-dimensional embeddings and cannot shorten them to {d}; leave out `dimensions`.", embedder.name, embedder.dim),
-        ));
-    }
-    let (texts, tokens) = match req.input {
+/// Texts to tokenize, or token lists as given: one of the two.
+type Inputs = (Option<Vec<String>>, Option<Vec<Vec<u32>>>);
+
+/// The texts or token lists of `input`, each non-empty, 1 to `MAX_INPUTS` of them.
+fn inputs(input: Prompt) -> Result<Inputs, ApiError> {
+    let (texts, tokens) = match input {
         Prompt::Text(t) => (Some(vec![t]), None),
         Prompt::Texts(ts) => (Some(ts), None),
         Prompt::Tokens(ids) => (None, Some(vec![ids])),
@@ -72,6 +54,33 @@ pub async fn embeddings(
             "`input` must not contain empty strings or empty token arrays.",
         ));
     }
+    Ok((texts, tokens))
+}
+
+pub async fn embeddings(
+    state: &Arc<AppState>,
+    caller: &Caller,
+    body: &[u8],
+) -> Result<Response, ApiError> {
+    let req: EmbeddingRequest = serde_json::from_slice(body)?;
+    let embedder = state.embedder(&caller.tenant, &req.model)?;
+    let base64 = match req.encoding_format.as_deref() {
+        None | Some("float") => false,
+        Some("base64") => true,
+        Some(other) => {
+            return Err(ApiError::invalid(
+                "encoding_format",
+                format!("`encoding_format` must be `float` or `base64`, got {other:?}."),
+            ))
+        }
+    };
+    if let Some(d) = req.dimensions.filter(|&d| d != embedder.dim) {
+        return Err(ApiError::invalid(
+            "dimensions",
+            format!("Model `{}` produces {}-dimensional embeddings and cannot shorten them to {d}; leave out `dimensions`.", embedder.name, embedder.dim),
+        ));
+    }
+    let (texts, tokens) = inputs(req.input)?;
     let e = embedder.clone();
     let ids = match texts {
         Some(ts) => super::blocking("tokenizer", move || e.tokenize(&ts))
@@ -98,7 +107,8 @@ pub async fn embeddings(
                 ApiError::invalid("input", e.to_string())
             }
             other => ApiError::internal(other.to_string()),
-        })?;
+        })
+        .inspect_err(|_| reservation.end(crate::tenancy::Outcome::Failed))?;
     reservation.settle(prompt_tokens, 0, crate::tenancy::Outcome::Ok);
     let data: Vec<Value> = vectors
         .into_iter()

@@ -152,6 +152,30 @@ struct RerankRequest {
     return_documents: bool,
 }
 
+impl RerankRequest {
+    fn check(&self) -> Result<(), ApiError> {
+        if self.query.trim().is_empty() {
+            return Err(ApiError::invalid("query", "`query` must not be empty."));
+        }
+        if self.documents.is_empty() {
+            return Err(ApiError::invalid(
+                "documents",
+                "`documents` must contain at least one document.",
+            ));
+        }
+        if self.documents.len() > 1000 {
+            return Err(ApiError::invalid(
+                "documents",
+                "`documents` may hold at most 1000 documents.",
+            ));
+        }
+        if self.top_n == Some(0) {
+            return Err(ApiError::invalid("top_n", "`top_n` must be at least 1."));
+        }
+        Ok(())
+    }
+}
+
 fn yes() -> bool {
     true
 }
@@ -190,24 +214,7 @@ async fn rerank_inner(
 ) -> Result<Response, ApiError> {
     let tenant = &caller.tenant;
     let req: RerankRequest = serde_json::from_slice(body)?;
-    if req.query.trim().is_empty() {
-        return Err(ApiError::invalid("query", "`query` must not be empty."));
-    }
-    if req.documents.is_empty() {
-        return Err(ApiError::invalid(
-            "documents",
-            "`documents` must contain at least one document.",
-        ));
-    }
-    if req.documents.len() > 1000 {
-        return Err(ApiError::invalid(
-            "documents",
-            "`documents` may hold at most 1000 documents.",
-        ));
-    }
-    if req.top_n == Some(0) {
-        return Err(ApiError::invalid("top_n", "`top_n` must be at least 1."));
-    }
+    req.check()?;
     let name = match (&req.model, &tenant.policy.reranker) {
         (Some(m), _) => m.clone(),
         (None, Some(r)) => r.clone(),

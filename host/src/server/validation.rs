@@ -44,6 +44,31 @@ fn range(
     }
 }
 
+/// `logit_bias` as (token id, bias) pairs: keys are token ids, values within [-100, 100].
+fn logit_bias(
+    bias: Option<&std::collections::HashMap<String, f32>>,
+) -> Result<Vec<(u32, f32)>, ApiError> {
+    let mut logit_bias = Vec::new();
+    for (k, &v) in bias.into_iter().flatten() {
+        let id = k.parse::<u32>().map_err(|_| {
+            ApiError::invalid(
+                "logit_bias",
+                format!("`logit_bias` keys are token ids; {k:?} is not one."),
+            )
+        })?;
+        if !(-100.0..=100.0).contains(&v) {
+            return Err(ApiError::invalid(
+                "logit_bias",
+                format!(
+                    "`logit_bias` values must be between -100 and 100, got {v} for token {id}."
+                ),
+            ));
+        }
+        logit_bias.push((id, v));
+    }
+    Ok(logit_bias)
+}
+
 pub fn generation(
     f: SamplingFields,
     max_tokens: Option<usize>,
@@ -90,24 +115,7 @@ pub fn generation(
             "`max_tokens` must be at least 1.",
         ));
     }
-    let mut logit_bias = Vec::new();
-    for (k, &v) in f.logit_bias.iter().flatten() {
-        let id = k.parse::<u32>().map_err(|_| {
-            ApiError::invalid(
-                "logit_bias",
-                format!("`logit_bias` keys are token ids; {k:?} is not one."),
-            )
-        })?;
-        if !(-100.0..=100.0).contains(&v) {
-            return Err(ApiError::invalid(
-                "logit_bias",
-                format!(
-                    "`logit_bias` values must be between -100 and 100, got {v} for token {id}."
-                ),
-            ));
-        }
-        logit_bias.push((id, v));
-    }
+    let logit_bias = logit_bias(f.logit_bias.as_ref())?;
     if f.stream_options.is_some() && !f.stream {
         return Err(ApiError::invalid(
             "stream_options",

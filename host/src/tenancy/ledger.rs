@@ -357,17 +357,14 @@ impl Writer {
         }
     }
 
-    /// Writes what is pending (and replays the spill file) unless waiting out a backoff.
+    /// Writes what is pending: into SQLite when it takes writes (replaying the spill file
+    /// first), else into the spill file at once. Only SQLite retries back off: rows never wait
+    /// in memory for a retry while the spill file works.
     fn write(&mut self) {
-        if self.retry_at.is_some_and(|t| Instant::now() < t) {
-            self.health
-                .pending
-                .store(self.pending.len(), Ordering::Relaxed);
-            return;
-        }
+        let due = self.retry_at.is_none_or(|t| Instant::now() >= t);
         // While spilled rows cannot be replayed, SQLite is still refusing: new rows follow
         // them to the spill file without another try.
-        let replayed = self.replay();
+        let replayed = due && self.replay();
         let rows = std::mem::take(&mut self.pending);
         if !rows.is_empty() {
             let committed = replayed
@@ -382,16 +379,18 @@ impl Writer {
             }
         }
         let failing = !self.pending.is_empty();
-        if failing || self.health.spilled_rows() > 0 {
-            self.retry_at = Some(Instant::now() + self.backoff);
-            self.backoff = (self.backoff * 2).min(RETRY_MAX);
-        } else {
-            self.retry_at = None;
-            self.backoff = RETRY_MIN;
+        if due {
+            if failing || self.health.spilled_rows() > 0 {
+                self.retry_at = Some(Instant::now() + self.backoff);
+                self.backoff = (self.backoff * 2).min(RETRY_MAX);
+            } else {
+                self.retry_at = None;
+                self.backoff = RETRY_MIN;
+            }
         }
         if self.health.failing.swap(failing, Ordering::Relaxed) != failing {
             if failing {
-                tracing::error!(rows = self.pending.len(), "usage ledger: neither the ledger nor the spill file takes writes; holding rows in memory and refusing billable requests");
+                tracing::error!(rows = self.pending.len(), spill = %self.spill.display(), "usage ledger: neither the ledger nor the spill file takes writes; holding rows in memory and refusing billable requests");
             } else {
                 tracing::warn!("usage ledger writable again");
             }
@@ -407,7 +406,10 @@ impl Writer {
                 self.health.spilled.fetch_add(rows.len(), Ordering::Relaxed);
             }
             Err(e) => {
-                tracing::error!(error = %e, spill = %self.spill.display(), "usage ledger spill failed too");
+                // Said once per failing spell (by `write`), not once per 20 ms retry.
+                if !self.health.failing() {
+                    tracing::error!(error = %e, spill = %self.spill.display(), "usage ledger spill failed too");
+                }
                 self.pending = rows;
                 if self.pending.len() > MAX_PENDING {
                     let drop = self.pending.len() - MAX_PENDING;

@@ -240,15 +240,7 @@ async fn upsert(
         .map_err(|e| ApiError::internal(e.to_string()))?;
     let col = c.clone();
     let done = blocking(move || col.commit(prepared)).await;
-    reservation.settle(
-        tokens,
-        0,
-        if done.is_ok() {
-            Outcome::Ok
-        } else {
-            Outcome::Failed
-        },
-    );
+    reservation.settle(tokens, 0, Outcome::of(&done));
     let done = done?;
     state
         .metrics
@@ -428,15 +420,7 @@ pub async fn search(
         (Ok(hits), Some(plugin)) => rerank(state, caller, plugin, req, hits).await,
         (searched, _) => searched,
     };
-    reservation.settle(
-        charged,
-        0,
-        if hits.is_ok() {
-            Outcome::Ok
-        } else {
-            Outcome::Failed
-        },
-    );
+    reservation.settle(charged, 0, Outcome::of(&hits));
     Ok(Searched {
         hits: hits?,
         query_tokens: charged,

@@ -196,11 +196,7 @@ pub async fn rerank(
 ) -> Result<Response, ApiError> {
     let started = Instant::now();
     let result = rerank_inner(state, caller, body).await;
-    let status = if result.is_ok() {
-        crate::tenancy::Outcome::Ok
-    } else {
-        crate::tenancy::Outcome::Failed
-    };
+    let status = crate::tenancy::Outcome::of(&result);
     state
         .tenancy
         .record_plain(caller, "rerank", "rerank", started, status);

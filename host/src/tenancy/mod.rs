@@ -347,6 +347,15 @@ pub enum Outcome {
 }
 
 impl Outcome {
+    /// `Ok` for a request that succeeded, `Failed` for one that did not.
+    pub fn of<T, E>(result: &Result<T, E>) -> Self {
+        if result.is_ok() {
+            Outcome::Ok
+        } else {
+            Outcome::Failed
+        }
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Outcome::Ok => "ok",

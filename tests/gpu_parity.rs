@@ -85,6 +85,7 @@ mod parity {
             cache_salt: 0,
             weight: 1,
             speculative: false,
+            constraint: None,
         };
         let mut events = engine.submit(req).expect("submit");
         let mut out = Vec::new();

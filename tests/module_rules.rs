@@ -14,7 +14,8 @@ const RULES: &[(&str, &[&str])] = &[
     ("plugins", &["common", "config"]),
     ("search", &["common"]),
     ("tenancy", &["common", "metrics", "search"]),
-    ("bench", &["config", "engine", "metrics"]),
+    ("structured", &["engine"]),
+    ("bench", &["config", "engine", "metrics", "structured"]),
     ("cli", &["search"]),
     ("server", &["*"]),
 ];

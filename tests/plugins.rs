@@ -256,12 +256,13 @@ fn the_output_parser_returns_validated_json() {
         "deltas carry the raw text"
     );
 
-    // A schema the output cannot meet is reported with the schema's complaint.
+    // An output that does not meet the schema is reported with the schema's complaint. The
+    // schema itself is enforced while decoding, so only a cut (max_tokens) leaves it unmet.
     let schema = json!({"type": "json_schema", "json_schema": {"name": "t", "schema": {"type": "object", "required": ["invoice_total_cents"]}}});
     let (st, body) = s.post_as(
         "sk-acme",
         "/v1/chat/completions",
-        &ask(json!({"response_format": schema})),
+        &ask(json!({"response_format": schema, "max_tokens": 1})),
     );
     assert_eq!(st, 422, "{body}");
     assert_eq!(body["error"]["code"], "plugin_rejected");

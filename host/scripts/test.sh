@@ -12,8 +12,15 @@ host/scripts/fetch-real-models.sh
 rustup target list --installed | grep -qx wasm32-wasip2 || rustup target add wasm32-wasip2
 # The end-to-end suite drives the server with the official OpenAI Python SDK, and computes
 # reference embeddings with numpy from the model's own files.
-python3 -c 'import openai, numpy, safetensors, tokenizers' 2>/dev/null ||
-  python3 -m pip install --quiet --disable-pip-version-check 'openai>=1.40,<3' numpy safetensors tokenizers
+python3 -c 'import openai, numpy, safetensors, tokenizers, jsonschema, pydantic' 2>/dev/null ||
+  python3 -m pip install --quiet --disable-pip-version-check 'openai>=1.40,<3' numpy safetensors tokenizers jsonschema pydantic
+# ... and with the official Node SDK (npm `openai`), kept outside the clone.
+command -v node >/dev/null && command -v npm >/dev/null || {
+  if [ "$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq nodejs npm; else sudo -n apt-get install -y -qq nodejs npm; fi
+}
+export GATEWAY_NODE_MODULES="${XDG_CACHE_HOME:-$HOME/.cache}/gateway-test-npm/node_modules"
+[ -d "$GATEWAY_NODE_MODULES/openai" ] ||
+  npm install --silent --no-audit --no-fund --prefix "$(dirname "$GATEWAY_NODE_MODULES")" openai@7
 # The retrieval evaluation derives its labelled set from Debian's FAQ package (downloaded with
 # `apt-get download`, which needs the package lists).
 if ! apt-cache show debian-faq >/dev/null 2>&1; then

@@ -10,4 +10,5 @@ pub mod metrics;
 pub mod plugins;
 pub mod search;
 pub mod server;
+pub mod structured;
 pub mod tenancy;

@@ -35,6 +35,49 @@ pub struct Metrics {
     pub tenant_rejections: IntCounterVec,
     pub edge: EdgeMetrics,
     pub ledger: LedgerMetrics,
+    pub grammar: GrammarMetrics,
+}
+
+/// Constrained decoding: grammar compiles (and cache hits) and the per-step token masks.
+pub struct GrammarMetrics {
+    pub compile_seconds: HistogramVec,
+    pub cache: IntCounterVec,
+    pub mask_seconds: HistogramVec,
+    pub forced_tokens: IntCounterVec,
+}
+
+impl GrammarMetrics {
+    fn new(r: &Registry) -> Self {
+        let hist = |n: &str, h: &str, b: Vec<f64>| {
+            let opts = HistogramOpts::new(n, h).buckets(b);
+            reg(r, HistogramVec::new(opts, &["model"]).expect("valid"))
+        };
+        let counter = |n: &str, h: &str, l: &[&str]| {
+            reg(r, IntCounterVec::new(Opts::new(n, h), l).expect("valid"))
+        };
+        Self {
+            compile_seconds: hist(
+                "gateway_grammar_compile_seconds",
+                "Time to compile a response_format / tool grammar (cache misses only)",
+                vec![1e-4, 5e-4, 1e-3, 2e-3, 5e-3, 0.01, 0.02, 0.05, 0.1, 0.5, 2.0],
+            ),
+            cache: counter(
+                "gateway_grammar_cache_total",
+                "Grammar lookups by result (hit, miss)",
+                &["model", "result"],
+            ),
+            mask_seconds: hist(
+                "gateway_grammar_mask_seconds",
+                "Time to compute one sequence's token mask for one step (overlapped with the forward pass)",
+                vec![1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 2e-3, 5e-3, 0.01, 0.05],
+            ),
+            forced_tokens: counter(
+                "gateway_grammar_forced_tokens_total",
+                "Tokens the grammar forced, appended without a sampling step",
+                &["model"],
+            ),
+        }
+    }
 }
 
 /// The usage ledger's writer, read when `/metrics` is scraped.
@@ -297,6 +340,7 @@ impl Metrics {
             ),
             edge: EdgeMetrics::new(&r),
             ledger: LedgerMetrics::new(&r),
+            grammar: GrammarMetrics::new(&r),
             registry: r,
         }
     }

@@ -143,14 +143,22 @@ impl Server {
     /// Runs `tests/<script>` (an OpenAI Python SDK client) against this server's `/v1` with
     /// `model`; panics with its output unless it exits 0; returns its stdout.
     pub fn sdk_script(&self, script: &str, model: &str) -> String {
+        self.client(Command::new("python3"), script, &[model])
+    }
+
+    /// Runs `program tests/<script> <base>/v1 <args>...` (an SDK client); panics with its
+    /// output unless it exits 0; returns its stdout.
+    pub fn client(&self, mut program: Command, script: &str, args: &[&str]) -> String {
         let script = format!("{}/../tests/{script}", env!("CARGO_MANIFEST_DIR"));
-        let out = Command::new("python3")
-            .args([&script, &format!("{}/v1", self.base), model])
+        let out = program
+            .arg(&script)
+            .arg(format!("{}/v1", self.base))
+            .args(args)
             .output()
-            .expect("python3 runs");
+            .expect("the client program runs");
         assert!(
             out.status.success(),
-            "SDK script failed (pip install openai):\n{}\n{}",
+            "SDK client {script} failed (host/scripts/test.sh installs the SDKs):\n{}\n{}",
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
         );

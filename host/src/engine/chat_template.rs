@@ -10,6 +10,50 @@ pub struct ChatMessage {
     pub content: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
+    /// An assistant turn's calls, as templates with a tools branch read them.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCall>,
+    /// A tool turn: the call it answers.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+}
+
+impl ChatMessage {
+    pub fn new(role: &str, content: impl Into<String>) -> Self {
+        Self {
+            role: role.to_string(),
+            content: content.into(),
+            name: None,
+            tool_calls: Vec::new(),
+            tool_call_id: None,
+        }
+    }
+}
+
+/// One past call in OpenAI's shape, arguments as an object (HF templates write them with
+/// `tojson`).
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct ToolCall {
+    pub id: String,
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    pub function: FunctionCall,
+}
+
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct FunctionCall {
+    pub name: String,
+    pub arguments: serde_json::Value,
+}
+
+impl ToolCall {
+    pub fn new(id: String, name: String, arguments: serde_json::Value) -> Self {
+        Self {
+            id,
+            kind: "function",
+            function: FunctionCall { name, arguments },
+        }
+    }
 }
 
 #[derive(Clone)]
@@ -19,6 +63,8 @@ pub struct ChatTemplate {
     eos: String,
     /// False for a model with no template (a base model): chat requests are refused.
     present: bool,
+    /// The template reads `tools` (it has its own way of offering tools and writing calls).
+    tools: bool,
 }
 
 /// Used when a model ships no template but its vocabulary has ChatML's tokens (most small
@@ -38,12 +84,15 @@ impl ChatTemplate {
             },
         );
         let present = source.is_some();
-        env.add_template_owned("chat", source.unwrap_or_default())?;
+        let source = source.unwrap_or_default();
+        let tools = source.contains("tools");
+        env.add_template_owned("chat", source)?;
         Ok(Self {
             env,
             bos,
             eos,
             present,
+            tools,
         })
     }
 
@@ -56,10 +105,16 @@ impl ChatTemplate {
         self.present
     }
 
+    pub fn handles_tools(&self) -> bool {
+        self.tools
+    }
+
+    /// `tools`: the tool definitions (OpenAI's shape), for a template that handles them.
     pub fn render(
         &self,
         messages: &[ChatMessage],
         add_generation_prompt: bool,
+        tools: Option<&[serde_json::Value]>,
     ) -> Result<String, minijinja::Error> {
         if !self.present {
             return Err(minijinja::Error::new(
@@ -69,6 +124,7 @@ impl ChatTemplate {
         }
         self.env.get_template("chat")?.render(context! {
             messages => messages,
+            tools => tools,
             add_generation_prompt => add_generation_prompt,
             bos_token => self.bos,
             eos_token => self.eos,
@@ -81,26 +137,22 @@ mod tests {
     use super::*;
 
     fn msg(role: &str, content: &str) -> ChatMessage {
-        ChatMessage {
-            role: role.into(),
-            content: content.into(),
-            name: None,
-        }
+        ChatMessage::new(role, content)
     }
 
     #[test]
     fn chatml_default_with_generation_prompt() {
         let none = ChatTemplate::new(None, "<s>".into(), "</s>".into()).unwrap();
         assert!(!none.is_present());
-        assert!(none.render(&[msg("user", "Hi")], true).is_err());
+        assert!(none.render(&[msg("user", "Hi")], true, None).is_err());
         let t = none.with_source(CHATML.into()).unwrap();
         assert!(t.is_present());
-        let out = t.render(&[msg("user", "Hi")], true).unwrap();
+        let out = t.render(&[msg("user", "Hi")], true, None).unwrap();
         assert_eq!(
             out,
             "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
         );
-        let out = t.render(&[msg("user", "Hi")], false).unwrap();
+        let out = t.render(&[msg("user", "Hi")], false, None).unwrap();
         assert_eq!(out, "<|im_start|>user\nHi<|im_end|>\n");
     }
 
@@ -108,8 +160,11 @@ mod tests {
     fn python_style_methods_bos_and_exceptions() {
         let src = "{{ bos_token }}{% for m in messages %}{% if m.role == 'system' %}{{ raise_exception('no system') }}{% endif %}[{{ m.content.strip() }}]{% endfor %}";
         let t = ChatTemplate::new(Some(src.into()), "<s>".into(), "</s>".into()).unwrap();
-        assert_eq!(t.render(&[msg("user", "  x ")], true).unwrap(), "<s>[x]");
-        let err = t.render(&[msg("system", "x")], true).unwrap_err();
+        assert_eq!(
+            t.render(&[msg("user", "  x ")], true, None).unwrap(),
+            "<s>[x]"
+        );
+        let err = t.render(&[msg("system", "x")], true, None).unwrap_err();
         assert!(err.to_string().contains("no system"));
     }
 }

@@ -13,12 +13,13 @@ use tokio::sync::mpsc as tokio_mpsc;
 
 use super::batch::BatchSeq;
 use super::block_manager::BlockManager;
+use super::constraint::Guide;
 use super::detokenizer::{IncrementalDecoder, StopMatcher, StopOutcome};
 use super::runner::Runner;
 use super::sampler::Sampler;
 use super::scheduler::{Scheduler, SchedulerConfig, SeqId, Sequence};
 use super::spec::{prompt_lookup, DraftLength};
-use super::{Command, Event, FinishReason, GenerationRequest, Usage};
+use super::{Command, Event, FinishReason, GenerationRequest, TokenLogprobs, Usage};
 use crate::config::ModelConfig;
 use crate::metrics::Metrics;
 
@@ -38,6 +39,10 @@ struct SeqState {
     /// Prompt-lookup drafting allowed for this request, and its current draft length.
     speculative: bool,
     draft_len: DraftLength,
+    /// The grammar this sequence follows, if constrained.
+    guide: Option<Guide>,
+    /// Logprobs were asked for: every token then goes through sampling, none is forced.
+    wants_logprobs: bool,
 }
 
 pub(super) struct EngineLoop {
@@ -166,10 +171,12 @@ impl EngineLoop {
             cache_salt,
             weight,
             speculative,
+            constraint,
         } = req;
         if !ignore_eos {
             stop_token_ids.extend(&self.eos_ids);
         }
+        let wants_logprobs = sampling.logprobs.is_some();
         self.states.insert(
             id,
             SeqState {
@@ -184,8 +191,12 @@ impl EngineLoop {
                 arrived: Instant::now(),
                 last_token: None,
                 admitted: false,
-                speculative,
+                // Drafts are not checked against the grammar; constrained sequences get forced
+                // tokens instead.
+                speculative: speculative && constraint.is_none(),
                 draft_len: DraftLength::new(self.spec_tokens),
+                wants_logprobs,
+                guide: constraint.map(Guide::new),
             },
         );
         self.metrics
@@ -252,7 +263,45 @@ impl EngineLoop {
             .with_label_values(&[model])
             .observe(num_tokens as f64);
         let started = Instant::now();
-        let result = self.runner.forward(&batch);
+        // Constrained sequences that sample this step get their masks computed on a second
+        // thread while the forward pass runs: the grammar adds no latency unless it is slower.
+        let sampling: Vec<SeqId> = step
+            .scheduled
+            .iter()
+            .zip(&batch)
+            .filter(|(_, b)| b.want_logits)
+            .map(|(sc, _)| sc.id)
+            .collect();
+        let mut guides: Vec<&mut Guide> = self
+            .states
+            .iter_mut()
+            .filter(|(id, _)| sampling.contains(id))
+            .filter_map(|(_, st)| st.guide.as_mut())
+            .collect();
+        let runner = &mut self.runner;
+        let result = if guides.is_empty() {
+            runner.forward(&batch)
+        } else {
+            let hist = self
+                .metrics
+                .grammar
+                .mask_seconds
+                .with_label_values(&[model]);
+            std::thread::scope(|scope| {
+                let masks = scope.spawn(|| {
+                    for g in guides.iter_mut() {
+                        if let Some(secs) = g.prepare() {
+                            hist.observe(secs);
+                        }
+                    }
+                });
+                let result = runner.forward(&batch);
+                if let Err(panic) = masks.join() {
+                    std::panic::resume_unwind(panic);
+                }
+                result
+            })
+        };
         tracing::trace!(
             seqs = batch.len(),
             tokens = num_tokens,
@@ -337,10 +386,16 @@ impl EngineLoop {
         }
     }
 
-    /// Samples one token from `row` and streams it; `None` when the sequence ended (or was
-    /// already gone), else the token.
+    /// Samples one token from `row` and streams it, then any tokens the grammar forces after
+    /// it; `None` when the sequence ended (or was already gone), else the sampled token.
     fn on_logits(&mut self, id: SeqId, mut row: Vec<f32>) -> Option<u32> {
         let st = self.states.get_mut(&id)?;
+        if let Some(guide) = st.guide.as_mut() {
+            if let Err(e) = guide.apply(&mut row) {
+                self.fail(id, format!("constrained decoding failed: {e}"));
+                return None;
+            }
+        }
         let sampled = st.sampler.sample(&mut row);
         let now = Instant::now();
         let model = self.name.as_str();
@@ -357,21 +412,62 @@ impl EngineLoop {
                 .observe((now - t).as_secs_f64()),
         }
         st.last_token = Some(now);
+        self.emit(id, sampled.token, sampled.logprobs)?;
+        self.force(id)?;
+        Some(sampled.token)
+    }
+
+    /// Appends the tokens the grammar allows no alternative to, without sampling steps: the
+    /// next forward pass computes them together, as a short prefill.
+    fn force(&mut self, id: SeqId) -> Option<()> {
+        let st = self.states.get_mut(&id)?;
+        if st.wants_logprobs {
+            return Some(());
+        }
+        let Some(guide) = st.guide.as_mut() else {
+            return Some(());
+        };
+        let forced = guide.forced();
+        self.metrics
+            .grammar
+            .forced_tokens
+            .with_label_values(&[self.name.as_str()])
+            .inc_by(forced.len() as u64);
+        for t in forced {
+            self.emit(id, t, None)?;
+        }
+        Some(())
+    }
+
+    /// Appends `token` to the sequence and streams its text; `None` when that ended the
+    /// sequence (stop, length, grammar complete, client gone, grammar error).
+    fn emit(&mut self, id: SeqId, token: u32, logprobs: Option<TokenLogprobs>) -> Option<()> {
+        let st = self.states.get_mut(&id)?;
+        let hit_stop_token = st.stop_ids.contains(&token);
+        if let (Some(guide), false) = (st.guide.as_mut(), hit_stop_token) {
+            if let Err(e) = guide.commit(token) {
+                self.fail(id, format!("constrained decoding failed: {e}"));
+                return None;
+            }
+        }
+        let grammar_done = st.guide.as_ref().is_some_and(Guide::finished);
         self.metrics
             .generation_tokens
-            .with_label_values(&[model])
+            .with_label_values(&[self.name.as_str()])
             .inc();
         let seq = self.sched.running_mut(id).expect("sampled sequences run");
-        seq.tokens.push(sampled.token);
+        seq.tokens.push(token);
         let generated = seq.generated().len();
         let at_window = seq.tokens.len() >= self.max_model_len;
-        let hit_stop_token = st.stop_ids.contains(&sampled.token);
         let (text, finish) = if hit_stop_token {
             (st.stop.flush(), Some(FinishReason::Stop))
         } else {
-            let delta = st.decoder.push(&self.tokenizer, sampled.token);
+            let delta = st.decoder.push(&self.tokenizer, token);
             match st.stop.push(&delta) {
                 StopOutcome::Stopped(t) => (t, Some(FinishReason::Stop)),
+                StopOutcome::Continue(t) if grammar_done => {
+                    (t + &st.stop.flush(), Some(FinishReason::Stop))
+                }
                 StopOutcome::Continue(t) if generated >= st.max_tokens || at_window => {
                     (t + &st.stop.flush(), Some(FinishReason::Length))
                 }
@@ -379,10 +475,10 @@ impl EngineLoop {
             }
         };
         let ev = Event::Token {
-            id: sampled.token,
+            id: token,
             text,
             // A stop token is not part of the content, so it gets no logprobs entry (as OpenAI).
-            logprobs: sampled.logprobs.filter(|_| !hit_stop_token),
+            logprobs: logprobs.filter(|_| !hit_stop_token),
         };
         if st.tx.send(ev).is_err() {
             // The client went away: free its blocks now rather than generating into the void.
@@ -393,7 +489,7 @@ impl EngineLoop {
             self.finish(id, Some(reason));
             return None;
         }
-        Some(sampled.token)
+        Some(())
     }
 
     fn reset(&mut self, msg: &str) {

@@ -8,6 +8,7 @@
 pub mod batch;
 pub mod block_manager;
 pub mod chat_template;
+pub mod constraint;
 mod cpu_ops;
 pub mod detokenizer;
 mod engine_loop;
@@ -77,6 +78,8 @@ pub struct GenerationRequest {
     pub weight: u32,
     /// Allow prompt-lookup speculative decoding for this request (when the engine has it on).
     pub speculative: bool,
+    /// A grammar every generated token must follow (structured output, tool calls).
+    pub constraint: Option<constraint::Constraint>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -146,6 +149,8 @@ pub struct Engine {
     pub template: ChatTemplate,
     pub bos: Option<u32>,
     pub add_bos: bool,
+    /// Compiles (and caches) the grammars of constrained requests for this vocabulary.
+    pub grammars: Arc<constraint::Grammars>,
     tx: mpsc::Sender<Command>,
     next_id: AtomicU64,
     /// Requests submitted and not yet admitted (or cancelled); the engine thread decrements it.
@@ -233,6 +238,13 @@ impl Engine {
             block_size: e.block_size,
             vocab_size: s.vocab_size,
         };
+        let grammars = constraint::Grammars::new(
+            &tokenizer,
+            s.vocab_size,
+            &stop_ids,
+            &cfg.name,
+            metrics.clone(),
+        )?;
         let (tx, rx) = mpsc::channel();
         let waiting = Arc::new(AtomicUsize::new(0));
         let engine_loop = engine_loop::EngineLoop::new(
@@ -256,6 +268,7 @@ impl Engine {
             template,
             bos,
             add_bos,
+            grammars: Arc::new(grammars),
             tx,
             next_id: AtomicU64::new(1),
             waiting,

@@ -9,11 +9,13 @@ use super::openai::*;
 use super::plugins::{bound, call};
 use super::rag;
 use super::reply::{Kind, OutputStage, Reply};
+use super::structured;
 use super::validation::{self, MAX_TOP_LOGPROBS};
 use super::{AppState, Response};
 use crate::engine::chat_template::ChatMessage;
 use crate::engine::{Engine, EventStream, SubmitError};
 use crate::plugins::{ContextChunk, Message, PluginKind, RenderedPrompt};
+use crate::structured::tools::{self, ToolSet};
 use crate::tenancy::{Caller, Reservation};
 
 pub async fn chat(
@@ -30,6 +32,9 @@ pub async fn chat(
             "`messages` must contain at least one message.",
         ));
     }
+    let tools = structured::toolset(req.tools, req.tool_choice, req.parallel_tool_calls)?;
+    structured::check_history(&req.messages, tools.as_ref())?;
+    let format = structured::format(req.response_format.as_ref(), req.guided)?;
     let messages = req
         .messages
         .into_iter()
@@ -43,7 +48,8 @@ pub async fn chat(
     )?;
     gen.cache_salt = tenant.cache_salt;
     gen.weight = tenant.policy.weight;
-    let output = output_stage(state, caller, req.response_format)?;
+    gen.constraint = structured::constraint(&engine, format, tools.as_ref()).await?;
+    let output = output_stage(state, caller, req.response_format.as_ref())?;
     let rag = rag::settings(req.rag, caller)?;
     // Every added token, special or not: each is matched as one control token when the prompt
     // is encoded (`<|im_end|>`, but also e.g. `<tool_call>` or `</think>` in other models).
@@ -61,7 +67,12 @@ pub async fn chat(
         context.extend(chunks);
         citations = Some(cites);
     }
-    let text = prompt_stage(state, caller, &engine, &req.model, messages, context).await?;
+    let stage = PromptStage {
+        engine: &engine,
+        model: &req.model,
+        tools: tools.as_ref(),
+    };
+    let text = stage.run(state, caller, messages, context).await?;
     // The template already wrote any BOS it wants.
     let prompt = encode(&engine, vec![text], false, "messages")
         .await?
@@ -79,6 +90,7 @@ pub async fn chat(
         .inspect_err(|_| reservation.end(crate::tenancy::Outcome::Failed))?;
     let mut reply = Reply::new(Kind::Chat, "chatcmpl", req.model, engine, &gen, None);
     reply.output = output;
+    reply.tools = tools.map(Arc::new);
     reply.reservation = Some(reservation);
     reply.citations = citations;
     reply.run(streams, gen.stream, state.shutdown.cut()).await
@@ -114,66 +126,96 @@ fn documents(docs: Vec<Document>, specials: &[String]) -> Vec<ContextChunk> {
         .collect()
 }
 
-/// The prompt text: the tenant's prompt-template plugin when one is bound, else the model's
-/// own chat template. A plugin may return the final text or rewritten messages, which then go
-/// through the model's template. Context chunks go to the plugin, or without one into the
-/// system message as numbered sources.
-async fn prompt_stage(
-    state: &Arc<AppState>,
-    caller: &Caller,
-    engine: &Engine,
-    model: &str,
-    messages: Vec<ChatMessage>,
-    context: Vec<ContextChunk>,
-) -> Result<String, ApiError> {
-    let tenant = &caller.tenant;
-    let messages = match &tenant.policy.prompt_template {
-        Some(name) => {
-            let plugin = bound(&state.plugins, tenant, name, PluginKind::PromptTemplate)?;
-            let request = crate::plugins::ChatRequest {
-                model: model.to_string(),
-                messages: messages
-                    .into_iter()
-                    .map(|m| Message {
-                        role: m.role,
-                        content: m.content,
-                        name: m.name,
-                    })
-                    .collect(),
-                context,
-            };
-            match call(state, caller, plugin, move |p, rt, v| async move {
-                p.render(&rt, &v, &request).await
-            })
-            .await?
-            {
-                RenderedPrompt::Prompt(text) => return Ok(text),
-                RenderedPrompt::Messages(ms) => ms
-                    .into_iter()
-                    .map(|m| ChatMessage {
-                        role: m.role,
-                        content: m.content,
-                        name: m.name,
-                    })
-                    .collect(),
+/// What the prompt stage needs besides the conversation.
+struct PromptStage<'a> {
+    engine: &'a Engine,
+    model: &'a str,
+    tools: Option<&'a ToolSet>,
+}
+
+impl PromptStage<'_> {
+    /// The prompt text: the tenant's prompt-template plugin when one is bound, else the
+    /// model's own chat template. A plugin may return the final text or rewritten messages,
+    /// which then go through the model's template. Context chunks go to the plugin, or without
+    /// one into the system message as numbered sources. Tools go through the model's template
+    /// when it handles them, else into the messages in the generic format.
+    async fn run(
+        &self,
+        state: &Arc<AppState>,
+        caller: &Caller,
+        messages: Vec<ChatMessage>,
+        context: Vec<ContextChunk>,
+    ) -> Result<String, ApiError> {
+        let tenant = &caller.tenant;
+        let native =
+            tenant.policy.prompt_template.is_none() && self.engine.template.handles_tools();
+        let (messages, definitions) = match native {
+            true => (messages, self.tools.map(ToolSet::definitions)),
+            false => (tools::generic_messages(messages, self.tools), None),
+        };
+        let messages = match &tenant.policy.prompt_template {
+            Some(name) => {
+                let plugin = bound(&state.plugins, tenant, name, PluginKind::PromptTemplate)?;
+                match self
+                    .plugin(state, caller, plugin, messages, context)
+                    .await?
+                {
+                    RenderedPrompt::Prompt(text) => return Ok(text),
+                    RenderedPrompt::Messages(ms) => ms
+                        .into_iter()
+                        .map(|m| ChatMessage {
+                            name: m.name,
+                            ..ChatMessage::new(&m.role, m.content)
+                        })
+                        .collect(),
+                }
             }
+            None => rag::ground(messages, &context),
+        };
+        let template = &self.engine.template;
+        if !template.is_present() {
+            return Err(ApiError::invalid(
+                "messages",
+                "This model has no chat template (a base model): use /v1/completions, bind a \
+                 prompt_template plugin, or configure chat_template for the model"
+                    .to_string(),
+            ));
         }
-        None => rag::ground(messages, &context),
-    };
-    if !engine.template.is_present() {
-        return Err(ApiError::invalid(
-            "messages",
-            "This model has no chat template (a base model): use /v1/completions, bind a \
-             prompt_template plugin, or configure chat_template for the model"
-                .to_string(),
-        ));
+        template
+            .render(&messages, true, definitions.as_deref())
+            .map_err(|e| {
+                ApiError::invalid(
+                    "messages",
+                    format!("The model's chat template rejected the messages: {e}"),
+                )
+            })
     }
-    engine.template.render(&messages, true).map_err(|e| {
-        ApiError::invalid(
-            "messages",
-            format!("The model's chat template rejected the messages: {e}"),
-        )
-    })
+
+    async fn plugin(
+        &self,
+        state: &Arc<AppState>,
+        caller: &Caller,
+        plugin: Arc<crate::plugins::Plugin>,
+        messages: Vec<ChatMessage>,
+        context: Vec<ContextChunk>,
+    ) -> Result<RenderedPrompt, ApiError> {
+        let request = crate::plugins::ChatRequest {
+            model: self.model.to_string(),
+            messages: messages
+                .into_iter()
+                .map(|m| Message {
+                    role: m.role,
+                    content: m.content,
+                    name: m.name,
+                })
+                .collect(),
+            context,
+        };
+        call(state, caller, plugin, move |p, rt, v| async move {
+            p.render(&rt, &v, &request).await
+        })
+        .await
+    }
 }
 
 /// The output parser to run, if the request asks for JSON (or the tenant always parses) and
@@ -181,12 +223,12 @@ async fn prompt_stage(
 fn output_stage(
     state: &Arc<AppState>,
     caller: &Caller,
-    format: Option<ResponseFormat>,
+    format: Option<&ResponseFormat>,
 ) -> Result<Option<OutputStage>, ApiError> {
     let tenant = &caller.tenant;
     let schema = match format {
         Some(ResponseFormat::JsonObject) => None,
-        Some(ResponseFormat::JsonSchema { json_schema }) => match json_schema.schema {
+        Some(ResponseFormat::JsonSchema { json_schema }) => match &json_schema.schema {
             Some(schema) => Some(schema.to_string()),
             None => {
                 return Err(ApiError::invalid(
@@ -251,6 +293,8 @@ pub async fn completion(
     )?;
     gen.cache_salt = tenant.cache_salt;
     gen.weight = tenant.policy.weight;
+    let format = structured::format(req.response_format.as_ref(), req.guided)?;
+    gen.constraint = structured::constraint(&engine, format, None).await?;
     // Echo gives back the prompt as sent: the text itself, or the decoded token ids.
     let (prompts, texts): (Vec<Vec<u32>>, Option<Vec<String>>) = match req.prompt {
         Prompt::Text(t) => (
@@ -360,10 +404,18 @@ fn message(m: ChatMessageIn) -> Result<ChatMessage, ApiError> {
             s
         }
     };
+    let tool_calls = m
+        .tool_calls
+        .unwrap_or_default()
+        .into_iter()
+        .map(|c| tools::history_call(c.id, c.function.name, &c.function.arguments))
+        .collect();
     Ok(ChatMessage {
         role,
         content,
         name: m.name,
+        tool_calls,
+        tool_call_id: m.tool_call_id,
     })
 }
 

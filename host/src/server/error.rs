@@ -28,6 +28,14 @@ impl ApiError {
         }
     }
 
+    /// A 400 whose parameter is a path built at run time (`tools[2].function.parameters`).
+    pub fn invalid_at(param: String, message: impl Into<String>) -> Self {
+        Self {
+            param: Some(param),
+            ..Self::invalid(None, message)
+        }
+    }
+
     pub fn model_not_found(model: &str, available: &[String]) -> Self {
         Self {
             status: StatusCode::NOT_FOUND,

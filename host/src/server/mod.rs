@@ -16,7 +16,9 @@ mod plugins;
 mod rag;
 mod reply;
 mod routes;
+mod structured;
 pub mod tls;
+mod tool_calls;
 mod validation;
 
 use std::collections::BTreeMap;

@@ -1,6 +1,6 @@
 //! OpenAI API request and response shapes (the subset the gateway serves), plus the extension
 //! fields vLLM also accepts (`top_k`, `min_p`, `repetition_penalty`, `ignore_eos`,
-//! `stop_token_ids`). Unknown fields are ignored, as the OpenAI API does.
+//! `stop_token_ids`, structured outputs). Unknown fields are ignored, as the OpenAI API does.
 
 use serde::{Deserialize, Serialize};
 
@@ -67,8 +67,64 @@ pub struct ChatCompletionRequest {
     /// Retrieval from a collection (`{"collection": ..., "top_k": ...}`), or `false` to skip
     /// the tenant's default.
     pub rag: Option<super::rag::RagField>,
+    pub tools: Option<Vec<ToolIn>>,
+    /// `"none" | "auto" | "required"` or `{"type": "function", "function": {"name": ...}}`.
+    pub tool_choice: Option<serde_json::Value>,
+    pub parallel_tool_calls: Option<bool>,
+    #[serde(flatten)]
+    pub guided: GuidedFields,
     #[serde(flatten)]
     pub sampling: SamplingFields,
+}
+
+/// vLLM's structured-output fields, so vLLM clients work unchanged: `structured_outputs`, and
+/// the older `guided_*` ones. At most one constraint per request.
+#[derive(Debug, Default, Deserialize)]
+pub struct GuidedFields {
+    /// A schema, as an object or as JSON text.
+    pub guided_json: Option<serde_json::Value>,
+    pub guided_regex: Option<String>,
+    pub guided_choice: Option<Vec<String>>,
+    pub guided_grammar: Option<String>,
+    pub structured_outputs: Option<StructuredOutputs>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+pub struct StructuredOutputs {
+    pub json: Option<serde_json::Value>,
+    pub regex: Option<String>,
+    pub choice: Option<Vec<String>>,
+    pub grammar: Option<String>,
+    pub json_object: Option<bool>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct ToolIn {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub function: Option<FunctionIn>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct FunctionIn {
+    pub name: Option<String>,
+    pub description: Option<String>,
+    pub parameters: Option<serde_json::Value>,
+    pub strict: Option<bool>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct ToolCallIn {
+    pub id: String,
+    #[serde(rename = "type")]
+    pub kind: Option<String>,
+    pub function: FunctionCallIn,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct FunctionCallIn {
+    pub name: String,
+    pub arguments: String,
 }
 
 #[derive(Debug, Deserialize)]
@@ -98,6 +154,8 @@ pub struct ChatMessageIn {
     pub role: String,
     pub content: Option<MessageContent>,
     pub name: Option<String>,
+    pub tool_calls: Option<Vec<ToolCallIn>>,
+    pub tool_call_id: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -133,6 +191,10 @@ pub struct CompletionRequest {
     pub echo: bool,
     pub suffix: Option<String>,
     pub best_of: Option<usize>,
+    /// vLLM accepts `response_format` on completions too.
+    pub response_format: Option<ResponseFormat>,
+    #[serde(flatten)]
+    pub guided: GuidedFields,
     #[serde(flatten)]
     pub sampling: SamplingFields,
 }

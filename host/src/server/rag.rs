@@ -140,14 +140,7 @@ pub fn ground(mut messages: Vec<ChatMessage>, context: &[ContextChunk]) -> Vec<C
         Some(m) if m.role == "system" => {
             m.content = format!("{}\n\n{sources}", m.content.trim_end());
         }
-        _ => messages.insert(
-            0,
-            ChatMessage {
-                role: "system".into(),
-                content: sources,
-                name: None,
-            },
-        ),
+        _ => messages.insert(0, ChatMessage::new("system", sources)),
     }
     messages
 }
@@ -171,19 +164,11 @@ mod tests {
             text: "Refunds take 5 days.".into(),
             title: Some("Refunds".into()),
         }];
-        let user = ChatMessage {
-            role: "user".into(),
-            content: "How long do refunds take?".into(),
-            name: None,
-        };
+        let user = ChatMessage::new("user", "How long do refunds take?");
         let m = ground(vec![user.clone()], &ctx);
         assert_eq!(m.len(), 2);
         assert!(m[0].content.contains("[1] Refunds\nRefunds take 5 days."));
-        let sys = ChatMessage {
-            role: "system".into(),
-            content: "Be brief.".into(),
-            name: None,
-        };
+        let sys = ChatMessage::new("system", "Be brief.");
         let m = ground(vec![sys, user], &ctx);
         assert_eq!(m.len(), 2);
         assert!(m[0]

@@ -14,11 +14,13 @@ use tokio::sync::mpsc;
 use super::error::ApiError;
 use super::openai::*;
 use super::plugins::call;
+use super::tool_calls::{self, StreamCalls};
 use super::validation::Generation;
 use super::{json_response, sse_response, AppState, Response};
 use crate::engine::tokenizer::token_bytes;
 use crate::engine::{Engine, Event, EventStream, FinishReason, TokenLogprobs, Usage};
 use crate::plugins::Plugin;
+use crate::structured::tools::ToolSet;
 use crate::tenancy::{Caller, Outcome, Reservation};
 
 const DONE: &[u8] = b"data: [DONE]\n\n";
@@ -47,6 +49,8 @@ pub(super) struct Reply {
     pub(super) reservation: Option<Reservation>,
     /// Chunks retrieved for the prompt (RAG), reported with the answer.
     pub(super) citations: Option<Vec<Value>>,
+    /// The request offered tools: calls are parsed out of each choice's text.
+    pub(super) tools: Option<Arc<ToolSet>>,
 }
 
 pub(super) struct OutputStage {
@@ -103,6 +107,7 @@ impl Reply {
             output: None,
             reservation: None,
             citations: None,
+            tools: None,
         }
     }
 
@@ -160,7 +165,7 @@ impl Reply {
                     "The engine stopped before the generation finished.",
                 ));
             }
-            if let Some(out) = &self.output {
+            if let Some(out) = self.parser() {
                 let parsed = out.parse(std::mem::take(&mut c.text)).await?;
                 c.text = parsed.json;
                 c.repairs = Some(parsed.repairs);
@@ -176,6 +181,11 @@ impl Reply {
         Ok(json_response(http::StatusCode::OK, &body))
     }
 
+    /// The output parser, unless tools are on (calls are not the parser's JSON).
+    fn parser(&self) -> Option<&OutputStage> {
+        self.output.as_ref().filter(|_| self.tools.is_none())
+    }
+
     fn body(&self, choices: Vec<Choice>) -> Value {
         let usage = self.usage(choices.iter().map(|c| &c.usage).enumerate());
         let choices: Vec<Value> = choices
@@ -186,9 +196,16 @@ impl Reply {
                 let finish = c.finish.map(FinishReason::as_str);
                 match self.kind {
                     Kind::Chat => {
+                        let (message, finish) = match (&self.tools, c.finish) {
+                            (Some(t), Some(f)) => {
+                                let (m, called) = tool_calls::message(&c.text, t);
+                                (m, Some(tool_calls::finish_reason(f, called)))
+                            }
+                            _ => (json!({"role": "assistant", "content": c.text}), finish),
+                        };
                         let mut choice = json!({
                             "index": i,
-                            "message": {"role": "assistant", "content": c.text},
+                            "message": message,
                             "logprobs": logprobs,
                             "finish_reason": finish,
                         });
@@ -348,7 +365,10 @@ impl Reply {
                 }
             }
         }
-        let mut p = Progress::new(total, self.output.is_some(), self.echo.is_some());
+        let mut p = Progress::new(total, self.parser().is_some(), self.echo.is_some());
+        if let Some(t) = &self.tools {
+            p.calls = (0..total).map(|_| StreamCalls::new(t)).collect();
+        }
         tokio::pin!(cut);
         loop {
             let (i, ev) = tokio::select! {
@@ -362,12 +382,9 @@ impl Reply {
                 }
             };
             let finished = matches!(ev, Event::Done(..));
-            let choice = match ev {
+            let choices = match ev {
                 Event::Token { id, text, logprobs } => {
-                    match self.token_choice(&mut p, i, id, text, logprobs) {
-                        Some(c) => c,
-                        None => continue,
-                    }
+                    self.token_choice(&mut p, i, id, text, logprobs)
                 }
                 Event::Done(u, f) => match self.done_choice(&mut p, i, u, f).await {
                     Ok(c) => c,
@@ -381,19 +398,22 @@ impl Reply {
                     return sse.fail(&ApiError::internal(m)).await;
                 }
             };
-            let mut chunk = self.chunk(choice);
-            if let (true, Some(c)) = (finished, &self.citations) {
-                chunk["citations"] = json!(c);
-            }
-            if !sse.send(&chunk).await {
-                return;
+            let last = choices.len().saturating_sub(1);
+            for (k, choice) in choices.into_iter().enumerate() {
+                let mut chunk = self.chunk(choice);
+                if let (true, true, Some(c)) = (finished, k == last, &self.citations) {
+                    chunk["citations"] = json!(c);
+                }
+                if !sse.send(&chunk).await {
+                    return;
+                }
             }
         }
         self.close_stream(&sse, p).await
     }
 
-    /// The chunk for one generated token of choice `i`, or None when there is nothing to send
-    /// yet (text held back for a stop string or an incomplete character).
+    /// The chunks for one generated token of choice `i`: none while text is held back (for a
+    /// stop string, an incomplete character, or a possible tool-call tag).
     fn token_choice(
         &self,
         p: &mut Progress,
@@ -401,42 +421,64 @@ impl Reply {
         id: u32,
         text: String,
         logprobs: Option<TokenLogprobs>,
-    ) -> Option<Value> {
+    ) -> Vec<Value> {
         self.count_token();
         if text.is_empty() && logprobs.is_none() {
-            return None;
+            return Vec::new();
         }
         p.text_len[i] += text.len();
         if let Some(t) = p.texts.get_mut(i) {
             t.push_str(&text);
         }
         let lp = logprobs.map_or(Value::Null, |l| self.logprobs(&[(id, l)], p.text_len[i]));
+        if let Some(calls) = p.calls.get_mut(i) {
+            // Logprobs ride on the first delta the token released, if any.
+            let mut lp = Some(lp);
+            return calls
+                .push(&text)
+                .into_iter()
+                .map(|delta| {
+                    let lp = lp.take().unwrap_or(Value::Null);
+                    json!({"index": i, "delta": delta, "logprobs": lp, "finish_reason": null})
+                })
+                .collect();
+        }
         let text = self.take_echo(&mut p.echo_pending[i], i) + &text;
-        Some(match self.kind {
+        vec![match self.kind {
             Kind::Chat => {
                 json!({"index": i, "delta": {"content": text}, "logprobs": lp, "finish_reason": null})
             }
             Kind::Completion => {
                 json!({"index": i, "text": text, "logprobs": lp, "finish_reason": null})
             }
-        })
+        }]
     }
 
-    /// The finishing chunk of choice `i`; with an output parser, its verdict on the whole text.
+    /// The finishing chunks of choice `i`: text a tool-call parser held back, then the finish;
+    /// with an output parser, its verdict on the whole text.
     async fn done_choice(
         &self,
         p: &mut Progress,
         i: usize,
         usage: Usage,
         finish: FinishReason,
-    ) -> Result<Value, ApiError> {
+    ) -> Result<Vec<Value>, ApiError> {
         p.usages.insert(i, usage);
-        let reason = finish.as_str();
-        Ok(match self.kind {
+        let mut reason = finish.as_str();
+        let mut out = Vec::new();
+        if let Some(calls) = p.calls.get_mut(i) {
+            for delta in calls.finish() {
+                out.push(
+                    json!({"index": i, "delta": delta, "logprobs": null, "finish_reason": null}),
+                );
+            }
+            reason = tool_calls::finish_reason(finish, calls.called());
+        }
+        out.push(match self.kind {
             Kind::Chat => {
                 let mut choice =
                     json!({"index": i, "delta": {}, "logprobs": null, "finish_reason": reason});
-                if let Some(out) = &self.output {
+                if let Some(out) = self.parser() {
                     let parsed = out.parse(std::mem::take(&mut p.texts[i])).await?;
                     choice["parsed"] = serde_json::from_str(&parsed.json).unwrap_or(Value::Null);
                     choice["repairs"] = json!(parsed.repairs);
@@ -448,7 +490,8 @@ impl Reply {
                 let text = self.take_echo(&mut p.echo_pending[i], i);
                 json!({"index": i, "text": text, "logprobs": null, "finish_reason": reason})
             }
-        })
+        });
+        Ok(out)
     }
 
     /// After the last event: settles the reservation and sends the usage chunk and `[DONE]`,
@@ -486,6 +529,8 @@ struct Progress {
     /// The whole text of each choice, kept only when the output parser needs it at the end.
     texts: Vec<String>,
     echo_pending: Vec<bool>,
+    /// Tool-call parsing per choice, when the request offered tools.
+    calls: Vec<StreamCalls>,
 }
 
 impl Progress {
@@ -495,6 +540,7 @@ impl Progress {
             text_len: vec![0; choices],
             texts: vec![String::new(); if keep_text { choices } else { 0 }],
             echo_pending: vec![echo; choices],
+            calls: Vec::new(),
         }
     }
 }

@@ -25,6 +25,8 @@ pub struct Generation {
     pub cache_salt: u64,
     /// The tenant's fair-queuing weight.
     pub weight: u32,
+    /// The grammar every choice must follow (`response_format`, guided decoding, tool calls).
+    pub constraint: Option<crate::engine::constraint::Constraint>,
 }
 
 fn range(
@@ -145,6 +147,7 @@ pub fn generation(
         max_tokens,
         cache_salt: 0,
         weight: 1,
+        constraint: None,
     })
 }
 
@@ -214,6 +217,7 @@ impl Generation {
                     cache_salt: self.cache_salt,
                     weight: self.weight,
                     speculative: self.speculative,
+                    constraint: self.constraint.clone(),
                 }
             })
             .collect())

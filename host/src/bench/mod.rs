@@ -9,6 +9,8 @@ use crate::config::{ComputeDevice, ModelConfig};
 use crate::engine::{Engine, Event, GenerationRequest, SamplingParams};
 use crate::metrics::Metrics;
 
+mod structured;
+
 #[derive(Debug, Clone, clap::Args)]
 pub struct BenchOptions {
     /// Prompt length for the prefill measurement.
@@ -54,6 +56,7 @@ fn request(prompt: Vec<u32>, max_tokens: usize) -> GenerationRequest {
         weight: 1,
         // The throughput rows measure plain decoding; `speculation_rows` compares both.
         speculative: false,
+        constraint: None,
     }
 }
 
@@ -132,11 +135,11 @@ pub async fn run(cfg: &ModelConfig, o: &BenchOptions) -> anyhow::Result<()> {
     for &c in &o.concurrency {
         let mut agg = Vec::new();
         for _ in 0..o.repeat {
-            let prompts = (0..c)
-                .map(|i| prompt(&engine, 16 + 9 * i, salt + i))
+            let reqs = (0..c)
+                .map(|i| request(prompt(&engine, 16 + 9 * i, salt + i), o.gen_tokens))
                 .collect();
             salt += c;
-            let r = run_batch(&engine, &metrics, &cfg.name, prompts, o.gen_tokens).await?;
+            let r = run_batch(&engine, &metrics, &cfg.name, reqs).await?;
             agg.push(r.tokens as f64 / r.wall);
         }
         let a = median(agg);
@@ -146,17 +149,18 @@ pub async fn run(cfg: &ModelConfig, o: &BenchOptions) -> anyhow::Result<()> {
         );
     }
     speculation_rows(&engine, &metrics, &cfg.name, o, &mut salt).await;
+    structured::rows(&engine, &metrics, &cfg.name, o).await?;
     // KV waste is the unfilled tail of each sequence's last block, so it is measured on
     // prompts of realistic, mixed lengths.
     let lens: Vec<usize> = (0..o.kv_seqs)
         .map(|i| 64 + i * 960 / o.kv_seqs.max(1))
         .collect();
-    let prompts = lens
+    let reqs = lens
         .iter()
         .enumerate()
-        .map(|(i, &l)| prompt(&engine, l, salt + i))
+        .map(|(i, &l)| request(prompt(&engine, l, salt + i), 32))
         .collect();
-    let r = run_batch(&engine, &metrics, &cfg.name, prompts, 32).await?;
+    let r = run_batch(&engine, &metrics, &cfg.name, reqs).await?;
     let mean = r.utilisation.iter().sum::<f64>() / r.utilisation.len().max(1) as f64;
     println!(
         "| KV utilisation, {} sequences, prompts {}-{} tokens + 32 generated (mean of {} samples) | {:.1}% (waste {:.1}%) |",
@@ -286,20 +290,19 @@ struct Batch {
     utilisation: Vec<f64>,
 }
 
-/// Runs all prompts at once, each generating `gen` tokens.
+/// Runs all requests at once.
 async fn run_batch(
     engine: &Arc<Engine>,
     metrics: &Arc<Metrics>,
     name: &str,
-    prompts: Vec<Vec<u32>>,
-    gen: usize,
+    reqs: Vec<GenerationRequest>,
 ) -> anyhow::Result<Batch> {
     let t0 = Instant::now();
-    let handles: Vec<_> = prompts
+    let handles: Vec<_> = reqs
         .into_iter()
-        .map(|p| {
+        .map(|r| {
             let engine = engine.clone();
-            tokio::spawn(async move { run_one(&engine, request(p, gen), t0).await })
+            tokio::spawn(async move { run_one(&engine, r, t0).await })
         })
         .collect();
     let done = Arc::new(AtomicBool::new(false));

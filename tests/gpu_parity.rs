@@ -86,6 +86,7 @@ mod parity {
             weight: 1,
             speculative: false,
             constraint: None,
+            processor: None,
         };
         let mut events = engine.submit(req).expect("submit");
         let mut out = Vec::new();

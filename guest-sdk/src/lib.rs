@@ -1,5 +1,5 @@
-//! Write plugins for the gateway: prompt templates, rerankers and output parsers that run
-//! inside the gateway's request path as sandboxed WebAssembly components.
+//! Write plugins for the gateway: prompt templates, rerankers, output parsers and logits
+//! processors that run inside the gateway's request path as sandboxed WebAssembly components.
 //!
 //! A plugin is a `cdylib` crate that depends on this one, implements the `Guest` trait of one
 //! world and exports it with that world's macro. Build it with
@@ -11,6 +11,7 @@
 //! | prompt template | [`prompt_template`] | `prompt_template::Guest` | [`export_prompt_template!`] |
 //! | reranker | [`reranker`] | `reranker::Guest` | [`export_reranker!`] |
 //! | output parser | [`output_parser`] | `output_parser::Guest` | [`export_output_parser!`] |
+//! | logits processor | [`logits_processor`] | `logits_processor::Guest` | [`export_logits_processor!`] |
 //!
 //! # A prompt template
 //! ```no_run
@@ -64,6 +65,27 @@
 //! }
 //!
 //! guest_sdk::export_output_parser!(Strict);
+//! ```
+//!
+//! # A logits processor
+//! One instance per generated sequence: keep the sequence's state in a `static`. Ask the
+//! host's vocabulary which tokens spell what ([`logits_processor::tokens_with_prefix`]), never
+//! walk the vocabulary yourself; return short ban lists, not masks.
+//! ```no_run
+//! use guest_sdk::logits_processor::{Decision, Guest, PluginError, SequenceStart};
+//!
+//! struct NoShouting;
+//!
+//! impl Guest for NoShouting {
+//!     fn start(_request: SequenceStart) -> Result<Decision, PluginError> {
+//!         Ok(Decision { banned: guest_sdk::logits_processor::tokens_containing("!!", false), biases: vec![], stop: false })
+//!     }
+//!     fn step(_tokens: Vec<u32>, _text: String) -> Result<Decision, PluginError> {
+//!         Self::start(SequenceStart { model: String::new(), prompt: String::new(), max_tokens: 0 })
+//!     }
+//! }
+//!
+//! guest_sdk::export_logits_processor!(NoShouting);
 //! ```
 
 /// Helpers every world module gets, bound to that world's own generated `host` import.
@@ -132,6 +154,33 @@ pub mod output_parser {
     helpers!();
 }
 
+/// The `logits-processor` world: steer each generated token (bans, biases, stop).
+pub mod logits_processor {
+    wit_bindgen::generate!({
+        world: "logits-processor",
+        path: "../wit",
+        default_bindings_module: "guest_sdk::logits_processor",
+        pub_export_macro: true,
+        export_macro_name: "export_logits_processor_inner",
+    });
+    helpers!();
+
+    /// Token ids whose text starts with `prefix` (ASCII case folded with `ignore_case`).
+    pub fn tokens_with_prefix(prefix: &str, ignore_case: bool) -> Vec<u32> {
+        self::gateway::plugins::vocabulary::tokens_with_prefix(prefix, ignore_case)
+    }
+
+    /// Token ids whose text contains `text`.
+    pub fn tokens_containing(text: &str, ignore_case: bool) -> Vec<u32> {
+        self::gateway::plugins::vocabulary::tokens_containing(text, ignore_case)
+    }
+
+    /// The text of token `id`.
+    pub fn token_text(id: u32) -> String {
+        self::gateway::plugins::vocabulary::token_text(id)
+    }
+}
+
 /// Exports a type implementing [`prompt_template::Guest`] as the plugin's entry point.
 #[macro_export]
 macro_rules! export_prompt_template {
@@ -153,5 +202,13 @@ macro_rules! export_reranker {
 macro_rules! export_output_parser {
     ($ty:ident) => {
         $crate::output_parser::export_output_parser_inner!($ty with_types_in $crate::output_parser);
+    };
+}
+
+/// Exports a type implementing [`logits_processor::Guest`] as the plugin's entry point.
+#[macro_export]
+macro_rules! export_logits_processor {
+    ($ty:ident) => {
+        $crate::logits_processor::export_logits_processor_inner!($ty with_types_in $crate::logits_processor);
     };
 }

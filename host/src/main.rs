@@ -326,6 +326,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         max_upload_bytes: cfg.plugins.max_upload_bytes,
         shutdown: Default::default(),
         http: edge_limits(&cfg),
+        vocabularies: Default::default(),
     });
     let drain = std::time::Duration::from_secs(cfg.drain_seconds);
     server::serve(listeners, state, drain).await?;

@@ -44,6 +44,7 @@ pub struct GrammarMetrics {
     pub cache: IntCounterVec,
     pub mask_seconds: HistogramVec,
     pub forced_tokens: IntCounterVec,
+    pub processor_seconds: HistogramVec,
 }
 
 impl GrammarMetrics {
@@ -75,6 +76,11 @@ impl GrammarMetrics {
                 "gateway_grammar_forced_tokens_total",
                 "Tokens the grammar forced, appended without a sampling step",
                 &["model"],
+            ),
+            processor_seconds: hist(
+                "gateway_logits_processor_step_seconds",
+                "One logits-processor plugin call for one sequence and step (overlapped with the forward pass)",
+                vec![5e-6, 1e-5, 1.5e-5, 2e-5, 3e-5, 4e-5, 5e-5, 7.5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 5e-3, 0.02, 0.1],
             ),
         }
     }

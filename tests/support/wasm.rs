@@ -9,9 +9,11 @@ const CRATES: &[&str] = &[
     "crm-persona-template",
     "crm-field-reranker",
     "json-extract",
+    "crm-guardrail",
     "faulty-reranker",
     "bad-parser",
     "noop",
+    "bad-processor",
 ];
 
 fn root() -> PathBuf {

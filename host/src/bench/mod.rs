@@ -57,6 +57,7 @@ fn request(prompt: Vec<u32>, max_tokens: usize) -> GenerationRequest {
         // The throughput rows measure plain decoding; `speculation_rows` compares both.
         speculative: false,
         constraint: None,
+        processor: None,
     }
 }
 

@@ -19,6 +19,7 @@ use super::runner::Runner;
 use super::sampler::Sampler;
 use super::scheduler::{Scheduler, SchedulerConfig, SeqId, Sequence};
 use super::spec::{prompt_lookup, DraftLength};
+use super::steering::Steering;
 use super::{Command, Event, FinishReason, GenerationRequest, TokenLogprobs, Usage};
 use crate::config::ModelConfig;
 use crate::metrics::Metrics;
@@ -39,8 +40,8 @@ struct SeqState {
     /// Prompt-lookup drafting allowed for this request, and its current draft length.
     speculative: bool,
     draft_len: DraftLength,
-    /// The grammar this sequence follows, if constrained.
-    guide: Option<Guide>,
+    /// The grammar this sequence follows and the processor steering it, if any.
+    steering: Steering,
     /// Logprobs were asked for: every token then goes through sampling, none is forced.
     wants_logprobs: bool,
 }
@@ -155,7 +156,7 @@ impl EngineLoop {
 
     fn handle(&mut self, cmd: Command) {
         match cmd {
-            Command::Add(id, req, tx) => self.add(id, req, tx),
+            Command::Add(id, req, tx) => self.add(id, *req, tx),
             Command::Cancel(id) => self.finish(id, None),
         }
     }
@@ -172,6 +173,7 @@ impl EngineLoop {
             weight,
             speculative,
             constraint,
+            processor,
         } = req;
         if !ignore_eos {
             stop_token_ids.extend(&self.eos_ids);
@@ -191,12 +193,12 @@ impl EngineLoop {
                 arrived: Instant::now(),
                 last_token: None,
                 admitted: false,
-                // Drafts are not checked against the grammar; constrained sequences get forced
-                // tokens instead.
-                speculative: speculative && constraint.is_none(),
+                // Drafts are not checked against the grammar or the processor; constrained
+                // sequences get forced tokens instead.
+                speculative: speculative && constraint.is_none() && processor.is_none(),
                 draft_len: DraftLength::new(self.spec_tokens),
                 wants_logprobs,
-                guide: constraint.map(Guide::new),
+                steering: Steering::new(constraint.map(Guide::new), processor),
             },
         );
         self.metrics
@@ -272,27 +274,25 @@ impl EngineLoop {
             .filter(|(_, b)| b.want_logits)
             .map(|(sc, _)| sc.id)
             .collect();
-        let mut guides: Vec<&mut Guide> = self
+        let mut steered: Vec<&mut Steering> = self
             .states
             .iter_mut()
-            .filter(|(id, _)| sampling.contains(id))
-            .filter_map(|(_, st)| st.guide.as_mut())
+            .filter(|(id, st)| sampling.contains(id) && st.steering.is_active())
+            .map(|(_, st)| &mut st.steering)
             .collect();
         let runner = &mut self.runner;
-        let result = if guides.is_empty() {
+        let result = if steered.is_empty() {
             runner.forward(&batch)
         } else {
-            let hist = self
-                .metrics
-                .grammar
-                .mask_seconds
-                .with_label_values(&[model]);
+            let g = &self.metrics.grammar;
+            let mask_hist = g.mask_seconds.with_label_values(&[model]);
+            let step_hist = g.processor_seconds.with_label_values(&[model]);
             std::thread::scope(|scope| {
                 let masks = scope.spawn(|| {
-                    for g in guides.iter_mut() {
-                        if let Some(secs) = g.prepare() {
-                            hist.observe(secs);
-                        }
+                    for s in steered.iter_mut() {
+                        let took = s.prepare();
+                        took.mask.inspect(|&t| mask_hist.observe(t));
+                        took.processor.inspect(|&t| step_hist.observe(t));
                     }
                 });
                 let result = runner.forward(&batch);
@@ -390,10 +390,17 @@ impl EngineLoop {
     /// it; `None` when the sequence ended (or was already gone), else the sampled token.
     fn on_logits(&mut self, id: SeqId, mut row: Vec<f32>) -> Option<u32> {
         let st = self.states.get_mut(&id)?;
-        if let Some(guide) = st.guide.as_mut() {
-            if let Err(e) = guide.apply(&mut row) {
-                self.fail(id, format!("constrained decoding failed: {e}"));
-                return None;
+        if st.steering.is_active() {
+            match st.steering.apply(&mut row) {
+                Ok(false) => {}
+                Ok(true) => {
+                    self.finish(id, Some(FinishReason::Stop));
+                    return None;
+                }
+                Err(e) => {
+                    self.fail(id, format!("steering the next token failed: {e}"));
+                    return None;
+                }
             }
         }
         let sampled = st.sampler.sample(&mut row);
@@ -424,10 +431,10 @@ impl EngineLoop {
         if st.wants_logprobs {
             return Some(());
         }
-        let Some(guide) = st.guide.as_mut() else {
+        let forced = st.steering.forced();
+        if forced.is_empty() {
             return Some(());
-        };
-        let forced = guide.forced();
+        }
         self.metrics
             .grammar
             .forced_tokens
@@ -444,13 +451,13 @@ impl EngineLoop {
     fn emit(&mut self, id: SeqId, token: u32, logprobs: Option<TokenLogprobs>) -> Option<()> {
         let st = self.states.get_mut(&id)?;
         let hit_stop_token = st.stop_ids.contains(&token);
-        if let (Some(guide), false) = (st.guide.as_mut(), hit_stop_token) {
-            if let Err(e) = guide.commit(token) {
+        if !hit_stop_token {
+            if let Err(e) = st.steering.commit(token) {
                 self.fail(id, format!("constrained decoding failed: {e}"));
                 return None;
             }
         }
-        let grammar_done = st.guide.as_ref().is_some_and(Guide::finished);
+        let grammar_done = st.steering.finished();
         self.metrics
             .generation_tokens
             .with_label_values(&[self.name.as_str()])
@@ -474,6 +481,7 @@ impl EngineLoop {
                 StopOutcome::Continue(t) => (t, None),
             }
         };
+        st.steering.record(token, &text);
         let ev = Event::Token {
             id: token,
             text,

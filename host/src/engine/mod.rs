@@ -22,6 +22,7 @@ pub mod runner;
 pub mod sampler;
 pub mod scheduler;
 mod spec;
+pub mod steering;
 pub mod team;
 pub mod tokenizer;
 pub mod weights;
@@ -80,6 +81,8 @@ pub struct GenerationRequest {
     pub speculative: bool,
     /// A grammar every generated token must follow (structured output, tool calls).
     pub constraint: Option<constraint::Constraint>,
+    /// Tenant code that bans or biases each next token, started for this sequence.
+    pub processor: Option<steering::ProcessorSlot>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -118,7 +121,12 @@ pub struct Usage {
 }
 
 enum Command {
-    Add(u64, GenerationRequest, tokio_mpsc::UnboundedSender<Event>),
+    // Boxed: a request is a few hundred bytes, a cancellation eight.
+    Add(
+        u64,
+        Box<GenerationRequest>,
+        tokio_mpsc::UnboundedSender<Event>,
+    ),
     Cancel(u64),
 }
 
@@ -284,7 +292,7 @@ impl Engine {
             .map_err(SubmitError::QueueFull)?;
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (etx, erx) = tokio_mpsc::unbounded_channel();
-        if self.tx.send(Command::Add(id, req, etx)).is_err() {
+        if self.tx.send(Command::Add(id, Box::new(req), etx)).is_err() {
             self.waiting.fetch_sub(1, Ordering::AcqRel);
             return Err(SubmitError::Stopped);
         }

@@ -38,6 +38,20 @@ pub mod output_parser {
     });
 }
 
+// The logits processor imports `vocabulary` too, so it shares only `types` and `host`.
+pub mod logits_processor {
+    wasmtime::component::bindgen!({
+        world: "logits-processor",
+        path: "../wit",
+        exports: { default: async },
+        with: {
+            "gateway:plugins/types": super::prompt_template::gateway::plugins::types,
+            "gateway:plugins/host": super::prompt_template::gateway::plugins::host,
+        },
+    });
+}
+
+use logits_processor::gateway::plugins::vocabulary;
 use prompt_template::gateway::plugins::{host, types};
 
 /// At most this many log lines per call, each cut to `MAX_LOG_BYTES`: a plugin cannot flood
@@ -54,6 +68,8 @@ pub struct CallState {
     pub plugin: Arc<str>,
     pub config: Arc<BTreeMap<String, String>>,
     pub logs: u32,
+    /// The model's vocabulary, for a logits processor; other kinds see an empty one.
+    pub vocab: Option<Arc<super::vocab::VocabIndex>>,
 }
 
 impl WasiView for CallState {
@@ -90,6 +106,24 @@ impl host::Host for CallState {
 
     fn config_get(&mut self, key: String) -> Option<String> {
         self.config.get(&key).cloned()
+    }
+}
+
+impl vocabulary::Host for CallState {
+    fn token_text(&mut self, id: u32) -> String {
+        self.vocab.as_ref().map(|v| v.text(id)).unwrap_or_default()
+    }
+
+    fn tokens_with_prefix(&mut self, prefix: String, ignore_case: bool) -> Vec<u32> {
+        let v = self.vocab.as_ref();
+        v.map(|v| v.with_prefix(&prefix, ignore_case))
+            .unwrap_or_default()
+    }
+
+    fn tokens_containing(&mut self, text: String, ignore_case: bool) -> Vec<u32> {
+        let v = self.vocab.as_ref();
+        v.map(|v| v.containing(&text, ignore_case))
+            .unwrap_or_default()
     }
 }
 

@@ -7,8 +7,10 @@
 //! and get plain values (or a `CallError`) back.
 
 mod bindings;
+mod processor;
 mod registry;
 mod runtime;
+pub mod vocab;
 mod warm;
 pub mod watch;
 
@@ -18,10 +20,12 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 pub use crate::common::{hex, valid_name, write_atomically};
+pub use bindings::logits_processor::{Decision, SequenceStart};
 pub use bindings::output_parser::Parsed;
 pub use bindings::prompt_template::gateway::plugins::types::{ContextChunk, Message};
 pub use bindings::prompt_template::{ChatRequest, RenderedPrompt};
 pub use bindings::reranker::{Candidate, Scored};
+pub use processor::Processor;
 pub use registry::Registry;
 pub use runtime::Runtime;
 
@@ -36,21 +40,28 @@ pub enum PluginKind {
     PromptTemplate,
     Reranker,
     OutputParser,
+    LogitsProcessor,
 }
 
 impl PluginKind {
+    pub const ALL: [PluginKind; 4] = [
+        PluginKind::PromptTemplate,
+        PluginKind::Reranker,
+        PluginKind::OutputParser,
+        PluginKind::LogitsProcessor,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             PluginKind::PromptTemplate => "prompt-template",
             PluginKind::Reranker => "reranker",
             PluginKind::OutputParser => "output-parser",
+            PluginKind::LogitsProcessor => "logits-processor",
         }
     }
 
     pub fn parse(s: &str) -> Option<Self> {
-        [Self::PromptTemplate, Self::Reranker, Self::OutputParser]
-            .into_iter()
-            .find(|k| k.as_str() == s)
+        Self::ALL.into_iter().find(|k| k.as_str() == s)
     }
 }
 

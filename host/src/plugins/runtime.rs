@@ -19,8 +19,8 @@ use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
 use wasmtime_wasi::WasiCtxBuilder;
 
 use super::bindings::{
-    output_parser::OutputParserPre, prompt_template::PromptTemplatePre, reranker::RerankerPre,
-    CallState, Limiter,
+    logits_processor::LogitsProcessorPre, output_parser::OutputParserPre,
+    prompt_template::PromptTemplatePre, reranker::RerankerPre, CallState, Limiter,
 };
 use super::{CallError, LoadError, PluginKind};
 use crate::config::PluginsConfig;
@@ -78,6 +78,7 @@ pub enum Prepared {
     PromptTemplate(PromptTemplatePre<CallState>),
     Reranker(RerankerPre<CallState>),
     OutputParser(OutputParserPre<CallState>),
+    LogitsProcessor(LogitsProcessorPre<CallState>),
 }
 
 impl Prepared {
@@ -86,6 +87,7 @@ impl Prepared {
             Prepared::PromptTemplate(_) => PluginKind::PromptTemplate,
             Prepared::Reranker(_) => PluginKind::Reranker,
             Prepared::OutputParser(_) => PluginKind::OutputParser,
+            Prepared::LogitsProcessor(_) => PluginKind::LogitsProcessor,
         }
     }
 }
@@ -123,6 +125,11 @@ impl Runtime {
         >(&mut linker, |s| s)
         .map_err(|e| fail(&e))?;
         super::bindings::prompt_template::gateway::plugins::types::add_to_linker::<
+            _,
+            wasmtime::component::HasSelf<_>,
+        >(&mut linker, |s| s)
+        .map_err(|e| fail(&e))?;
+        super::bindings::logits_processor::gateway::plugins::vocabulary::add_to_linker::<
             _,
             wasmtime::component::HasSelf<_>,
         >(&mut linker, |s| s)
@@ -176,11 +183,7 @@ impl Runtime {
             .linker
             .instantiate_pre(&component)
             .map_err(|e| LoadError::Link(format!("{e:#}")))?;
-        let kinds = [
-            PluginKind::PromptTemplate,
-            PluginKind::Reranker,
-            PluginKind::OutputParser,
-        ];
+        let kinds = PluginKind::ALL;
         let mut problems = Vec::new();
         for kind in kinds
             .into_iter()
@@ -193,6 +196,9 @@ impl Runtime {
                 PluginKind::Reranker => RerankerPre::new(pre.clone()).map(Prepared::Reranker),
                 PluginKind::OutputParser => {
                     OutputParserPre::new(pre.clone()).map(Prepared::OutputParser)
+                }
+                PluginKind::LogitsProcessor => {
+                    LogitsProcessorPre::new(pre.clone()).map(Prepared::LogitsProcessor)
                 }
             };
             match prepared {
@@ -301,6 +307,7 @@ impl Runtime {
             plugin: plugin.clone(),
             config: config.clone(),
             logs: 0,
+            vocab: None,
         };
         let mut store = Store::new(&self.engine, state);
         store.limiter(|s| &mut s.limiter);

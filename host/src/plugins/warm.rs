@@ -14,7 +14,8 @@ use wasmtime::Store;
 use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
 
 use super::bindings::{
-    output_parser::OutputParser, prompt_template::PromptTemplate, reranker::Reranker, CallState,
+    logits_processor::LogitsProcessor, output_parser::OutputParser,
+    prompt_template::PromptTemplate, reranker::Reranker, CallState,
 };
 use super::runtime::{Prepared, Runtime};
 use super::{CallError, TenantValues};
@@ -28,6 +29,7 @@ pub enum Bound {
     PromptTemplate(PromptTemplate),
     Reranker(Reranker),
     OutputParser(OutputParser),
+    LogitsProcessor(LogitsProcessor),
 }
 
 pub struct Warm {
@@ -41,6 +43,12 @@ pub struct Pool {
     idle: Mutex<Vec<Warm>>,
     /// The runtime's count of idle instances over all plugins.
     all_idle: Arc<AtomicUsize>,
+}
+
+impl Warm {
+    pub fn stderr(&self) -> Option<&MemoryOutputPipe> {
+        self.stderr.as_ref()
+    }
 }
 
 impl Pool {
@@ -82,6 +90,10 @@ impl Pool {
                 .instantiate_async(&mut store)
                 .await
                 .map(Bound::OutputParser),
+            Prepared::LogitsProcessor(pre) => pre
+                .instantiate_async(&mut store)
+                .await
+                .map(Bound::LogitsProcessor),
         }
         .map_err(|e| rt.classify(&store, stderr.as_ref(), e))?;
         Ok(Warm {

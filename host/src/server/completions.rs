@@ -7,6 +7,7 @@ use std::sync::Arc;
 use super::error::ApiError;
 use super::openai::*;
 use super::plugins::{bound, call};
+use super::processors;
 use super::rag;
 use super::reply::{Kind, OutputStage, Reply};
 use super::structured;
@@ -77,7 +78,8 @@ pub async fn chat(
     let prompt = encode(&engine, vec![text], false, "messages")
         .await?
         .remove(0);
-    let reqs = gen.requests(&engine, prompt, "messages")?;
+    let mut reqs = gen.requests(&engine, prompt, "messages")?;
+    processors::attach(state, caller, &req.model, &engine, &mut reqs).await?;
     let reservation = reserve(
         state,
         caller,
@@ -316,10 +318,13 @@ pub async fn completion(
                 .collect()
         })
     });
-    let reqs = prompts
+    let mut reqs = prompts
         .into_iter()
         .map(|p| gen.requests(&engine, p, "prompt"))
         .collect::<Result<Vec<_>, _>>()?;
+    for choices in reqs.iter_mut() {
+        processors::attach(state, caller, &req.model, &engine, choices).await?;
+    }
     let reservation = reserve(state, caller, &req.model, "completions", &reqs)?;
     let streams =
         submit(&engine, reqs).inspect_err(|_| reservation.end(crate::tenancy::Outcome::Failed))?;

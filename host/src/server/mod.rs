@@ -13,6 +13,7 @@ mod embeddings;
 pub mod error;
 pub mod openai;
 mod plugins;
+mod processors;
 mod rag;
 mod reply;
 mod routes;
@@ -21,7 +22,7 @@ pub mod tls;
 mod tool_calls;
 mod validation;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Instant;
@@ -58,6 +59,8 @@ pub struct AppState {
     pub shutdown: Shutdown,
     /// Connection and body deadlines and caps.
     pub http: crate::config::HttpConfig,
+    /// Each model's vocabulary index for logits processors, built on first use.
+    pub vocabularies: parking_lot::Mutex<HashMap<String, Arc<crate::plugins::vocab::VocabIndex>>>,
 }
 
 /// What a SIGTERM sets in motion. First `draining`: `/ready` turns 503 and no connection is

@@ -218,6 +218,7 @@ impl Generation {
                     weight: self.weight,
                     speculative: self.speculative,
                     constraint: self.constraint.clone(),
+                    processor: None,
                 }
             })
             .collect())

@@ -35,6 +35,9 @@ pub struct TenantPolicy {
     pub output_parser: Option<String>,
     #[serde(default)]
     pub parse_output: bool,
+    /// Plugin that steers every generated token (bans, biases, stop) of this tenant's
+    /// completions.
+    pub logits_processor: Option<String>,
     /// Plugin serving `/v1/rerank` when the request names none.
     pub reranker: Option<String>,
     pub requests_per_second: Option<u32>,
@@ -135,6 +138,7 @@ impl Policies {
                 ("prompt_template", &t.prompt_template),
                 ("output_parser", &t.output_parser),
                 ("reranker", &t.reranker),
+                ("logits_processor", &t.logits_processor),
             ] {
                 if let Some(p) = v {
                     if !crate::common::valid_name(p) {

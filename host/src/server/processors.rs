@@ -1,0 +1,114 @@
+//! The tenant's logits-processor plugin in the decode loop: one instance started per choice
+//! (on the async runtime, before submission) and handed to the engine behind its
+//! `LogitsProcessor` trait, with the model's vocabulary index for its lookups.
+
+use std::sync::Arc;
+
+use super::error::ApiError;
+use super::plugins::bound;
+use super::AppState;
+use crate::engine::steering::{LogitsProcessor, ProcessorSlot, Steer};
+use crate::engine::tokenizer::token_bytes;
+use crate::engine::{Engine, GenerationRequest};
+use crate::plugins::vocab::VocabIndex;
+use crate::plugins::{Decision, PluginKind, Processor, SequenceStart};
+use crate::tenancy::Caller;
+
+struct PluginProcessor {
+    processor: Processor,
+    /// `plugin_failures_total`, labelled for this tenant and plugin.
+    failures: Arc<crate::metrics::Metrics>,
+    labels: [String; 2],
+}
+
+impl LogitsProcessor for PluginProcessor {
+    fn step(&mut self, tokens: &[u32], text: &str) -> Result<Steer, String> {
+        self.processor.step(tokens, text).map(steer).map_err(|e| {
+            let [tenant, plugin] = &self.labels;
+            self.failures
+                .plugin_failures
+                .with_label_values(&[tenant, plugin, e.cause()])
+                .inc();
+            format!("the logits processor `{plugin}` of tenant `{tenant}` {e}")
+        })
+    }
+}
+
+fn steer(d: Decision) -> Steer {
+    Steer {
+        banned: d.banned,
+        biases: d.biases,
+        stop: d.stop,
+    }
+}
+
+/// The model's vocabulary as the `vocabulary` interface answers it, built on first use.
+fn vocabulary(state: &AppState, model: &str, engine: &Engine) -> Arc<VocabIndex> {
+    let mut all = state.vocabularies.lock();
+    all.entry(model.to_string())
+        .or_insert_with(|| {
+            let tok = &engine.tokenizer;
+            let texts = (0..engine.info.vocab_size as u32)
+                .map(|id| match tok.id_to_token(id) {
+                    Some(_) => String::from_utf8_lossy(&token_bytes(tok, id)).into_owned(),
+                    None => String::new(),
+                })
+                .collect();
+            Arc::new(VocabIndex::new(texts))
+        })
+        .clone()
+}
+
+/// Starts the tenant's logits processor for each request (choice), if it has one bound.
+pub(super) async fn attach(
+    state: &Arc<AppState>,
+    caller: &Caller,
+    model: &str,
+    engine: &Arc<Engine>,
+    reqs: &mut [GenerationRequest],
+) -> Result<(), ApiError> {
+    let tenant = &caller.tenant;
+    let Some(name) = &tenant.policy.logits_processor else {
+        return Ok(());
+    };
+    let plugin = bound(&state.plugins, tenant, name, PluginKind::LogitsProcessor)?;
+    let vocab = {
+        let (state, model, engine) = (state.clone(), model.to_string(), engine.clone());
+        super::blocking("vocabulary", move || vocabulary(&state, &model, &engine)).await?
+    };
+    let rt = state.plugins.runtime().clone();
+    for r in reqs.iter_mut() {
+        // The prompt as the model sees it, role markers included.
+        let prompt = engine
+            .tokenizer
+            .decode(&r.prompt, false)
+            .unwrap_or_default();
+        let start = SequenceStart {
+            model: model.to_string(),
+            prompt,
+            max_tokens: r.max_tokens.min(u32::MAX as usize) as u32,
+        };
+        let m = &state.metrics;
+        m.plugin_calls
+            .with_label_values(&[&tenant.name, &plugin.name])
+            .inc();
+        let (p, first) = plugin
+            .start_processor(&rt, &tenant.values, vocab.clone(), start)
+            .await
+            .map_err(|e| {
+                m.plugin_failures
+                    .with_label_values(&[&tenant.name, &plugin.name, e.cause()])
+                    .inc();
+                ApiError::plugin(&tenant.name, &plugin.name, &e)
+            })?;
+        let code = PluginProcessor {
+            processor: p,
+            failures: state.metrics.clone(),
+            labels: [tenant.name.to_string(), plugin.name.to_string()],
+        };
+        r.processor = Some(ProcessorSlot::new(Box::new(code), steer(first)));
+        // Forced tokens and drafts skip sampling; the processor must see every choice.
+        r.speculative = false;
+    }
+    Ok(())
+}

@@ -12,18 +12,17 @@ use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
 use super::error::ApiError;
+use super::logprobs;
 use super::openai::*;
 use super::plugins::call;
+use super::sse::Sse;
 use super::tool_calls::{self, StreamCalls};
 use super::validation::Generation;
 use super::{json_response, sse_response, AppState, Response};
-use crate::engine::tokenizer::token_bytes;
 use crate::engine::{Engine, Event, EventStream, FinishReason, TokenLogprobs, Usage};
 use crate::plugins::Plugin;
 use crate::structured::tools::ToolSet;
 use crate::tenancy::{Caller, Outcome, Reservation};
-
-const DONE: &[u8] = b"data: [DONE]\n\n";
 
 #[derive(Clone, Copy, PartialEq)]
 pub(super) enum Kind {
@@ -274,55 +273,12 @@ impl Reply {
         }
     }
 
-    fn token_str(&self, id: u32) -> String {
-        self.engine
-            .tokenizer
-            .decode(&[id], false)
-            .unwrap_or_default()
-    }
-
     /// Logprobs in the endpoint's own shape; `text_start` is where these tokens' text begins.
     fn logprobs(&self, tokens: &[(u32, TokenLogprobs)], text_start: usize) -> Value {
-        if tokens.is_empty() {
-            return Value::Null;
-        }
+        let tok = &self.engine.tokenizer;
         match self.kind {
-            Kind::Chat => {
-                let top = |(id, lp): &(u32, f32)| TopLogprob {
-                    bytes: token_bytes(&self.engine.tokenizer, *id),
-                    token: self.token_str(*id),
-                    logprob: *lp,
-                };
-                let content: Vec<ChatTokenLogprob> = tokens
-                    .iter()
-                    .map(|(id, l)| ChatTokenLogprob {
-                        bytes: token_bytes(&self.engine.tokenizer, *id),
-                        token: self.token_str(*id),
-                        logprob: l.logprob,
-                        top_logprobs: l.top.iter().map(top).collect(),
-                    })
-                    .collect();
-                json!({ "content": content })
-            }
-            Kind::Completion => {
-                let mut out = CompletionLogprobs::default();
-                let mut offset = text_start
-                    .saturating_sub(tokens.iter().map(|(id, _)| self.token_str(*id).len()).sum());
-                for (id, l) in tokens {
-                    let t = self.token_str(*id);
-                    out.text_offset.push(offset);
-                    offset += t.len();
-                    out.tokens.push(t);
-                    out.token_logprobs.push(l.logprob);
-                    out.top_logprobs.push(
-                        l.top
-                            .iter()
-                            .map(|(tid, lp)| (self.token_str(*tid), json!(lp)))
-                            .collect(),
-                    );
-                }
-                serde_json::to_value(out).expect("plain struct")
-            }
+            Kind::Chat => logprobs::chat(tok, tokens),
+            Kind::Completion => logprobs::completion(tok, tokens, text_start),
         }
     }
 
@@ -542,56 +498,5 @@ impl Progress {
             echo_pending: vec![echo; choices],
             calls: Vec::new(),
         }
-    }
-}
-
-/// The SSE side of a streamed response: `data: <json>` events, then `data: [DONE]`.
-struct Sse(mpsc::Sender<Bytes>);
-
-impl Sse {
-    /// False when the client has gone away.
-    async fn send(&self, v: &Value) -> bool {
-        let frame = Bytes::from(format!("data: {v}\n\n"));
-        self.0.send(frame).await.is_ok()
-    }
-
-    async fn done(&self) {
-        let _ = self.0.send(Bytes::from_static(DONE)).await;
-    }
-
-    /// An error event in the OpenAI error shape, then the end of the stream.
-    async fn fail(&self, e: &ApiError) {
-        self.send(&e.body()).await;
-        self.done().await;
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[tokio::test]
-    async fn sse_frames_events_errors_and_done() {
-        let (tx, mut rx) = mpsc::channel(8);
-        let sse = Sse(tx);
-        assert!(sse.send(&json!({"a": 1})).await);
-        sse.fail(&ApiError::shutting_down()).await;
-        assert_eq!(
-            rx.recv().await.unwrap(),
-            Bytes::from_static(b"data: {\"a\":1}\n\n")
-        );
-        let err = rx.recv().await.unwrap();
-        let text = std::str::from_utf8(&err).unwrap();
-        let body: Value = serde_json::from_str(
-            text.strip_prefix("data: ")
-                .unwrap()
-                .strip_suffix("\n\n")
-                .unwrap(),
-        )
-        .unwrap();
-        assert_eq!(body["error"]["code"], "server_shutting_down");
-        assert_eq!(rx.recv().await.unwrap(), Bytes::from_static(DONE));
-        drop(sse);
-        assert!(rx.recv().await.is_none());
     }
 }

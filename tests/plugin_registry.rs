@@ -236,6 +236,53 @@ fn directory_sync_loads_replaces_keeps_and_removes() {
 }
 
 #[test]
+fn a_rejected_file_never_loses_the_plugin_across_restarts() {
+    let dir = tempdir();
+    let acme = dir.join("acme");
+    std::fs::create_dir_all(&acme).unwrap();
+    std::fs::copy(component("crm-field-reranker"), acme.join("ranker.wasm")).unwrap();
+    let reg = Registry::new(runtime(), Some(dir.clone()));
+    assert_eq!(reg.sync_dir().loaded, ["acme/ranker"]);
+    let good = reg.get("acme", "ranker").unwrap().sha256.clone();
+
+    // A broken file copied over the working one; then the gateway restarts.
+    std::fs::write(acme.join("ranker.wasm"), b"\0asm but not really").unwrap();
+    assert_eq!(reg.sync_dir().rejected, ["acme/ranker"]);
+    drop(reg);
+    let reg = Registry::new(runtime(), Some(dir.clone()));
+    let r = reg.sync_dir();
+    assert_eq!(r.rejected, ["acme/ranker"]);
+    assert_eq!(
+        r.loaded,
+        ["acme/ranker"],
+        "the last version that loaded serves"
+    );
+    let p = reg.get("acme", "ranker").expect("still installed");
+    assert_eq!(p.sha256, good);
+    assert_eq!(order(reg.runtime(), &p, "export invoices"), ["0", "2", "1"]);
+    let rejections = reg.rejections();
+    assert_eq!(rejections.len(), 1);
+    assert_eq!(
+        (rejections[0].tenant.as_str(), rejections[0].name.as_str()),
+        ("acme", "ranker")
+    );
+    assert!(
+        rejections[0].reason.contains("compile"),
+        "{:?}",
+        rejections[0]
+    );
+
+    // Deleting the file is deliberate: the plugin and its kept copy both go.
+    std::fs::remove_file(acme.join("ranker.wasm")).unwrap();
+    assert_eq!(reg.sync_dir().removed, ["acme/ranker"]);
+    std::fs::copy(component("faulty-reranker"), acme.join("other.wasm")).unwrap();
+    let reg = Registry::new(runtime(), Some(dir.clone()));
+    assert_eq!(reg.sync_dir().loaded, ["acme/other"]);
+    assert!(reg.get("acme", "ranker").is_none());
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
 fn compiled_components_are_cached_by_hash() {
     let cache = tempdir();
     let cfg = PluginsConfig {

@@ -620,13 +620,13 @@ fn hot_reload_by_file_and_by_admin_upload_drops_nothing() {
         ADMIN,
     );
     assert_eq!(st, 400, "{body}");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(message.contains("previous version"), "{body}");
     assert!(
-        body["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("previous version"),
+        message.contains("not a WebAssembly file (7 bytes"),
         "{body}"
     );
+    assert_eq!(body["error"]["code"], "plugin_invalid");
     let (st, body) = admin(
         "PUT",
         "/admin/plugins/acme/ranker2?kind=output-parser",
@@ -654,6 +654,17 @@ fn hot_reload_by_file_and_by_admin_upload_drops_nothing() {
             .unwrap()
             .iter()
             .any(|p| p["name"] == "ranker2" && p["tenant"] == "acme"),
+        "{list}"
+    );
+    // The broken file in the folder is listed with its reason (the old version serves).
+    assert!(
+        list["rejected"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r["tenant"] == "acme"
+                && r["name"] == "ranker"
+                && r["reason"].as_str().unwrap().contains("does not compile")),
         "{list}"
     );
     assert_eq!(

@@ -26,7 +26,7 @@ pub use bindings::prompt_template::gateway::plugins::types::{ContextChunk, Messa
 pub use bindings::prompt_template::{ChatRequest, RenderedPrompt};
 pub use bindings::reranker::{Candidate, Scored};
 pub use processor::Processor;
-pub use registry::Registry;
+pub use registry::{Registry, Rejection};
 pub use runtime::Runtime;
 
 use bindings::prompt_template::gateway::plugins::types;
@@ -86,6 +86,20 @@ pub enum LoadError {
     Manifest(String),
     #[error("could not store the plugin: {0}")]
     Io(#[from] std::io::Error),
+}
+
+impl LoadError {
+    /// The `code` of the admin API's error for this refusal.
+    pub fn code(&self) -> &'static str {
+        match self {
+            LoadError::BadName { .. } => "invalid_name",
+            LoadError::Compile(_) => "plugin_invalid",
+            LoadError::Link(_) => "plugin_unknown_imports",
+            LoadError::NoWorld(_) => "plugin_no_world",
+            LoadError::Manifest(_) => "invalid_manifest",
+            LoadError::Io(_) => "storage_failed",
+        }
+    }
 }
 
 /// Why one call failed. The plugin and the gateway carry on; only this request fails.

@@ -15,14 +15,38 @@ use crate::common::{hex, write_atomically};
 
 type Key = (String, String);
 
+/// Beside the plugins: a copy of each plugin's last version that loaded, so a rejected file
+/// dropped over a working one cannot lose the plugin at the next restart.
+const LAST_GOOD: &str = ".last-good";
+
 pub struct Registry {
     runtime: Arc<Runtime>,
     /// `<dir>/<tenant>/<name>.wasm`, with an optional `<name>.toml` manifest beside it.
     dir: Option<PathBuf>,
     plugins: ArcSwap<BTreeMap<Key, Arc<Plugin>>>,
     /// Serialises writers; remembers each rejected file (by content and manifest), so an
-    /// unchanged bad file is not recompiled (and re-logged) on every directory event.
-    writer: Mutex<HashMap<PathBuf, String>>,
+    /// unchanged bad file is not recompiled (and re-logged) on every directory event, and so
+    /// admins can see why.
+    writer: Mutex<HashMap<PathBuf, Rejected>>,
+}
+
+struct Rejected {
+    key: Key,
+    /// `<sha256>:<manifest>` of the file that was refused.
+    attempt: String,
+    sha256: String,
+    reason: String,
+    at: SystemTime,
+}
+
+/// A plugin file that did not load, and what serves instead.
+#[derive(Debug, Clone)]
+pub struct Rejection {
+    pub tenant: String,
+    pub name: String,
+    pub sha256: String,
+    pub reason: String,
+    pub at: SystemTime,
 }
 
 /// What one directory sync did.
@@ -68,6 +92,33 @@ impl Registry {
         self.plugins.load().values().cloned().collect()
     }
 
+    /// Files in the plugin directory that were refused, with the reason.
+    pub fn rejections(&self) -> Vec<Rejection> {
+        let rejected = self.writer.lock().unwrap_or_else(|e| e.into_inner());
+        let mut out: Vec<Rejection> = rejected
+            .values()
+            .map(|r| Rejection {
+                tenant: r.key.0.clone(),
+                name: r.key.1.clone(),
+                sha256: r.sha256.clone(),
+                reason: r.reason.clone(),
+                at: r.at,
+            })
+            .collect();
+        out.sort_by(|a, b| (&a.tenant, &a.name).cmp(&(&b.tenant, &b.name)));
+        out
+    }
+
+    /// Why the tenant's plugin file `name` was refused, if it was.
+    pub fn rejection(&self, tenant: &str, name: &str) -> Option<String> {
+        let k = key(tenant, name);
+        let rejected = self.writer.lock().unwrap_or_else(|e| e.into_inner());
+        rejected
+            .values()
+            .find(|r| r.key == k)
+            .map(|r| r.reason.clone())
+    }
+
     /// Compiles and checks `wasm`, then makes it the tenant's plugin `name`. With a plugin
     /// directory the file (and a manifest naming the kind) is written there first, so the
     /// upload survives a restart. On error nothing changes.
@@ -88,6 +139,7 @@ impl Registry {
                 format!("kind = \"{}\"\n", plugin.kind()).as_bytes(),
             )?;
             write_atomically(&base.join(format!("{name}.wasm")), wasm)?;
+            keep_last_good(dir, tenant, name, wasm, plugin.kind());
         }
         self.swap(|m| {
             m.insert(key(tenant, name), plugin.clone());
@@ -100,10 +152,12 @@ impl Registry {
         check_names(tenant, name)?;
         let _writer = self.writer.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(dir) = &self.dir {
-            for ext in ["wasm", "toml"] {
-                match std::fs::remove_file(dir.join(tenant).join(format!("{name}.{ext}"))) {
-                    Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e.into()),
-                    _ => {}
+            for base in [dir.join(tenant), dir.join(LAST_GOOD).join(tenant)] {
+                for ext in ["wasm", "toml"] {
+                    match std::fs::remove_file(base.join(format!("{name}.{ext}"))) {
+                        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e.into()),
+                        _ => {}
+                    }
                 }
             }
         }
@@ -139,7 +193,7 @@ impl Registry {
             if current
                 .get(&key(tenant, name))
                 .is_some_and(|p| p.sha256 == sha)
-                || rejected.get(path) == Some(&attempt)
+                || rejected.get(path).is_some_and(|r| r.attempt == attempt)
             {
                 continue;
             }
@@ -148,18 +202,36 @@ impl Registry {
             match built {
                 Ok(plugin) => {
                     tracing::info!(plugin = %label, kind = %plugin.kind(), sha256 = %&sha[..12], "plugin loaded");
+                    keep_last_good(dir, tenant, name, &wasm, plugin.kind());
                     rejected.remove(path);
                     next.insert(key(tenant, name), plugin);
                     report.loaded.push(label);
                 }
                 Err(e) => {
-                    let kept = if current.contains_key(&key(tenant, name)) {
-                        "; the previous version stays"
-                    } else {
-                        ""
+                    let fallback = match current.contains_key(&key(tenant, name)) {
+                        true => None,
+                        false => self.last_good(dir, tenant, name),
+                    };
+                    let kept = match (&fallback, current.contains_key(&key(tenant, name))) {
+                        (_, true) => "; the previous version stays",
+                        (Some(_), _) => "; serving the last version that loaded",
+                        (None, false) => "",
                     };
                     tracing::warn!(plugin = %label, error = %e, "plugin rejected{kept}");
-                    rejected.insert(path.clone(), attempt);
+                    if let Some(p) = fallback {
+                        next.insert(key(tenant, name), p);
+                        report.loaded.push(label.clone());
+                    }
+                    rejected.insert(
+                        path.clone(),
+                        Rejected {
+                            key: key(tenant, name),
+                            attempt,
+                            sha256: sha,
+                            reason: e.to_string(),
+                            at: SystemTime::now(),
+                        },
+                    );
                     report.rejected.push(label);
                 }
             }
@@ -169,6 +241,14 @@ impl Registry {
             if !keep {
                 tracing::info!(plugin = %format!("{}/{}", k.0, k.1), "plugin removed");
                 report.removed.push(format!("{}/{}", k.0, k.1));
+                // The file was deleted on purpose: its fallback goes too.
+                for ext in ["wasm", "toml"] {
+                    let _ = std::fs::remove_file(
+                        dir.join(LAST_GOOD)
+                            .join(&k.0)
+                            .join(format!("{}.{ext}", k.1)),
+                    );
+                }
             }
             keep
         });
@@ -181,6 +261,20 @@ impl Registry {
             self.plugins.store(Arc::new(next));
         }
         report
+    }
+
+    /// The plugin's last version that loaded, if a copy was kept and still loads.
+    fn last_good(&self, dir: &Path, tenant: &str, name: &str) -> Option<Arc<Plugin>> {
+        let base = dir.join(LAST_GOOD).join(tenant);
+        let wasm = std::fs::read(base.join(format!("{name}.wasm"))).ok()?;
+        let kind = manifest_kind(&base.join(format!("{name}.toml"))).ok()?;
+        match self.build(tenant, name, &wasm, kind) {
+            Ok(p) => Some(p),
+            Err(e) => {
+                tracing::warn!(plugin = %format!("{tenant}/{name}"), error = %e, "the kept last version does not load either");
+                None
+            }
+        }
     }
 
     fn build(
@@ -209,6 +303,22 @@ impl Registry {
         self.runtime
             .prune_cache(&next.values().map(|p| p.sha256.as_str()).collect());
         self.plugins.store(Arc::new(next));
+    }
+}
+
+/// Keeps a copy of a version that loaded (unless the copy is already this version). Failing
+/// to keep it only costs the fallback, so it is logged, not fatal.
+fn keep_last_good(dir: &Path, tenant: &str, name: &str, wasm: &[u8], kind: PluginKind) {
+    let base = dir.join(LAST_GOOD).join(tenant);
+    let path = base.join(format!("{name}.wasm"));
+    if std::fs::read(&path).is_ok_and(|old| old == wasm) {
+        return;
+    }
+    let manifest = format!("kind = \"{kind}\"\n");
+    let kept = write_atomically(&base.join(format!("{name}.toml")), manifest.as_bytes())
+        .and_then(|()| write_atomically(&path, wasm));
+    if let Err(e) = kept {
+        tracing::warn!(plugin = %format!("{tenant}/{name}"), error = %e, "could not keep a copy of the loaded version");
     }
 }
 

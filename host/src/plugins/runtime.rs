@@ -92,6 +92,23 @@ impl Prepared {
     }
 }
 
+/// One clear line for the files wasmtime would refuse with a dump: not WebAssembly at all,
+/// or a core module where a component is needed.
+fn check_header(wasm: &[u8]) -> Result<(), LoadError> {
+    match wasm.get(..8) {
+        Some([0, b'a', b's', b'm', 1, 0, 0, 0]) => Err(LoadError::Compile(
+            "this is a core WebAssembly module, not a component; build the plugin with \
+             `cargo build --target wasm32-wasip2` (or componentize it)"
+                .into(),
+        )),
+        Some([0, b'a', b's', b'm', ..]) => Ok(()),
+        _ => Err(LoadError::Compile(format!(
+            "not a WebAssembly file ({} bytes without the `\\0asm` header)",
+            wasm.len()
+        ))),
+    }
+}
+
 impl Runtime {
     pub fn new(cfg: &PluginsConfig) -> Result<Arc<Self>, StartError> {
         let fail = |e: &dyn std::fmt::Display| StartError(e.to_string());
@@ -178,6 +195,7 @@ impl Runtime {
         wasm: &[u8],
         expected: Option<PluginKind>,
     ) -> Result<Prepared, LoadError> {
+        check_header(wasm)?;
         let component = self.compile(wasm)?;
         let pre = self
             .linker
@@ -378,3 +396,20 @@ impl Runtime {
 #[derive(Debug, thiserror::Error)]
 #[error("cannot start the plugin runtime: {0}")]
 pub struct StartError(String);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn headers_say_what_the_file_is() {
+        let core = check_header(b"\0asm\x01\0\0\0rest")
+            .unwrap_err()
+            .to_string();
+        assert!(core.contains("core WebAssembly module") && core.contains("wasm32-wasip2"));
+        let text = check_header(b"<html>oops</html>").unwrap_err().to_string();
+        assert!(text.contains("not a WebAssembly file (17 bytes"), "{text}");
+        assert!(!text.contains('\n'));
+        assert!(check_header(b"\0asm\x0d\0\x01\0").is_ok());
+    }
+}

@@ -140,9 +140,18 @@ async fn plugins(
     match (method.as_str(), parts.as_slice()) {
         ("GET", []) => {
             let list: Vec<Value> = state.plugins.list().iter().map(|p| describe(p)).collect();
+            let rejected: Vec<Value> = state
+                .plugins
+                .rejections()
+                .into_iter()
+                .map(|r| {
+                    let at = r.at.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+                    json!({"tenant": r.tenant, "name": r.name, "sha256": r.sha256, "reason": r.reason, "rejected_at": at})
+                })
+                .collect();
             Ok(json_response(
                 StatusCode::OK,
-                &json!({"object": "list", "data": list}),
+                &json!({"object": "list", "data": list, "rejected": rejected}),
             ))
         }
         ("PUT", [tenant, name]) => {
@@ -162,7 +171,10 @@ async fn plugins(
             }
             let kind = match query.and_then(|q| q.split('&').find_map(|kv| kv.strip_prefix("kind="))) {
                 Some(k) => Some(PluginKind::parse(k).ok_or_else(|| {
-                    ApiError::invalid("kind", format!("Unknown plugin kind {k:?}; use prompt-template, reranker or output-parser."))
+                    ApiError {
+                        code: Some("invalid_kind"),
+                        ..ApiError::invalid("kind", format!("Unknown plugin kind {k:?}; use prompt-template, reranker, output-parser or logits-processor."))
+                    }
                 })?),
                 None => None,
             };
@@ -183,11 +195,17 @@ async fn plugins(
                     };
                     Ok(json_response(status, &describe(&p)))
                 }
-                Err(e @ crate::plugins::LoadError::Io(_)) => Err(ApiError::internal(e.to_string())),
-                Err(e) => Err(ApiError::invalid(
-                    None,
-                    format!("Plugin rejected; the previous version (if any) stays: {e}"),
-                )),
+                Err(e @ crate::plugins::LoadError::Io(_)) => Err(ApiError {
+                    code: Some(e.code()),
+                    ..ApiError::internal(e.to_string())
+                }),
+                Err(e) => Err(ApiError {
+                    code: Some(e.code()),
+                    ..ApiError::invalid(
+                        None,
+                        format!("Plugin rejected; the previous version (if any) stays: {e}"),
+                    )
+                }),
             }
         }
         ("DELETE", [tenant, name]) => match state.plugins.remove(tenant, name) {
@@ -197,9 +215,13 @@ async fn plugins(
             )),
             Ok(false) => Err(ApiError {
                 status: StatusCode::NOT_FOUND,
+                code: Some("plugin_not_found"),
                 ..ApiError::invalid(None, format!("Tenant `{tenant}` has no plugin `{name}`."))
             }),
-            Err(e) => Err(ApiError::invalid(None, e.to_string())),
+            Err(e) => Err(ApiError {
+                code: Some(e.code()),
+                ..ApiError::invalid(None, e.to_string())
+            }),
         },
         (_, [] | [_, _]) => Err(ApiError::method_not_allowed(method, path)),
         _ => Err(ApiError::not_found(path)),

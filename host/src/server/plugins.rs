@@ -79,9 +79,13 @@ pub fn bound(
         ));
     }
     let plugin = registry.get(&tenant.name, name).ok_or_else(|| {
+        let why = match registry.rejection(&tenant.name, name) {
+            Some(reason) => format!(" (its file was rejected: {reason})"),
+            None => String::new(),
+        };
         ApiError::plugin_missing(
             &tenant.name,
-            format!("the {kind} plugin `{name}` is not installed"),
+            format!("the {kind} plugin `{name}` is not installed{why}"),
         )
     })?;
     if plugin.kind() != kind {

@@ -132,17 +132,20 @@ fn a_faulty_processor_fails_only_its_own_request() {
     let (s, dir) = start();
     let ask = json!({"model": MODEL, "max_tokens": 12, "temperature": 0,
                      "messages": [{"role": "user", "content": "Say hello."}]});
-    for (mode, says) in [
-        ("panic", "panicked"),
-        ("spin", "deadline"),
-        ("wild-id", "outside the"),
-        ("reject", "this sequence is refused"),
+    for (mode, status_code, code, says) in [
+        ("panic", 500, "plugin_panic", "panicked"),
+        ("spin", 500, "plugin_timeout", "deadline"),
+        ("wild-id", 500, "plugin_invalid_output", "outside the"),
+        ("reject", 422, "plugin_rejected", "this sequence is refused"),
     ] {
         let (status, v) = s.post_as(&format!("sk-{mode}"), "/v1/chat/completions", &ask);
-        assert_eq!(status, 500, "{mode}: {v}");
+        assert_eq!(status, status_code, "{mode}: {v}");
+        assert_eq!(v["error"]["type"], "plugin_error", "{mode}: {v}");
+        assert_eq!(v["error"]["code"], code, "{mode}: {v}");
         let message = v["error"]["message"].as_str().unwrap();
         assert!(
-            message.contains("logits processor `p` of tenant `bad-") && message.contains(says),
+            message.contains(&format!("Plugin `p` of tenant `bad-{mode}`"))
+                && message.contains(says),
             "{mode}: {message}"
         );
         // Everyone else carries on, and so does this tenant's next request, until it fails.
@@ -154,7 +157,7 @@ fn a_faulty_processor_fails_only_its_own_request() {
             b
         });
         let last: Value = serde_json::from_str(&streamed[streamed.len() - 2]).unwrap();
-        assert!(last["error"]["message"].is_string(), "{mode}: {last}");
+        assert_eq!(last["error"]["code"], code, "{mode}: {last}");
     }
     let (_, metrics) = s.get("/metrics");
     for cause in ["panic", "timeout", "invalid_output", "rejected"] {

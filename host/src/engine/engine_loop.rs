@@ -20,7 +20,7 @@ use super::sampler::Sampler;
 use super::scheduler::{Scheduler, SchedulerConfig, SeqId, Sequence};
 use super::spec::{prompt_lookup, DraftLength};
 use super::steering::Steering;
-use super::{Command, Event, FinishReason, GenerationRequest, TokenLogprobs, Usage};
+use super::{Command, EngineError, Event, FinishReason, GenerationRequest, TokenLogprobs, Usage};
 use crate::config::ModelConfig;
 use crate::metrics::Metrics;
 
@@ -314,7 +314,7 @@ impl EngineLoop {
             Err(e) => {
                 tracing::error!(error = %e, "forward pass failed; failing the batch");
                 for sc in &step.scheduled {
-                    self.fail(sc.id, format!("inference failed: {e}"));
+                    self.fail(sc.id, EngineError::Inference(e.to_string()));
                 }
                 return;
             }
@@ -398,7 +398,7 @@ impl EngineLoop {
                     return None;
                 }
                 Err(e) => {
-                    self.fail(id, format!("steering the next token failed: {e}"));
+                    self.fail(id, e);
                     return None;
                 }
             }
@@ -453,7 +453,7 @@ impl EngineLoop {
         let hit_stop_token = st.stop_ids.contains(&token);
         if !hit_stop_token {
             if let Err(e) = st.steering.commit(token) {
-                self.fail(id, format!("constrained decoding failed: {e}"));
+                self.fail(id, EngineError::Grammar(e));
                 return None;
             }
         }
@@ -507,12 +507,12 @@ impl EngineLoop {
             }
             let _ = st
                 .tx
-                .send(Event::Failed(format!("internal engine error: {msg}")));
+                .send(Event::Failed(EngineError::Internal(msg.to_string())));
         }
         self.sched.reset();
     }
 
-    fn fail(&mut self, id: SeqId, msg: String) {
+    fn fail(&mut self, id: SeqId, msg: EngineError) {
         if let Some(st) = self.states.get(&id) {
             let _ = st.tx.send(Event::Failed(msg));
         }

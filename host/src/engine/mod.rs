@@ -110,7 +110,29 @@ pub enum Event {
         logprobs: Option<TokenLogprobs>,
     },
     Done(Usage, FinishReason),
-    Failed(String),
+    Failed(EngineError),
+}
+
+/// Why a generation failed midway. Only the sequence fails; the engine keeps serving.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum EngineError {
+    #[error("inference failed: {0}")]
+    Inference(String),
+    /// A bug caught in a step: every sequence in flight failed and the KV pool was reset.
+    #[error("internal engine error: {0}")]
+    Internal(String),
+    #[error("constrained decoding failed: {0}")]
+    Grammar(String),
+    /// The sequence's logits processor failed; the error is the processor's own (the server
+    /// knows its type).
+    #[error("{0}")]
+    Processor(Arc<dyn std::error::Error + Send + Sync>),
+}
+
+impl PartialEq for EngineError {
+    fn eq(&self, other: &Self) -> bool {
+        self.to_string() == other.to_string()
+    }
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

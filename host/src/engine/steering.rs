@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use super::constraint::Guide;
+use super::EngineError;
 
 /// The decision for the next token.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -18,10 +19,13 @@ pub struct Steer {
 }
 
 /// Per-sequence code in the decode loop. `step` gets what was generated since the last call
-/// and returns the decision for the next token; an error fails the sequence.
+/// and returns the decision for the next token; an error fails the sequence, and reaches the
+/// client as the implementation's own error type.
 pub trait LogitsProcessor: Send {
-    fn step(&mut self, tokens: &[u32], text: &str) -> Result<Steer, String>;
+    fn step(&mut self, tokens: &[u32], text: &str) -> Result<Steer, ProcessorError>;
 }
+
+pub type ProcessorError = Arc<dyn std::error::Error + Send + Sync>;
 
 /// A started processor and its decision for the first token, handed to the engine with the
 /// request. Cloning shares it (a request is cloned per choice before each gets its own).
@@ -49,7 +53,7 @@ impl std::fmt::Debug for ProcessorSlot {
 struct Processor {
     code: Box<dyn LogitsProcessor>,
     /// The decision for the next token, once known.
-    next: Option<Result<Steer, String>>,
+    next: Option<Result<Steer, ProcessorError>>,
     /// Generated since the last call.
     tokens: Vec<u32>,
     text: String,
@@ -103,12 +107,16 @@ impl Steering {
 
     /// Applies bans, biases and the grammar's mask to the next token's logits. `Ok(true)`:
     /// the processor ends the sequence here.
-    pub(super) fn apply(&mut self, logits: &mut [f32]) -> Result<bool, String> {
+    pub(super) fn apply(&mut self, logits: &mut [f32]) -> Result<bool, EngineError> {
         if self.processor.is_some() {
             self.prepare();
         }
         if let Some(p) = self.processor.as_mut() {
-            let steer = p.next.take().expect("prepared")?;
+            let steer = p
+                .next
+                .take()
+                .expect("prepared")
+                .map_err(EngineError::Processor)?;
             if steer.stop {
                 return Ok(true);
             }
@@ -124,14 +132,13 @@ impl Steering {
             }
         }
         if let Some(g) = self.guide.as_mut() {
-            g.apply(logits)?;
+            g.apply(logits).map_err(EngineError::Grammar)?;
         }
         let banned_all = || logits.iter().all(|l| *l == f32::NEG_INFINITY);
         if self.processor.is_some() && banned_all() {
-            return Err(
-                "no token is allowed next (the grammar and the processor's bans exclude every one)"
-                    .into(),
-            );
+            let why =
+                "no token is allowed next (the grammar and the processor's bans exclude every one)";
+            return Err(EngineError::Grammar(why.to_string()));
         }
         Ok(false)
     }

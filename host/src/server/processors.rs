@@ -7,11 +7,11 @@ use std::sync::Arc;
 use super::error::ApiError;
 use super::plugins::bound;
 use super::AppState;
-use crate::engine::steering::{LogitsProcessor, ProcessorSlot, Steer};
+use crate::engine::steering::{LogitsProcessor, ProcessorError, ProcessorSlot, Steer};
 use crate::engine::tokenizer::token_bytes;
-use crate::engine::{Engine, GenerationRequest};
+use crate::engine::{Engine, EngineError, GenerationRequest};
 use crate::plugins::vocab::VocabIndex;
-use crate::plugins::{Decision, PluginKind, Processor, SequenceStart};
+use crate::plugins::{CallError, Decision, PluginKind, Processor, SequenceStart};
 use crate::tenancy::Caller;
 
 struct PluginProcessor {
@@ -21,17 +21,45 @@ struct PluginProcessor {
     labels: [String; 2],
 }
 
+/// A processor's failure as it crosses the engine: the plugin's own error, with whose it is,
+/// so the response can name them with the plugin error's code.
+#[derive(Debug, thiserror::Error)]
+#[error("the logits processor `{plugin}` of tenant `{tenant}` {error}")]
+pub(super) struct ProcessorFailure {
+    pub(super) tenant: String,
+    pub(super) plugin: String,
+    pub(super) error: CallError,
+}
+
 impl LogitsProcessor for PluginProcessor {
-    fn step(&mut self, tokens: &[u32], text: &str) -> Result<Steer, String> {
-        self.processor.step(tokens, text).map(steer).map_err(|e| {
-            let [tenant, plugin] = &self.labels;
-            self.failures
-                .plugin_failures
-                .with_label_values(&[tenant, plugin, e.cause()])
-                .inc();
-            format!("the logits processor `{plugin}` of tenant `{tenant}` {e}")
-        })
+    fn step(&mut self, tokens: &[u32], text: &str) -> Result<Steer, ProcessorError> {
+        self.processor
+            .step(tokens, text)
+            .map(steer)
+            .map_err(|error| {
+                let [tenant, plugin] = self.labels.clone();
+                self.failures
+                    .plugin_failures
+                    .with_label_values(&[&tenant, &plugin, error.cause()])
+                    .inc();
+                Arc::new(ProcessorFailure {
+                    tenant,
+                    plugin,
+                    error,
+                }) as ProcessorError
+            })
     }
+}
+
+/// The client's error for a generation that failed midway: a processor's fault as the
+/// plugin error it is, anything else as the server's.
+pub(super) fn engine_error(e: EngineError) -> ApiError {
+    if let EngineError::Processor(p) = &e {
+        if let Some(f) = p.downcast_ref::<ProcessorFailure>() {
+            return ApiError::plugin(&f.tenant, &f.plugin, &f.error);
+        }
+    }
+    ApiError::internal(e.to_string())
 }
 
 fn steer(d: Decision) -> Steer {

@@ -15,6 +15,7 @@ use super::error::ApiError;
 use super::logprobs;
 use super::openai::*;
 use super::plugins::call;
+use super::processors::engine_error;
 use super::sse::Sse;
 use super::tool_calls::{self, StreamCalls};
 use super::validation::Generation;
@@ -156,7 +157,7 @@ impl Reply {
                         c.usage = u;
                         c.finish = Some(f);
                     }
-                    Event::Failed(m) => return Err(ApiError::internal(m)),
+                    Event::Failed(e) => return Err(engine_error(e)),
                 }
             }
             if c.finish.is_none() {
@@ -351,7 +352,7 @@ impl Reply {
                 },
                 Event::Failed(m) => {
                     self.end(Outcome::Failed);
-                    return sse.fail(&ApiError::internal(m)).await;
+                    return sse.fail(&engine_error(m)).await;
                 }
             };
             let last = choices.len().saturating_sub(1);

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
-use llguidance::api::TopLevelGrammar;
+use llguidance::api::{ParserLimits, TopLevelGrammar};
 use llguidance::toktrie::{SimpleVob, TokEnv, TokRxInfo, TokTrie, TokenizerEnv};
 use llguidance::{Matcher, ParserFactory, TokenParser};
 use parking_lot::Mutex;
@@ -16,8 +16,9 @@ use super::tokenizer::token_bytes;
 use super::ModelError;
 use crate::metrics::GrammarMetrics;
 
-/// Compiled grammars kept per model; the least recently used goes first.
-const CACHE_ENTRIES: usize = 256;
+/// Compiled grammars kept per model; the least recently used goes first. A compiled grammar
+/// of a large schema holds megabytes of lexer state, so the cache stays small.
+const CACHE_ENTRIES: usize = 64;
 
 /// Why a grammar was refused: the message names what is wrong (an unsupported JSON-schema
 /// keyword, a bad regex), for the client's 400.
@@ -118,6 +119,14 @@ impl Grammars {
         let mut factory = ParserFactory::new_simple(&env)
             .map_err(|e| ModelError::Tokenizer(format!("grammar vocabulary: {e}")))?;
         factory.quiet();
+        // Each sequence's parser grows its own lexer states (1-2 kB each) as it generates:
+        // a fifth of llguidance's default bounds a hostile regex at tens of megabytes per
+        // sequence. Errors without the parser's state dump, which is not for clients.
+        *factory.limits_mut() = ParserLimits {
+            max_lexer_states: 50_000,
+            verbose_errors: false,
+            ..ParserLimits::default()
+        };
         Ok(Self {
             factory,
             cache: Mutex::new(Cache::default()),
@@ -153,7 +162,15 @@ impl Grammars {
         let parser = self
             .factory
             .create_parser(grammar.clone())
-            .map_err(|e| GrammarError(e.to_string()))?;
+            .map_err(|e| GrammarError(first_line(&e.to_string())))?;
+        // Some grammars compile but cannot produce a first token (a `$ref` cycle, a rule past
+        // the parser's limits): found here, they are the client's 400, not a failure midway.
+        let mut probe = Matcher::new(Ok(parser.deep_clone()));
+        match probe.compute_mask() {
+            Ok(m) if !m.is_zero() => {}
+            Ok(_) => return Err(GrammarError("the grammar allows no output at all".into())),
+            Err(e) => return Err(GrammarError(first_line(&e.to_string()))),
+        }
         self.metrics()
             .compile_seconds
             .with_label_values(&[&self.model])
@@ -169,6 +186,11 @@ impl Grammars {
         c.entries.insert(key, (parser.deep_clone(), tick));
         Ok(Constraint(Box::new(parser)))
     }
+}
+
+/// llguidance errors may carry a dump of the parser's state after the first line.
+fn first_line(e: &str) -> String {
+    e.lines().next().unwrap_or_default().trim().to_string()
 }
 
 /// A sequence's grammar state: the mask for its next token (computed ahead, while the forward
@@ -192,7 +214,11 @@ impl Guide {
             return None;
         }
         let started = Instant::now();
-        self.mask = Some(self.matcher.compute_mask().map_err(|e| e.to_string()));
+        self.mask = Some(
+            self.matcher
+                .compute_mask()
+                .map_err(|e| first_line(&e.to_string())),
+        );
         Some(started.elapsed().as_secs_f64())
     }
 
@@ -213,7 +239,9 @@ impl Guide {
 
     pub(super) fn commit(&mut self, token: u32) -> Result<(), String> {
         self.mask = None;
-        self.matcher.consume_token(token).map_err(|e| e.to_string())
+        self.matcher
+            .consume_token(token)
+            .map_err(|e| first_line(&e.to_string()))
     }
 
     /// Tokens the grammar allows no alternative to from here (e.g. the rest of a key name).
@@ -298,6 +326,16 @@ mod tests {
         let m = &g.metrics.grammar.cache;
         assert_eq!(m.with_label_values(&["t", "hit"]).get(), 1);
         assert_eq!(m.with_label_values(&["t", "miss"]).get(), 1);
+    }
+
+    #[test]
+    fn grammars_that_cannot_start_are_refused_at_compile() {
+        let (g, _) = grammars();
+        let cycle = json!({"$ref": "#/$defs/a", "$defs": {"a": {"$ref": "#/$defs/a"}}});
+        let err = g
+            .compile(&TopLevelGrammar::from_json_schema(cycle))
+            .unwrap_err();
+        assert!(!err.0.contains('\n'), "{err}");
     }
 
     #[test]

@@ -52,12 +52,22 @@ impl LogitsProcessor for PluginProcessor {
 }
 
 /// The client's error for a generation that failed midway: a processor's fault as the
-/// plugin error it is, anything else as the server's.
+/// plugin error it is, a grammar that ran into the parser's limits as the request's 400,
+/// anything else as the server's.
 pub(super) fn engine_error(e: EngineError) -> ApiError {
-    if let EngineError::Processor(p) = &e {
-        if let Some(f) = p.downcast_ref::<ProcessorFailure>() {
-            return ApiError::plugin(&f.tenant, &f.plugin, &f.error);
+    match &e {
+        EngineError::Processor(p) => {
+            if let Some(f) = p.downcast_ref::<ProcessorFailure>() {
+                return ApiError::plugin(&f.tenant, &f.plugin, &f.error);
+            }
         }
+        EngineError::Grammar(why) => {
+            return ApiError::invalid(
+                None,
+                format!("The output constraint failed partway through the answer: {why}. Simplify the schema, regex or grammar."),
+            )
+        }
+        _ => {}
     }
     ApiError::internal(e.to_string())
 }

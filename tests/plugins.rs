@@ -295,6 +295,25 @@ fn rerank_docs() -> Value {
 }
 
 #[test]
+fn a_policy_binding_a_plugin_of_the_wrong_kind_is_refused() {
+    let (s, dir) = start();
+    let policy = std::fs::read_to_string(dir.join("policies.toml")).unwrap();
+    let wrong = policy.replace("output_parser = \"json\"", "output_parser = \"ranker\"");
+    assert_ne!(wrong, policy);
+    let (st, body) = s.request("PUT", "/admin/policies", wrong.into_bytes(), Some(ADMIN));
+    assert_eq!(st, 400, "{body}");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("output_parser = \"ranker\" is installed as kind `reranker`"),
+        "{message}"
+    );
+    // The policy in force is unchanged, and a binding of the right kind is accepted.
+    let (st, _) = s.request("PUT", "/admin/policies", policy.into_bytes(), Some(ADMIN));
+    assert_eq!(st, 200);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
 fn rerank_is_served_by_the_tenant_plugin() {
     let (s, dir) = start();
     let (st, body) = s.post_as(

@@ -309,6 +309,13 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         gateway::search::Collections::open(cfg.collections_dir.clone(), embedders.clone())
     });
     let (tenancy, _policy_watch) = open_tenancy(&cfg, &metrics)?;
+    let registry = plugins.clone();
+    let wrong = tenancy.check_plugin_kinds(Box::new(move |tenant, name| {
+        registry.get(tenant, name).map(|p| p.kind().as_str())
+    }));
+    for problem in wrong {
+        tracing::warn!(%problem, "policy binds a plugin of the wrong kind; its requests will fail");
+    }
     let (listeners, tls_watches) = bind_listeners(&cfg).await?;
     let started = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)?

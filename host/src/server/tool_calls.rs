@@ -16,9 +16,13 @@ pub(super) fn finish_reason(finish: FinishReason, called: bool) -> &'static str 
     }
 }
 
-/// The assistant message of a whole answer, and whether it called a tool.
+/// The assistant message of a whole answer, and whether it called a tool. Without
+/// `parallel_tool_calls`, only the first call counts.
 pub(super) fn message(text: &str, tools: &ToolSet) -> (Value, bool) {
-    let (content, calls) = tools::parse(text, tools);
+    let (content, mut calls) = tools::parse(text, tools);
+    if !tools.parallel {
+        calls.truncate(1);
+    }
     let mut m = json!({"role": "assistant", "content": content});
     if calls.is_empty() {
         return (m, false);
@@ -38,6 +42,7 @@ pub(super) fn message(text: &str, tools: &ToolSet) -> (Value, bool) {
 pub(super) struct StreamCalls {
     parser: CallParser,
     next_index: usize,
+    parallel: bool,
 }
 
 impl StreamCalls {
@@ -45,6 +50,7 @@ impl StreamCalls {
         Self {
             parser: CallParser::new(tools),
             next_index: 0,
+            parallel: tools.parallel,
         }
     }
 
@@ -69,6 +75,8 @@ impl StreamCalls {
         for d in deltas {
             match d {
                 Delta::Content(t) => out.push(json!({"content": t})),
+                // Without `parallel_tool_calls`, calls after the first are dropped.
+                Delta::Call(_) if self.next_index > 0 && !self.parallel => {}
                 Delta::Call(Call {
                     id,
                     name,

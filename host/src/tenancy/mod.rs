@@ -96,6 +96,30 @@ pub struct Tenancy {
     pub path: Option<PathBuf>,
     pub ledger: Option<Ledger>,
     metrics: Arc<Metrics>,
+    /// The kind of an installed plugin (tenant, name) → e.g. `"reranker"`, once the server has
+    /// its plugin registry: policies binding a plugin of another kind are refused.
+    plugin_kinds: std::sync::OnceLock<KindOf>,
+}
+
+/// Looks up the kind of the tenant's installed plugin, if it is installed.
+pub type KindOf = Box<dyn Fn(&str, &str) -> Option<&'static str> + Send + Sync>;
+
+/// Each plugin binding of a tenant policy, and the kind it needs.
+fn bindings(t: &TenantPolicy) -> [(&'static str, &'static str, Option<&String>); 4] {
+    [
+        (
+            "prompt_template",
+            "prompt-template",
+            t.prompt_template.as_ref(),
+        ),
+        ("output_parser", "output-parser", t.output_parser.as_ref()),
+        ("reranker", "reranker", t.reranker.as_ref()),
+        (
+            "logits_processor",
+            "logits-processor",
+            t.logits_processor.as_ref(),
+        ),
+    ]
 }
 
 impl Tenancy {
@@ -122,9 +146,48 @@ impl Tenancy {
             path,
             ledger,
             metrics,
+            plugin_kinds: std::sync::OnceLock::new(),
         };
         t.install(parsed, text);
         Ok(t)
+    }
+
+    /// From now on, policies binding an installed plugin of the wrong kind are refused.
+    /// Returns the problems of the policy in force (to warn about: it is already serving).
+    pub fn check_plugin_kinds(&self, kind_of: KindOf) -> Vec<String> {
+        let _ = self.plugin_kinds.set(kind_of);
+        let set = self.policies.load();
+        self.wrong_kinds(set.tenants.values().map(|t| &t.policy))
+    }
+
+    fn wrong_kinds<'a>(&self, tenants: impl Iterator<Item = &'a TenantPolicy>) -> Vec<String> {
+        let Some(kind_of) = self.plugin_kinds.get() else {
+            return Vec::new();
+        };
+        let mut problems = Vec::new();
+        for t in tenants {
+            for (field, want, name) in bindings(t) {
+                let Some(name) = name else { continue };
+                match kind_of(&t.name, name) {
+                    Some(kind) if kind != want => problems.push(format!(
+                        "tenant {:?}: {field} = {name:?} is installed as kind `{kind}`; {field} needs kind `{want}`",
+                        t.name
+                    )),
+                    _ => {}
+                }
+            }
+        }
+        problems
+    }
+
+    /// Parses and validates a policy text, bindings included.
+    fn parse(&self, text: &str) -> Result<Policies, PolicyError> {
+        let parsed = Policies::parse(text)?;
+        let problems = self.wrong_kinds(parsed.tenants.iter());
+        match problems.is_empty() {
+            true => Ok(parsed),
+            false => Err(PolicyError(problems)),
+        }
     }
 
     pub fn open_mode(&self) -> bool {
@@ -139,7 +202,7 @@ impl Tenancy {
     /// Validates `text` and makes it the policy; with a policy file, writes it there first.
     /// On error nothing changes.
     pub fn replace(&self, text: &str) -> Result<(), PolicyError> {
-        let parsed = Policies::parse(text)?;
+        let parsed = self.parse(text)?;
         if let Some(path) = &self.path {
             crate::common::write_atomically(path, text.as_bytes())
                 .map_err(|e| PolicyError(vec![format!("{}: {e}", path.display())]))?;
@@ -160,7 +223,7 @@ impl Tenancy {
         if text == self.policies.load().text {
             return;
         }
-        match Policies::parse(&text) {
+        match self.parse(&text) {
             Ok(p) => {
                 self.install(p, text);
                 tracing::info!(path = %path.display(), "policies reloaded");

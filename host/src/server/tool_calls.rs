@@ -6,7 +6,7 @@
 use serde_json::{json, Value};
 
 use crate::engine::FinishReason;
-use crate::structured::tools::{self, Call, CallParser, Delta, ToolSet};
+use crate::structured::tools::{self, CallParser, Delta, ToolSet};
 
 /// `finish_reason` of a choice: `tool_calls` when it ended normally having called.
 pub(super) fn finish_reason(finish: FinishReason, called: bool) -> &'static str {
@@ -43,6 +43,8 @@ pub(super) struct StreamCalls {
     parser: CallParser,
     next_index: usize,
     parallel: bool,
+    /// Inside a call that is dropped (a second one without `parallel_tool_calls`).
+    skipping: bool,
 }
 
 impl StreamCalls {
@@ -51,6 +53,7 @@ impl StreamCalls {
             parser: CallParser::new(tools),
             next_index: 0,
             parallel: tools.parallel,
+            skipping: false,
         }
     }
 
@@ -76,22 +79,18 @@ impl StreamCalls {
             match d {
                 Delta::Content(t) => out.push(json!({"content": t})),
                 // Without `parallel_tool_calls`, calls after the first are dropped.
-                Delta::Call(_) if self.next_index > 0 && !self.parallel => {}
-                Delta::Call(Call {
-                    id,
-                    name,
-                    arguments,
-                }) => {
-                    let index = self.next_index;
-                    self.next_index += 1;
-                    out.push(
-                        json!({"tool_calls": [{"index": index, "id": id, "type": "function",
-                        "function": {"name": name, "arguments": ""}}]}),
-                    );
-                    out.push(
-                        json!({"tool_calls": [{"index": index, "function": {"arguments": arguments}}]}),
-                    );
+                Delta::CallStart { .. } if self.next_index > 0 && !self.parallel => {
+                    self.skipping = true;
                 }
+                Delta::CallStart { id, name } => {
+                    self.skipping = false;
+                    out.push(json!({"tool_calls": [{"index": self.next_index, "id": id,
+                        "type": "function", "function": {"name": name, "arguments": ""}}]}));
+                    self.next_index += 1;
+                }
+                Delta::Args(_) if self.skipping || self.next_index == 0 => {}
+                Delta::Args(a) => out.push(json!({"tool_calls": [{"index": self.next_index - 1,
+                    "function": {"arguments": a}}]})),
             }
         }
         out
@@ -124,9 +123,16 @@ mod tests {
             deltas.extend(s.push(piece));
         }
         deltas.extend(s.finish());
-        assert_eq!(deltas.len(), 2);
+        assert!(deltas.len() >= 2, "{deltas:?}");
         assert_eq!(deltas[0]["tool_calls"][0]["function"]["arguments"], "");
-        let args = deltas[1]["tool_calls"][0]["function"]["arguments"].clone();
+        let args: String = deltas[1..]
+            .iter()
+            .map(|d| {
+                d["tool_calls"][0]["function"]["arguments"]
+                    .as_str()
+                    .unwrap()
+            })
+            .collect();
         assert_eq!(args, whole["tool_calls"][0]["function"]["arguments"]);
         assert_eq!(
             deltas[0]["tool_calls"][0]["function"]["name"],

@@ -182,10 +182,69 @@ pub struct Call {
     pub arguments: String,
 }
 
+impl Call {
+    /// A whole call as stream deltas.
+    fn deltas(self) -> Vec<Delta> {
+        vec![
+            Delta::CallStart {
+                id: self.id,
+                name: self.name,
+            },
+            Delta::Args(self.arguments),
+        ]
+    }
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub enum Delta {
     Content(String),
-    Call(Call),
+    /// A call begins: its id and function name.
+    CallStart {
+        id: String,
+        name: String,
+    },
+    /// More of the current call's arguments (JSON text, in pieces).
+    Args(String),
+}
+
+/// How a constrained call starts, byte for byte: the call grammar writes the name first, with
+/// the compact layout.
+const HEAD: &str = "\n{\"name\": \"";
+const AFTER_NAME: &str = "\", \"arguments\": ";
+
+/// A call whose arguments are being streamed: where the arguments object stands.
+#[derive(Default)]
+struct Streaming {
+    depth: usize,
+    in_string: bool,
+    escaped: bool,
+    /// The arguments object has closed; what is left is the call's `}` and closing tag.
+    closed: bool,
+}
+
+impl Streaming {
+    /// How much of `text` (the next arguments text) belongs to the arguments.
+    fn scan(&mut self, text: &str) -> usize {
+        for (i, c) in text.char_indices() {
+            if self.closed {
+                return i;
+            }
+            match (self.in_string, self.escaped, c) {
+                (true, true, _) => self.escaped = false,
+                (true, false, '\\') => self.escaped = true,
+                (true, false, '"') => self.in_string = false,
+                (true, false, _) => {}
+                (false, _, '"') => self.in_string = true,
+                (false, _, '{' | '[') => self.depth += 1,
+                (false, _, '}' | ']') => {
+                    self.depth = self.depth.saturating_sub(1);
+                    self.closed = self.depth == 0;
+                }
+                _ => {}
+            }
+        }
+        text.len()
+    }
 }
 
 /// Splits generated text into content and calls as it streams: text that may be the start of
@@ -202,6 +261,12 @@ pub struct CallParser {
     calls: usize,
     /// `None` until the answer's first visible character says whether it may be a bare call.
     bare: Option<bool>,
+    /// Calls are constrained to the grammar's layout: their arguments stream as generated.
+    progressive: bool,
+    /// The call in the current block, once its head was read (progressive mode).
+    streaming: Option<Streaming>,
+    /// The current block does not start as the grammar writes calls: read it whole.
+    whole: bool,
 }
 
 impl CallParser {
@@ -215,6 +280,9 @@ impl CallParser {
                 ToolChoice::Auto => None,
                 _ => Some(false),
             },
+            progressive: tools.constrains(),
+            streaming: None,
+            whole: false,
         }
     }
 
@@ -250,16 +318,68 @@ impl CallParser {
                 self.content(&mut out, self.buf.len() - keep);
                 return out;
             }
+            if self.progressive && !self.whole {
+                self.stream_call(&mut out);
+            }
             let Some(i) = self.buf.find(CLOSE) else {
                 return out;
             };
             let body: String = self.buf.drain(..i + CLOSE.len()).collect();
             let body = &body[..i];
-            out.push(match self.call(body) {
-                Some(c) => Delta::Call(c),
-                None => Delta::Content(format!("{OPEN}{body}{CLOSE}")),
-            });
+            if self.streaming.take().is_none() {
+                match self.call(body) {
+                    Some(c) => out.extend(c.deltas()),
+                    None => out.push(Delta::Content(format!("{OPEN}{body}{CLOSE}"))),
+                }
+            }
             self.inside = false;
+            self.whole = false;
+        }
+    }
+
+    /// Progressive mode, inside a block: releases the call's start once its head is read, then
+    /// its arguments as they arrive.
+    fn stream_call(&mut self, out: &mut Vec<Delta>) {
+        if self.streaming.is_none() {
+            let b = self.buf.as_str();
+            if b.len() < HEAD.len() {
+                self.whole = !HEAD.starts_with(b);
+                return;
+            }
+            let Some(rest) = b.strip_prefix(HEAD) else {
+                self.whole = true;
+                return;
+            };
+            let Some(end) = rest.find('"') else { return };
+            let name = &rest[..end];
+            let after = &rest[end..];
+            if after.len() < AFTER_NAME.len() {
+                self.whole = !AFTER_NAME.starts_with(after);
+                return;
+            }
+            if !after.starts_with(AFTER_NAME) || !self.known.iter().any(|k| k == name) {
+                self.whole = true;
+                return;
+            }
+            out.push(Delta::CallStart {
+                id: call_id(),
+                name: name.to_string(),
+            });
+            self.calls += 1;
+            let head = HEAD.len() + end + AFTER_NAME.len();
+            self.buf.drain(..head);
+            self.streaming = Some(Streaming::default());
+        }
+        let Some(s) = self.streaming.as_mut() else {
+            return;
+        };
+        if s.closed {
+            return;
+        }
+        let n = s.scan(&self.buf);
+        let args: String = self.buf.drain(..n).collect();
+        if !args.is_empty() {
+            out.push(Delta::Args(args));
         }
     }
 
@@ -277,8 +397,12 @@ impl CallParser {
             return out;
         }
         self.inside = false;
+        if self.streaming.take().is_some() {
+            // A call cut short (max_tokens): its arguments went out as they came.
+            return Vec::new();
+        }
         match self.call(&rest) {
-            Some(c) => vec![Delta::Call(c)],
+            Some(c) => c.deltas(),
             None => vec![Delta::Content(format!("{OPEN}{rest}"))],
         }
     }
@@ -302,7 +426,7 @@ impl CallParser {
             None => body,
         };
         match self.call(body) {
-            Some(c) => vec![Delta::Call(c)],
+            Some(c) => c.deltas(),
             None => out,
         }
     }
@@ -352,7 +476,16 @@ pub fn parse(text: &str, tools: &ToolSet) -> (Option<String>, Vec<Call>) {
     for d in deltas {
         match d {
             Delta::Content(t) => content.push_str(&t),
-            Delta::Call(c) => calls.push(c),
+            Delta::CallStart { id, name } => calls.push(Call {
+                id,
+                name,
+                arguments: String::new(),
+            }),
+            Delta::Args(a) => {
+                if let Some(c) = calls.last_mut() {
+                    c.arguments.push_str(&a);
+                }
+            }
         }
     }
     let content = match content.trim() {
@@ -408,7 +541,7 @@ mod tests {
         let args: Vec<&str> = deltas
             .iter()
             .filter_map(|d| match d {
-                Delta::Call(c) => Some(c.arguments.as_str()),
+                Delta::Args(a) => Some(a.as_str()),
                 _ => None,
             })
             .collect();
@@ -417,6 +550,43 @@ mod tests {
         assert_eq!(content.as_deref(), Some("Let me check."));
         assert_eq!(calls.len(), 2);
         assert!(calls[0].id.starts_with("call_") && calls[0].id.len() == 29);
+    }
+
+    #[test]
+    fn constrained_calls_stream_their_arguments_as_generated() {
+        let text = "<tool_call>\n{\"name\": \"lookup\", \"arguments\": {\"q\": \"a } \\\" ]\", \"n\": [1, {\"x\": 2}]}}\n</tool_call>\n<tool_call>\n{\"name\": \"lookup\", \"arguments\": {}}\n</tool_call>";
+        let tools = set(ToolChoice::Required);
+        let mut p = CallParser::new(&tools);
+        let mut deltas = Vec::new();
+        for c in text.chars() {
+            deltas.extend(p.push(&c.to_string()));
+        }
+        deltas.extend(p.finish());
+        let starts = deltas
+            .iter()
+            .filter(|d| matches!(d, Delta::CallStart { .. }))
+            .count();
+        let pieces = deltas
+            .iter()
+            .filter(|d| matches!(d, Delta::Args(_)))
+            .count();
+        assert_eq!(starts, 2);
+        assert!(pieces > 10, "arguments arrive piece by piece: {deltas:?}");
+        assert!(
+            !deltas.iter().any(|d| matches!(d, Delta::Content(_))),
+            "{deltas:?}"
+        );
+        let (content, calls) = parse(text, &tools);
+        assert_eq!(content, None);
+        assert_eq!(
+            calls[0].arguments,
+            r#"{"q": "a } \" ]", "n": [1, {"x": 2}]}"#
+        );
+        assert_eq!(calls[1].arguments, "{}");
+        // Cut by max_tokens: what was generated of the arguments, the same both ways.
+        let cut = &text[..52];
+        let (_, calls) = parse(cut, &tools);
+        assert_eq!(calls[0].arguments, r#"{"q": "a"#);
     }
 
     #[test]

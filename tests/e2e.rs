@@ -338,6 +338,20 @@ fn models_health_and_metrics_endpoints() {
     ] {
         assert!(metrics.contains(name), "/metrics exposes {name}");
     }
+    // vLLM's names, as Kubernetes inference routers and KEDA read them.
+    let vllm = |series: &str| s.metric(&format!("{series}{{model_name=\"{MODEL}\"}}"));
+    assert_eq!(vllm("vllm:num_requests_waiting"), 0.0);
+    assert_eq!(vllm("vllm:num_requests_running"), 0.0);
+    let usage = vllm("vllm:kv_cache_usage_perc");
+    assert!((0.0..=1.0).contains(&usage), "{usage}");
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("vllm:cache_config_info{")
+                && l.contains("block_size=\"16\"")
+                && l.ends_with(" 1")),
+        "{metrics}"
+    );
 }
 
 #[test]

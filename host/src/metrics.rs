@@ -36,6 +36,51 @@ pub struct Metrics {
     pub edge: EdgeMetrics,
     pub ledger: LedgerMetrics,
     pub grammar: GrammarMetrics,
+    pub vllm: VllmMetrics,
+}
+
+/// The gauges Kubernetes inference routers (the Gateway API Inference Extension's endpoint
+/// picker) and KEDA examples read from a model server, under vLLM's names and meanings, so a
+/// gateway replica can sit in an InferencePool unchanged.
+pub struct VllmMetrics {
+    /// Requests submitted and not yet running (vLLM: in the scheduler's waiting queue).
+    pub waiting: IntGaugeVec,
+    pub running: IntGaugeVec,
+    /// Share of KV-cache blocks in use, 0 to 1.
+    pub kv_usage: prometheus::GaugeVec,
+    /// Always 1; the labels carry the cache layout.
+    pub cache_config: IntGaugeVec,
+}
+
+impl VllmMetrics {
+    fn new(r: &Registry) -> Self {
+        let name = &["model_name"];
+        let gauge =
+            |n: &str, h: &str| reg(r, IntGaugeVec::new(Opts::new(n, h), name).expect("valid"));
+        Self {
+            waiting: gauge(
+                "vllm:num_requests_waiting",
+                "Requests waiting to be scheduled",
+            ),
+            running: gauge("vllm:num_requests_running", "Requests in the running batch"),
+            kv_usage: reg(
+                r,
+                prometheus::GaugeVec::new(
+                    Opts::new("vllm:kv_cache_usage_perc", "KV-cache usage, 1 = full"),
+                    name,
+                )
+                .expect("valid"),
+            ),
+            cache_config: reg(
+                r,
+                IntGaugeVec::new(
+                    Opts::new("vllm:cache_config_info", "KV-cache configuration (labels)"),
+                    &["model_name", "block_size", "num_gpu_blocks"],
+                )
+                .expect("valid"),
+            ),
+        }
+    }
 }
 
 /// Constrained decoding: grammar compiles (and cache hits) and the per-step token masks.
@@ -347,6 +392,7 @@ impl Metrics {
             edge: EdgeMetrics::new(&r),
             ledger: LedgerMetrics::new(&r),
             grammar: GrammarMetrics::new(&r),
+            vllm: VllmMetrics::new(&r),
             registry: r,
         }
     }

@@ -88,6 +88,12 @@ impl EngineLoop {
             .kv_blocks_total
             .with_label_values(&[&cfg.name])
             .set(num_blocks as i64);
+        let (bs, blocks) = (e.block_size.to_string(), num_blocks.to_string());
+        metrics
+            .vllm
+            .cache_config
+            .with_label_values(&[&cfg.name, &bs, &blocks])
+            .set(1);
         // Every per-model series exists from the start, at zero, so dashboards see them.
         for c in [
             &metrics.prompt_tokens,
@@ -560,5 +566,22 @@ impl EngineLoop {
         m.kv_utilisation
             .with_label_values(&[model])
             .set(self.sched.kv_utilisation());
+        let v = &m.vllm;
+        // Not yet admitted (still counted by `submit`), plus preempted sequences back in line.
+        let preempted = self
+            .sched
+            .waiting
+            .iter()
+            .filter(|s| self.states.get(&s.id).is_some_and(|st| st.admitted))
+            .count();
+        let waiting = self.waiting.load(Ordering::Relaxed) + preempted;
+        v.waiting.with_label_values(&[model]).set(waiting as i64);
+        v.running
+            .with_label_values(&[model])
+            .set(self.sched.running.len() as i64);
+        let total = self.sched.blocks.num_blocks().max(1);
+        v.kv_usage
+            .with_label_values(&[model])
+            .set(used as f64 / total as f64);
     }
 }

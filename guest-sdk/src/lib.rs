@@ -88,19 +88,30 @@
 //! guest_sdk::export_logits_processor!(NoShouting);
 //! ```
 
-/// Helpers every world module gets, bound to that world's own generated `host` import.
+/// Helpers every world module gets, bound to that world's own generated `host` import. Built
+/// for anything but WebAssembly (a plugin's own `cargo test`), they read and write
+/// [`testing`]'s fake host instead, so a `Guest` impl runs natively.
 macro_rules! helpers {
     () => {
         pub use self::gateway::plugins::host::LogLevel;
 
         /// The tenant's configuration value for `key`, as set by the platform admin.
         pub fn config(key: &str) -> Option<String> {
-            self::gateway::plugins::host::config_get(key)
+            #[cfg(target_arch = "wasm32")]
+            return self::gateway::plugins::host::config_get(key);
+            #[cfg(not(target_arch = "wasm32"))]
+            return $crate::testing::config(key);
         }
 
         /// Writes `message` to the gateway log, tagged with tenant and plugin.
         pub fn log(level: LogLevel, message: &str) {
-            self::gateway::plugins::host::log(level, message)
+            #[cfg(target_arch = "wasm32")]
+            self::gateway::plugins::host::log(level, message);
+            #[cfg(not(target_arch = "wasm32"))]
+            $crate::testing::log(
+                format!("{level:?}").trim_start_matches("LogLevel::"),
+                message,
+            );
         }
 
         /// A plugin error with a machine-readable `code` and a message for the client.
@@ -116,6 +127,96 @@ macro_rules! helpers {
             ::serde_json::from_str(text).map_err(|e| error("invalid-json", e.to_string()))
         }
     };
+}
+
+/// A fake host for running a plugin's `Guest` impl natively in its own tests: configuration
+/// values, captured log lines and (for logits processors) a vocabulary, per test thread.
+///
+/// ```
+/// guest_sdk::testing::set_config("persona", "You are Ava.");
+/// assert_eq!(guest_sdk::prompt_template::config("persona").as_deref(), Some("You are Ava."));
+/// guest_sdk::prompt_template::log(guest_sdk::prompt_template::LogLevel::Info, "hello");
+/// assert_eq!(guest_sdk::testing::logs(), ["Info: hello"]);
+/// ```
+pub mod testing {
+    use std::cell::RefCell;
+    use std::collections::BTreeMap;
+
+    thread_local! {
+        static CONFIG: RefCell<BTreeMap<String, String>> = RefCell::default();
+        static LOGS: RefCell<Vec<String>> = RefCell::default();
+        static VOCAB: RefCell<Vec<String>> = RefCell::default();
+    }
+
+    /// Sets a configuration value the plugin reads with `config`.
+    pub fn set_config(key: &str, value: &str) {
+        CONFIG.with(|c| c.borrow_mut().insert(key.into(), value.into()));
+    }
+
+    /// The vocabulary a logits processor's lookups answer from: `tokens[id]` is token `id`'s
+    /// text.
+    pub fn set_vocabulary(tokens: &[&str]) {
+        VOCAB.with(|v| *v.borrow_mut() = tokens.iter().map(|t| t.to_string()).collect());
+    }
+
+    /// The log lines written so far (`"<Level>: <message>"`), and forgets them.
+    pub fn logs() -> Vec<String> {
+        LOGS.with(|l| std::mem::take(&mut *l.borrow_mut()))
+    }
+
+    /// Forgets configuration, logs and vocabulary.
+    pub fn reset() {
+        CONFIG.with(|c| c.borrow_mut().clear());
+        LOGS.with(|l| l.borrow_mut().clear());
+        VOCAB.with(|v| v.borrow_mut().clear());
+    }
+
+    #[doc(hidden)]
+    pub fn config(key: &str) -> Option<String> {
+        CONFIG.with(|c| c.borrow().get(key).cloned())
+    }
+
+    #[doc(hidden)]
+    pub fn log(level: &str, message: &str) {
+        LOGS.with(|l| l.borrow_mut().push(format!("{level}: {message}")));
+    }
+
+    fn matching(f: impl Fn(&str) -> bool) -> Vec<u32> {
+        VOCAB.with(|v| {
+            let v = v.borrow();
+            (0..v.len() as u32).filter(|&i| f(&v[i as usize])).collect()
+        })
+    }
+
+    fn fold(s: &str, ignore_case: bool) -> String {
+        match ignore_case {
+            true => s.to_ascii_lowercase(),
+            false => s.to_string(),
+        }
+    }
+
+    #[doc(hidden)]
+    pub fn token_text(id: u32) -> String {
+        VOCAB.with(|v| v.borrow().get(id as usize).cloned().unwrap_or_default())
+    }
+
+    #[doc(hidden)]
+    pub fn tokens_with_prefix(prefix: &str, ignore_case: bool) -> Vec<u32> {
+        let p = fold(prefix, ignore_case);
+        match p.is_empty() {
+            true => Vec::new(),
+            false => matching(|t| fold(t, ignore_case).starts_with(&p)),
+        }
+    }
+
+    #[doc(hidden)]
+    pub fn tokens_containing(text: &str, ignore_case: bool) -> Vec<u32> {
+        let p = fold(text, ignore_case);
+        match p.is_empty() {
+            true => Vec::new(),
+            false => matching(|t| fold(t, ignore_case).contains(&p)),
+        }
+    }
 }
 
 /// The `prompt-template` world: turn a chat request into the model's prompt.
@@ -167,19 +268,31 @@ pub mod logits_processor {
 
     /// Token ids whose text starts with `prefix` (ASCII case folded with `ignore_case`).
     pub fn tokens_with_prefix(prefix: &str, ignore_case: bool) -> Vec<u32> {
-        self::gateway::plugins::vocabulary::tokens_with_prefix(prefix, ignore_case)
+        #[cfg(target_arch = "wasm32")]
+        return self::gateway::plugins::vocabulary::tokens_with_prefix(prefix, ignore_case);
+        #[cfg(not(target_arch = "wasm32"))]
+        return crate::testing::tokens_with_prefix(prefix, ignore_case);
     }
 
     /// Token ids whose text contains `text`.
     pub fn tokens_containing(text: &str, ignore_case: bool) -> Vec<u32> {
-        self::gateway::plugins::vocabulary::tokens_containing(text, ignore_case)
+        #[cfg(target_arch = "wasm32")]
+        return self::gateway::plugins::vocabulary::tokens_containing(text, ignore_case);
+        #[cfg(not(target_arch = "wasm32"))]
+        return crate::testing::tokens_containing(text, ignore_case);
     }
 
     /// The text of token `id`.
     pub fn token_text(id: u32) -> String {
-        self::gateway::plugins::vocabulary::token_text(id)
+        #[cfg(target_arch = "wasm32")]
+        return self::gateway::plugins::vocabulary::token_text(id);
+        #[cfg(not(target_arch = "wasm32"))]
+        return crate::testing::token_text(id);
     }
 }
+
+/// The `serde_json` this crate uses, so plugins need not add it to parse and write JSON.
+pub use serde_json;
 
 /// Exports a type implementing [`prompt_template::Guest`] as the plugin's entry point.
 #[macro_export]

@@ -148,6 +148,24 @@ mod tests {
             .collect()
     }
 
+    /// The whole plugin, as the gateway calls it, against the SDK's fake host.
+    #[test]
+    fn the_guest_bans_completions_of_a_begun_phrase() {
+        guest_sdk::testing::reset();
+        guest_sdk::testing::set_vocabulary(VOCAB);
+        guest_sdk::testing::set_config("deny", "Salesforce");
+        let start = SequenceStart {
+            model: "m".into(),
+            prompt: "Who leads CRM?".into(),
+            max_tokens: 8,
+        };
+        assert_eq!(Plugin::start(start).unwrap().banned, [6]);
+        let d = Plugin::step(vec![1], " Sales".into()).unwrap();
+        let mut banned = d.banned;
+        banned.sort();
+        assert_eq!(banned, [2, 3, 6]);
+    }
+
     #[test]
     fn a_phrase_is_blocked_whole_and_across_tokens() {
         let mut g = Guard::new(" Salesforce , ", containing);

@@ -15,6 +15,7 @@ const RULES: &[(&str, &[&str])] = &[
     ("search", &["common"]),
     ("tenancy", &["common", "metrics", "search"]),
     ("structured", &["engine"]),
+    ("plugin_tool", &["config", "plugins"]),
     ("bench", &["config", "engine", "metrics", "structured"]),
     ("cli", &["search"]),
     ("server", &["*"]),

@@ -346,3 +346,56 @@ fn rand_u64() -> u64 {
     );
     h.finish()
 }
+
+/// `gateway plugin check` and `run`: a component checked and called from the command line,
+/// with no server and no model.
+#[test]
+fn the_cli_checks_and_runs_a_component_without_a_server() {
+    let bin = env!("CARGO_BIN_EXE_gateway");
+    let dir = tempdir();
+    let cli = |args: &[&str]| {
+        std::process::Command::new(bin)
+            .args(args)
+            .env("XDG_CACHE_HOME", &dir)
+            .env_remove("RUST_BACKTRACE")
+            .output()
+            .unwrap()
+    };
+    let reranker = component("crm-field-reranker");
+    let out = cli(&["plugin", "check", reranker.to_str().unwrap()]);
+    assert!(out.status.success(), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("a reranker plugin"));
+
+    let input = dir.join("case.json");
+    std::fs::write(
+        &input,
+        r#"{"query": "export invoices", "candidates": [
+            {"id": "a", "text": "reset password", "metadata": {"tier": "free"}},
+            {"id": "b", "text": "export invoices to pdf", "metadata": {"tier": "enterprise"}}]}"#,
+    )
+    .unwrap();
+    let args = [
+        "plugin",
+        "run",
+        reranker.to_str().unwrap(),
+        "--input",
+        input.to_str().unwrap(),
+        "--config-value",
+        "boosts=tier=enterprise:2",
+    ];
+    let out = cli(&args);
+    assert!(out.status.success(), "{out:?}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["kind"], "reranker");
+    assert_eq!(v["result"]["results"][0]["id"], "b", "{v}");
+    assert!(v["call_ms"].as_f64().unwrap() >= 0.0);
+
+    let junk = dir.join("junk.wasm");
+    std::fs::write(&junk, b"<html>").unwrap();
+    let out = cli(&["plugin", "check", junk.to_str().unwrap()]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("not a WebAssembly file"), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -7,6 +7,7 @@ pub mod common;
 pub mod config;
 pub mod engine;
 pub mod metrics;
+pub mod plugin_tool;
 pub mod plugins;
 pub mod search;
 pub mod server;

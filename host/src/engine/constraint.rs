@@ -65,20 +65,18 @@ impl TokenizerEnv for Vocabulary {
     }
 }
 
-/// Bytes of every row of the logits: added tokens by their content (special ones marked),
-/// the rest as the tokenizer spells them; rows past the tokenizer are unnamed specials.
+/// Bytes of every row of the logits: special tokens by their name behind the marker, the rest
+/// as the tokenizer spells them; rows past the tokenizer are unnamed specials.
 fn vocabulary_bytes(tok: &Tokenizer, rows: usize) -> Vec<Vec<u8>> {
-    let added = tok.get_added_tokens_decoder();
     let special = |name: &str| {
         let mut b = vec![TokTrie::SPECIAL_TOKEN_MARKER];
         b.extend_from_slice(name.as_bytes());
         b
     };
     (0..rows as u32)
-        .map(|id| match added.get(&id) {
-            Some(t) if t.special => special(&t.content),
-            Some(t) => t.content.clone().into_bytes(),
-            None if tok.id_to_token(id).is_some() => token_bytes(tok, id),
+        .map(|id| match tok.id_to_token(id) {
+            Some(raw) if tok.get_added_vocabulary().is_special_token(&raw) => special(&raw),
+            Some(_) => token_bytes(tok, id),
             None => special(&format!("<[{id}]>")),
         })
         .collect()
@@ -326,6 +324,21 @@ mod tests {
         let m = &g.metrics.grammar.cache;
         assert_eq!(m.with_label_values(&["t", "hit"]).get(), 1);
         assert_eq!(m.with_label_values(&["t", "miss"]).get(), 1);
+    }
+
+    #[test]
+    fn added_tokens_are_their_text_and_specials_are_marked() {
+        let mut tok = tiny_tokenizer();
+        tok.add_tokens([tokenizers::AddedToken::from("<a b>", false)])
+            .unwrap();
+        let plain = tok.token_to_id("<a b>").unwrap();
+        let eos = tok.token_to_id("<|eos|>").unwrap();
+        let rows = vocabulary_bytes(&tok, plain as usize + 2);
+        assert_eq!(rows[plain as usize], b"<a b>");
+        assert_eq!(rows[eos as usize][0], TokTrie::SPECIAL_TOKEN_MARKER);
+        assert_eq!(&rows[eos as usize][1..], b"<|eos|>");
+        assert_eq!(rows[tok.token_to_id("\u{120}").unwrap() as usize], b" ");
+        assert_eq!(rows[plain as usize + 1][0], TokTrie::SPECIAL_TOKEN_MARKER);
     }
 
     #[test]

@@ -231,7 +231,9 @@ fn pre_tokenizer(name: &str) -> Result<Sequence, ModelError> {
 
 /// The raw bytes a token stands for. Byte-level BPE vocabularies spell bytes as printable
 /// characters (GPT-2's `bytes_to_unicode`); a token may hold part of a UTF-8 character, so
-/// decoding it alone would give U+FFFD instead of its bytes.
+/// decoding it alone would give U+FFFD instead of its bytes. A character outside that table
+/// (an added token written as plain text, `tokenizer.json`'s kind) stands for itself, as the
+/// byte-level decoder takes it.
 pub fn token_bytes(tok: &Tokenizer, id: u32) -> Vec<u8> {
     let byte_level = matches!(
         tok.get_decoder(),
@@ -239,10 +241,16 @@ pub fn token_bytes(tok: &Tokenizer, id: u32) -> Vec<u8> {
     );
     let special = |raw: &str| tok.get_added_vocabulary().is_special_token(raw);
     match tok.id_to_token(id) {
-        Some(raw) if byte_level && !special(&raw) => raw
-            .chars()
-            .map(|c| byte_of_char(c).unwrap_or(b'?'))
-            .collect(),
+        Some(raw) if byte_level && !special(&raw) => {
+            let mut out = Vec::with_capacity(raw.len());
+            for c in raw.chars() {
+                match byte_of_char(c) {
+                    Some(b) => out.push(b),
+                    None => out.extend_from_slice(c.encode_utf8(&mut [0; 4]).as_bytes()),
+                }
+            }
+            out
+        }
         // SentencePiece: `<0xXX>` is one byte; U+2581 is a space.
         Some(raw) if !byte_level && !special(&raw) => spm_byte(&raw)
             .map(|b| vec![b])

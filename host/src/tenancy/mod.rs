@@ -104,24 +104,6 @@ pub struct Tenancy {
 /// Looks up the kind of the tenant's installed plugin, if it is installed.
 pub type KindOf = Box<dyn Fn(&str, &str) -> Option<&'static str> + Send + Sync>;
 
-/// Each plugin binding of a tenant policy, and the kind it needs.
-fn bindings(t: &TenantPolicy) -> [(&'static str, &'static str, Option<&String>); 4] {
-    [
-        (
-            "prompt_template",
-            "prompt-template",
-            t.prompt_template.as_ref(),
-        ),
-        ("output_parser", "output-parser", t.output_parser.as_ref()),
-        ("reranker", "reranker", t.reranker.as_ref()),
-        (
-            "logits_processor",
-            "logits-processor",
-            t.logits_processor.as_ref(),
-        ),
-    ]
-}
-
 impl Tenancy {
     /// Loads the policy file (if any) and opens the ledger (if any). A policy file that does
     /// not parse or validate is an error here: the gateway does not start on a bad policy.
@@ -166,7 +148,7 @@ impl Tenancy {
         };
         let mut problems = Vec::new();
         for t in tenants {
-            for (field, want, name) in bindings(t) {
+            for (field, want, name) in t.plugin_bindings() {
                 let Some(name) = name else { continue };
                 match kind_of(&t.name, name) {
                     Some(kind) if kind != want => problems.push(format!(

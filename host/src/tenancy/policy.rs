@@ -93,6 +93,30 @@ fn one() -> u32 {
 #[error("{}", .0.join("\n"))]
 pub struct PolicyError(pub Vec<String>);
 
+impl TenantPolicy {
+    /// Each plugin binding (policy field, the plugin kind it needs, the plugin named).
+    pub fn plugin_bindings(&self) -> [(&'static str, &'static str, Option<&String>); 4] {
+        [
+            (
+                "prompt_template",
+                "prompt-template",
+                self.prompt_template.as_ref(),
+            ),
+            (
+                "output_parser",
+                "output-parser",
+                self.output_parser.as_ref(),
+            ),
+            ("reranker", "reranker", self.reranker.as_ref()),
+            (
+                "logits_processor",
+                "logits-processor",
+                self.logits_processor.as_ref(),
+            ),
+        ]
+    }
+}
+
 impl Policies {
     /// Parses and checks a policy file's text. TOML errors carry line and column.
     pub fn parse(text: &str) -> Result<Self, PolicyError> {
@@ -134,12 +158,7 @@ impl Policies {
                     ));
                 }
             }
-            for (field, v) in [
-                ("prompt_template", &t.prompt_template),
-                ("output_parser", &t.output_parser),
-                ("reranker", &t.reranker),
-                ("logits_processor", &t.logits_processor),
-            ] {
+            for (field, _, v) in t.plugin_bindings() {
                 if let Some(p) = v {
                     if !crate::common::valid_name(p) {
                         problems.push(format!("{at}.{field}: {p:?} is not a valid plugin name"));

@@ -53,21 +53,16 @@ impl Plugin {
         .unwrap_or(Err(CallError::Timeout {
             ms: rt.timeout.as_millis() as u64,
         }));
-        let mut processor = match started {
-            Ok((out, warm)) => {
-                let p = Processor {
-                    plugin: self.clone(),
-                    rt: rt.clone(),
-                    warm,
-                    vocab_len: vocab.len(),
-                    handle: tokio::runtime::Handle::current(),
-                };
-                (p, out)
-            }
-            Err(e) => return Err(self.failed(e)),
+        let (out, warm) = started.map_err(|e| self.failed(e))?;
+        let mut processor = Processor {
+            plugin: self.clone(),
+            rt: rt.clone(),
+            warm,
+            vocab_len: vocab.len(),
+            handle: tokio::runtime::Handle::current(),
         };
-        let first = processor.0.settle(processor.1);
-        first.map(|d| (processor.0, d))
+        let first = processor.settle(out)?;
+        Ok((processor, first))
     }
 
     fn failed(&self, e: CallError) -> CallError {

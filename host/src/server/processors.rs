@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use super::error::ApiError;
-use super::plugins::bound;
+use super::plugins::{bound, call};
 use super::AppState;
 use crate::engine::steering::{LogitsProcessor, ProcessorError, ProcessorSlot, Steer};
 use crate::engine::tokenizer::token_bytes;
@@ -114,7 +114,6 @@ pub(super) async fn attach(
         let (state, model, engine) = (state.clone(), model.to_string(), engine.clone());
         super::blocking("vocabulary", move || vocabulary(&state, &model, &engine)).await?
     };
-    let rt = state.plugins.runtime().clone();
     for r in reqs.iter_mut() {
         // The prompt as the model sees it, role markers included.
         let prompt = engine
@@ -126,19 +125,12 @@ pub(super) async fn attach(
             prompt,
             max_tokens: r.max_tokens.min(u32::MAX as usize) as u32,
         };
-        let m = &state.metrics;
-        m.plugin_calls
-            .with_label_values(&[&tenant.name, &plugin.name])
-            .inc();
-        let (p, first) = plugin
-            .start_processor(&rt, &tenant.values, vocab.clone(), start)
-            .await
-            .map_err(|e| {
-                m.plugin_failures
-                    .with_label_values(&[&tenant.name, &plugin.name, e.cause()])
-                    .inc();
-                ApiError::plugin(&tenant.name, &plugin.name, &e)
-            })?;
+        // Counted, timed and mapped to the client's error like every other plugin call.
+        let vocab = vocab.clone();
+        let (p, first) = call(state, caller, plugin.clone(), move |p, rt, v| async move {
+            p.start_processor(&rt, &v, vocab, start).await
+        })
+        .await?;
         let code = PluginProcessor {
             processor: p,
             failures: state.metrics.clone(),

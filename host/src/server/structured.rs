@@ -9,7 +9,7 @@ use serde_json::Value;
 
 use super::error::ApiError;
 use super::openai::{ChatMessageIn, GuidedFields, ResponseFormat, ToolIn};
-use crate::engine::constraint::Constraint;
+use crate::engine::constraint::{Constraint, GrammarError};
 use crate::engine::Engine;
 use crate::structured::tools::{Tool, ToolChoice, ToolSet};
 use crate::structured::Format;
@@ -103,10 +103,17 @@ pub(super) async fn compile(
     grammar: TopLevelGrammar,
     param: &'static str,
 ) -> Result<Constraint, ApiError> {
-    let grammars = engine.grammars.clone();
-    super::blocking("grammar", move || grammars.compile(&grammar))
+    compiled(engine, grammar)
         .await?
         .map_err(|e| ApiError::invalid(param, format!("`{param}` is not supported: {}", e.0)))
+}
+
+async fn compiled(
+    engine: &Arc<Engine>,
+    grammar: TopLevelGrammar,
+) -> Result<Result<Constraint, GrammarError>, ApiError> {
+    let grammars = engine.grammars.clone();
+    super::blocking("grammar", move || grammars.compile(&grammar)).await
 }
 
 /// `tools`, `tool_choice` and `parallel_tool_calls` checked; `None` when the request has no
@@ -227,11 +234,10 @@ async fn tool_constraint(
         Ok(c) => Ok(tools.constrains().then_some(c)),
         Err(e) => {
             for (i, t) in tools.tools.iter().enumerate() {
-                if let Err(one) = compile(engine, ToolSet::tool_grammar(t), "tools").await {
+                if let Err(one) = compiled(engine, ToolSet::tool_grammar(t)).await? {
                     return Err(ApiError::invalid_at(
                         format!("tools[{i}].function.parameters"),
-                        one.message
-                            .replace("`tools`", &format!("The schema of {:?}", t.name)),
+                        format!("The schema of {:?} is not supported: {}", t.name, one.0),
                     ));
                 }
             }

@@ -300,7 +300,7 @@ fn overload_is_refused_with_503() {
         format!("ledger = \"{}/usage.sqlite\"\n[[models]]\nname = \"{MODEL}\"\npath = \"{}\"\n[models.engine]\nmax_num_seqs = 1\nmax_waiting = 1\n", dir.display(), support::model_path()),
     )
     .unwrap();
-    let s = Server::start(&["--config", cfg.to_str().unwrap()]);
+    let s = Server::start(&["--config", cfg.to_str().unwrap()]).remove_on_drop(&dir);
     let long = json!({"model": MODEL, "prompt": "Count:", "max_tokens": 4000, "ignore_eos": true, "stream": true}).to_string();
     let _running = s.raw_request("/v1/completions", &long);
     // The second request waits in the queue on a socket of its own; the third finds it full.

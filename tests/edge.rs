@@ -7,18 +7,17 @@ mod support;
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::TcpStream;
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use support::{model_path, Server, MODEL};
 
 /// A gateway on the default model with these `[http]` settings (TOML lines).
-fn start(http: &str, extra_toml: &str) -> (Server, PathBuf) {
+fn start(http: &str, extra_toml: &str) -> Server {
     start_limited(http, extra_toml, None)
 }
 
 /// Like `start`, with the gateway's open-file limit (soft and hard) set to `nofile`.
-fn start_limited(http: &str, extra_toml: &str, nofile: Option<u64>) -> (Server, PathBuf) {
+fn start_limited(http: &str, extra_toml: &str, nofile: Option<u64>) -> Server {
     let dir = std::env::temp_dir().join(format!(
         "gateway-edge-{}-{}",
         std::process::id(),
@@ -54,7 +53,7 @@ fn start_limited(http: &str, extra_toml: &str, nofile: Option<u64>) -> (Server, 
             }
         }
     });
-    (server, dir)
+    server.remove_on_drop(&dir)
 }
 
 /// Reads until the peer closes (or resets) the connection; returns what was read and when the
@@ -82,7 +81,7 @@ const DEADLINES: &str =
 
 #[test]
 fn silent_trickling_and_stalling_clients_are_closed_in_time() {
-    let (server, _dir) = start(DEADLINES, "");
+    let server = start(DEADLINES, "");
     let addr = server.addr().to_string();
     let t0 = Instant::now();
 
@@ -155,7 +154,7 @@ fn silent_trickling_and_stalling_clients_are_closed_in_time() {
 
 #[test]
 fn connection_caps_refuse_with_a_readable_answer() {
-    let (server, _dir) = start(&format!("{DEADLINES}\nmax_connections_per_client = 4"), "");
+    let server = start(&format!("{DEADLINES}\nmax_connections_per_client = 4"), "");
     let addr = server.addr().to_string();
     let held: Vec<_> = (0..4).map(|_| TcpStream::connect(&addr).unwrap()).collect();
     std::thread::sleep(Duration::from_millis(200));
@@ -186,7 +185,7 @@ fn cpu_ticks(pid: u32) -> u64 {
 fn out_of_file_descriptors_backs_off_quietly_and_recovers() {
     // A connection cap set above what the descriptors allow: accepts fail with EMFILE. Idle
     // connections are kept long, so the ones accepted go on holding their descriptors.
-    let (server, _dir) = start_limited(
+    let server = start_limited(
         "idle_timeout_ms = 60000\nheader_timeout_ms = 60000\nmax_connections = 1000",
         "",
         Some(128),
@@ -243,7 +242,7 @@ fn rss_kib(pid: u32) -> u64 {
 #[test]
 fn a_thousand_idle_connections_are_cheap_and_closed_by_the_idle_timeout() {
     gateway::server::raise_fd_limit();
-    let (server, _dir) = start(
+    let server = start(
         "idle_timeout_ms = 2000\nmax_connections_per_client = 2000",
         "",
     );
@@ -290,7 +289,7 @@ fn a_stalled_tls_handshake_is_cut() {
         "[tls]\ncert = \"{d}/cert.pem\"\nkey = \"{d}/key.pem\"",
         d = dir.display()
     );
-    let (server, _dir) = start("tls_handshake_timeout_ms = 500", &tls);
+    let server = start("tls_handshake_timeout_ms = 500", &tls).remove_on_drop(&dir);
     let addr = server.addr().to_string();
     // Silent after connecting, and silent after half a ClientHello record header.
     let t0 = Instant::now();

@@ -36,6 +36,8 @@ pub struct Server {
     http: reqwest::blocking::Client,
     /// The server's later log lines.
     log: std::sync::Mutex<std::sync::mpsc::Receiver<String>>,
+    /// Folders removed when the server is dropped (after the process has exited).
+    scratch: Vec<std::path::PathBuf>,
 }
 
 impl Server {
@@ -53,23 +55,24 @@ impl Server {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_gateway"));
         cmd.args(["serve", "--listen", "127.0.0.1:0"]);
         // A config file names its own models and ledger; otherwise serve the default model
-        // with a ledger of this server's own.
+        // with a ledger and collections of this server's own, removed when it is dropped.
+        let mut scratch = Vec::new();
         if !extra.contains(&"--config") {
-            let ledger = std::env::temp_dir().join(format!(
-                "gateway-test-ledger-{}-{}.sqlite",
+            let dir = std::env::temp_dir().join(format!(
+                "gateway-test-{}-{}",
                 std::process::id(),
                 rand::random::<u64>()
             ));
+            std::fs::create_dir_all(&dir).unwrap();
             cmd.args(["--model", &format!("{MODEL}={model}")]);
-            cmd.args(["--ledger", ledger.to_str().unwrap()]);
+            cmd.args(["--ledger", dir.join("usage.sqlite").to_str().unwrap()]);
             if !extra.contains(&"--collections-dir") {
-                let dir = std::env::temp_dir().join(format!(
-                    "gateway-test-collections-{}-{}",
-                    std::process::id(),
-                    rand::random::<u64>()
-                ));
-                cmd.args(["--collections-dir", dir.to_str().unwrap()]);
+                cmd.args([
+                    "--collections-dir",
+                    dir.join("collections").to_str().unwrap(),
+                ]);
             }
+            scratch.push(dir);
         }
         prepare(&mut cmd);
         let mut child = cmd
@@ -107,7 +110,14 @@ impl Server {
             base: format!("http://{addr}"),
             http,
             log: std::sync::Mutex::new(log),
+            scratch,
         }
+    }
+
+    /// Removes `dir` when this server is dropped: for tests whose folder outlives no server.
+    pub fn remove_on_drop(mut self, dir: &std::path::Path) -> Self {
+        self.scratch.push(dir.to_path_buf());
+        self
     }
 
     /// The address in the first later log line containing `marker` (e.g. "serving the admin
@@ -336,5 +346,8 @@ impl Drop for Server {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        for dir in &self.scratch {
+            let _ = std::fs::remove_dir_all(dir);
+        }
     }
 }

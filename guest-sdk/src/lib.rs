@@ -223,7 +223,7 @@ pub mod testing {
 pub mod prompt_template {
     wit_bindgen::generate!({
         world: "prompt-template",
-        path: "../wit",
+        path: "wit",
         default_bindings_module: "guest_sdk::prompt_template",
         pub_export_macro: true,
         export_macro_name: "export_prompt_template_inner",
@@ -235,7 +235,7 @@ pub mod prompt_template {
 pub mod reranker {
     wit_bindgen::generate!({
         world: "reranker",
-        path: "../wit",
+        path: "wit",
         default_bindings_module: "guest_sdk::reranker",
         pub_export_macro: true,
         export_macro_name: "export_reranker_inner",
@@ -247,7 +247,7 @@ pub mod reranker {
 pub mod output_parser {
     wit_bindgen::generate!({
         world: "output-parser",
-        path: "../wit",
+        path: "wit",
         default_bindings_module: "guest_sdk::output_parser",
         pub_export_macro: true,
         export_macro_name: "export_output_parser_inner",
@@ -259,7 +259,7 @@ pub mod output_parser {
 pub mod logits_processor {
     wit_bindgen::generate!({
         world: "logits-processor",
-        path: "../wit",
+        path: "wit",
         default_bindings_module: "guest_sdk::logits_processor",
         pub_export_macro: true,
         export_macro_name: "export_logits_processor_inner",

@@ -32,88 +32,9 @@ enum Command {
     Index(IndexArgs),
     /// Measure retrieval quality (nDCG@10, Recall@100, MRR@10 per mode) on a labelled set.
     EvalRetrieval(EvalArgs),
-    /// Check or run a plugin component without a server or a model.
+    /// Scaffold, build, check or run a plugin without a server or a model.
     #[command(subcommand)]
-    Plugin(PluginCommand),
-}
-
-#[derive(Subcommand)]
-enum PluginCommand {
-    /// Validate a component as the gateway's loader does and say what it is.
-    Check {
-        file: PathBuf,
-        /// A config file whose `[plugins]` settings (memory cap, deadline) apply.
-        #[arg(long)]
-        config: Option<PathBuf>,
-    },
-    /// Make one call in the gateway's sandbox and print the result and its timing (JSON).
-    Run {
-        file: PathBuf,
-        /// The call's arguments as JSON (`-` for stdin): {"messages", "context", "model"} for a
-        /// prompt template, {"query", "candidates"} for a reranker, {"text", "schema"} for an
-        /// output parser.
-        #[arg(long)]
-        input: PathBuf,
-        /// A tenant configuration value the plugin reads with config-get (repeatable).
-        #[arg(long = "config-value", value_name = "KEY=VALUE")]
-        values: Vec<String>,
-        /// A config file whose `[plugins]` settings (memory cap, deadline) apply.
-        #[arg(long)]
-        config: Option<PathBuf>,
-    },
-}
-
-/// The `[plugins]` settings of a config file, or the defaults; compiled code is cached (in
-/// `~/.cache/gateway/plugins` unless the file says where), so a second run skips compiling.
-fn plugin_settings(path: Option<&PathBuf>) -> anyhow::Result<gateway::config::PluginsConfig> {
-    let mut cfg: gateway::config::PluginsConfig = match path {
-        Some(p) => gateway::config::Config::from_file(p)?.plugins,
-        None => Default::default(),
-    };
-    if cfg.cache_dir.is_none() {
-        let cache = std::env::var_os("XDG_CACHE_HOME")
-            .map(PathBuf::from)
-            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")));
-        cfg.cache_dir = cache.map(|c| c.join("gateway").join("plugins"));
-    }
-    Ok(cfg)
-}
-
-fn plugin_command(cmd: PluginCommand, rt: &tokio::runtime::Runtime) -> anyhow::Result<()> {
-    match cmd {
-        PluginCommand::Check { file, config } => {
-            println!(
-                "{}",
-                gateway::plugin_tool::check(&file, &plugin_settings(config.as_ref())?)?
-            );
-        }
-        PluginCommand::Run {
-            file,
-            input,
-            values,
-            config,
-        } => {
-            let text = match input.to_str() {
-                Some("-") => std::io::read_to_string(std::io::stdin())?,
-                _ => std::fs::read_to_string(&input)
-                    .with_context(|| format!("reading {}", input.display()))?,
-            };
-            let input: serde_json::Value =
-                serde_json::from_str(&text).context("the input is not JSON")?;
-            let values = values
-                .iter()
-                .map(|kv| {
-                    kv.split_once('=')
-                        .map(|(k, v)| (k.to_string(), v.to_string()))
-                        .ok_or_else(|| anyhow::anyhow!("--config-value {kv:?} is not KEY=VALUE"))
-                })
-                .collect::<anyhow::Result<_>>()?;
-            let cfg = plugin_settings(config.as_ref())?;
-            let out = rt.block_on(gateway::plugin_tool::run(&file, &input, values, &cfg))?;
-            println!("{}", serde_json::to_string_pretty(&out)?);
-        }
-    }
-    Ok(())
+    Plugin(gateway::plugin_tool::cli::PluginCommand),
 }
 
 #[derive(Args)]
@@ -372,7 +293,7 @@ fn main() -> anyhow::Result<()> {
                 json: a.json,
             })
         }
-        Command::Plugin(cmd) => plugin_command(cmd, &rt),
+        Command::Plugin(cmd) => gateway::plugin_tool::cli::run(cmd, &rt),
         Command::Keys(KeysCommand::New { tenant, id }) => {
             let (key, line) = gateway::tenancy::keys::new_key(&tenant, &id);
             println!("{key}");

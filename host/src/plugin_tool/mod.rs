@@ -8,18 +8,30 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
-use anyhow::{anyhow, bail, Context};
+use anyhow::{anyhow, Context};
 use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
 
 use crate::config::PluginsConfig;
-use crate::plugins::{
-    Candidate, ChatRequest, ContextChunk, Message, Plugin, PluginKind, Registry, RenderedPrompt,
-    Runtime,
-};
+use crate::plugins::{Plugin, Registry, Runtime, TenantValues};
+
+pub mod build;
+mod calls;
+pub mod cli;
+mod expected;
+pub mod scaffold;
 
 fn load(path: &Path, cfg: &PluginsConfig) -> anyhow::Result<(Arc<Plugin>, Arc<Runtime>, f64)> {
     let wasm = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
-    let rt = Runtime::new(cfg).map_err(|e| anyhow!("starting the plugin runtime: {e}"))?;
+    // One cache folder per component file: the registry prunes its cache to the plugins it
+    // holds, so a folder shared by every file would keep only the last one run.
+    let mut cfg = cfg.clone();
+    if let Some(dir) = &cfg.cache_dir {
+        let key = std::path::absolute(path)?;
+        let key = crate::plugins::hex(&Sha256::digest(key.as_os_str().as_encoded_bytes()));
+        cfg.cache_dir = Some(dir.join(&key[..16]));
+    }
+    let rt = Runtime::new(&cfg).map_err(|e| anyhow!("starting the plugin runtime: {e}"))?;
     let registry = Registry::new(rt.clone(), None);
     let started = Instant::now();
     let plugin = registry
@@ -41,135 +53,58 @@ pub fn check(path: &Path, cfg: &PluginsConfig) -> anyhow::Result<String> {
     ))
 }
 
-fn text(v: &Value, key: &str) -> anyhow::Result<String> {
-    v[key]
-        .as_str()
-        .map(String::from)
-        .ok_or_else(|| anyhow!("the input needs a string `{key}`"))
+/// The configuration a call sees: the case's own `config` object, then `--config-value`s.
+fn values(input: &Value, cli: BTreeMap<String, String>) -> anyhow::Result<TenantValues> {
+    let mut values = BTreeMap::new();
+    if let Some(cfg) = input["config"].as_object() {
+        for (k, v) in cfg {
+            let v = v.as_str().map_or_else(|| v.to_string(), String::from);
+            values.insert(k.clone(), v);
+        }
+    }
+    values.extend(cli);
+    Ok(Arc::new(values))
 }
 
-fn opt_text(v: &Value, key: &str) -> Option<String> {
-    v[key].as_str().map(String::from)
-}
-
-fn list<'a>(v: &'a Value, key: &str) -> &'a [Value] {
-    v[key].as_array().map_or(&[], Vec::as_slice)
-}
-
-/// One call with `input` (the world's arguments as JSON: see the README), with the tenant
-/// configuration `config`. Returns the result as JSON, with the call's time in ms.
+/// Calls `path` with `input` (the world's arguments as JSON, see the README; `config` and
+/// `expect` keys are the case's tenant configuration and expected result), `repeat` times.
+/// Returns the first result with its timing, the later calls' p50/p99, and whether the result
+/// matched `expect` (a mismatch is an error).
 pub async fn run(
     path: &Path,
     input: &Value,
     config: BTreeMap<String, String>,
     cfg: &PluginsConfig,
+    repeat: usize,
 ) -> anyhow::Result<Value> {
     let (p, rt, compile_ms) = load(path, cfg)?;
-    let values = Arc::new(config);
-    let started = Instant::now();
-    let fail = |e: crate::plugins::CallError| anyhow!("the plugin {e}");
-    let result = match p.kind() {
-        PluginKind::PromptTemplate => {
-            let request = ChatRequest {
-                model: opt_text(input, "model").unwrap_or_else(|| "local".into()),
-                messages: list(input, "messages")
-                    .iter()
-                    .map(|m| {
-                        Ok(Message {
-                            role: text(m, "role")?,
-                            content: text(m, "content")?,
-                            name: opt_text(m, "name"),
-                        })
-                    })
-                    .collect::<anyhow::Result<_>>()?,
-                context: list(input, "context")
-                    .iter()
-                    .map(|c| {
-                        Ok(ContextChunk {
-                            id: text(c, "id")?,
-                            text: text(c, "text")?,
-                            title: opt_text(c, "title"),
-                        })
-                    })
-                    .collect::<anyhow::Result<_>>()?,
-            };
-            match p.render(&rt, &values, &request).await.map_err(fail)? {
-                RenderedPrompt::Prompt(t) => json!({"prompt": t}),
-                RenderedPrompt::Messages(ms) => json!({"messages": ms
-                    .iter()
-                    .map(|m| json!({"role": m.role, "content": m.content, "name": m.name}))
-                    .collect::<Vec<_>>()}),
-            }
-        }
-        PluginKind::Reranker => {
-            let candidates: Vec<Candidate> = list(input, "candidates")
-                .iter()
-                .map(|c| {
-                    let metadata = c["metadata"]
-                        .as_object()
-                        .map(|m| {
-                            m.iter()
-                                .map(|(k, v)| {
-                                    (k.clone(), v.as_str().map_or(v.to_string(), String::from))
-                                })
-                                .collect()
-                        })
-                        .unwrap_or_default();
-                    Ok(Candidate {
-                        id: text(c, "id")?,
-                        text: text(c, "text")?,
-                        metadata,
-                        score: c["score"].as_f64().unwrap_or(0.0) as f32,
-                    })
-                })
-                .collect::<anyhow::Result<_>>()?;
-            let query = text(input, "query")?;
-            let mut scored = p
-                .rerank(&rt, &values, &query, &candidates)
-                .await
-                .map_err(fail)?;
-            scored.sort_by(|a, b| b.score.total_cmp(&a.score));
-            json!({"results": scored.iter().map(|s| json!({"id": s.id, "score": s.score})).collect::<Vec<_>>()})
-        }
-        PluginKind::OutputParser => {
-            let schema = match &input["schema"] {
-                Value::Null => None,
-                Value::String(s) => Some(s.clone()),
-                v => Some(v.to_string()),
-            };
-            let parsed = p
-                .parse(&rt, &values, &text(input, "text")?, schema.as_deref())
-                .await
-                .map_err(fail)?;
-            json!({"json": serde_json::from_str::<Value>(&parsed.json)?, "repairs": parsed.repairs})
-        }
-        PluginKind::LogitsProcessor => bail!(
-            "`run` takes prompt templates, rerankers and output parsers; a logits processor needs \
-             a model's vocabulary: test it with guest_sdk::testing, or bind it on a gateway"
-        ),
-    };
-    let call_ms = started.elapsed().as_secs_f64() * 1e3;
-    Ok(json!({"kind": p.kind().as_str(), "result": result,
-              "compile_ms": compile_ms, "call_ms": call_ms}))
+    let values = values(input, config)?;
+    let mut times = Vec::with_capacity(repeat.max(1));
+    let mut result = Value::Null;
+    for _ in 0..repeat.max(1) {
+        let started = Instant::now();
+        result = calls::call(&p, &rt, &values, input).await?;
+        times.push(started.elapsed().as_secs_f64() * 1e3);
+    }
+    let mut out = json!({"kind": p.kind().as_str(), "result": result,
+                         "compile_ms": compile_ms, "call_ms": times[0]});
+    if times.len() > 1 {
+        let mut later = times[1..].to_vec();
+        later.sort_by(f64::total_cmp);
+        let at = |q: f64| later[((later.len() - 1) as f64 * q).round() as usize];
+        out["later_calls"] = json!({"n": later.len(), "p50_ms": at(0.5), "p99_ms": at(0.99)});
+    }
+    if let Some(expect) = input.get("expect") {
+        expected::check(expect, &out["result"], "result")
+            .map_err(|e| anyhow!("the result does not match `expect`: {e}\n{}", out["result"]))?;
+        out["expect"] = json!("ok");
+    }
+    Ok(out)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn inputs_name_what_is_missing() {
-        let v = json!({"query": 3});
-        assert!(text(&v, "query")
-            .unwrap_err()
-            .to_string()
-            .contains("`query`"));
-        assert_eq!(list(&v, "candidates").len(), 0);
-        assert_eq!(
-            opt_text(&json!({"name": "a"}), "name").as_deref(),
-            Some("a")
-        );
-    }
 
     #[test]
     fn a_file_that_is_not_a_component_is_one_clear_line() {

@@ -1,6 +1,6 @@
 //! Plugin invocation latency: each example plugin and a no-op, called through the gateway's
 //! runtime (fresh `Store` + instantiate + call, as a request does), next to the same logic
-//! compiled natively. Prints p50/p99 per call.
+//! compiled natively, and the TypeScript and Python example plugins. Prints p50/p99 per call.
 //!
 //! `cargo bench --bench plugins` (builds the components first).
 
@@ -59,6 +59,7 @@ fn config() -> BTreeMap<String, String> {
 }
 
 const MODEL_TEXT: &str = "Sure! Here is the contact:\n```json\n{name: 'Ada Lovelace', 'email': 'ada@example.com', tags: ['vip', 'emea',], active: True,}\n```\nLet me know if you need anything else.";
+const INTENT_TEXT: &str = "The customer wants to cancel their subscription (order #A-10423) and asks for a refund of $49.99 to jane.doe@example.com.";
 const SCHEMA: &str = r#"{"type":"object","required":["name","email"],"properties":{"name":{"type":"string"},"email":{"type":"string"},"tags":{"type":"array","items":{"type":"string"}}}}"#;
 
 /// Drives one plugin call to completion on a runtime kept for the thread (the call's deadline
@@ -203,6 +204,19 @@ fn main() {
     let (ranker, cold_ranker) = (install("crm-field-reranker"), cold("crm-field-reranker"));
     let (json, cold_json) = (install("json-extract"), cold("json-extract"));
     let (noop, cold_noop) = (install("noop"), cold("noop"));
+    // The TypeScript port of the field reranker and the Python intent parser.
+    let lang = |dir: &str, reg: &Registry| {
+        let wasm = std::fs::read(wasm::language_component(dir)).unwrap();
+        reg.install("bench", dir, &wasm, None).unwrap()
+    };
+    let (ts_ranker, cold_ts_ranker) = (
+        lang("crm-field-reranker-ts", &reg),
+        lang("crm-field-reranker-ts", &cold_reg),
+    );
+    let (intent, cold_intent) = (
+        lang("intent-parser-py", &reg),
+        lang("intent-parser-py", &cold_reg),
+    );
     // Fresh instances re-run guest initialisers per call (the schema row takes ms): fewer calls.
     const COLD_CALLS: usize = 500;
     let cold_time = |f: &dyn Fn()| time_n(COLD_CALLS, f);
@@ -234,6 +248,22 @@ fn main() {
         Some(time(|| {
             drop(crm_field_reranker::rerank(query, native_cands(), &lookup).unwrap())
         })),
+    ));
+    rows.push((
+        "crm-field-reranker-ts: TypeScript (20 candidates)",
+        time(|| drop(block(ts_ranker.rerank(&rt, &values, query, &host_cands)).unwrap())),
+        cold_time(&|| {
+            drop(block(cold_ts_ranker.rerank(&cold_rt, &values, query, &host_cands)).unwrap())
+        }),
+        None,
+    ));
+    rows.push((
+        "intent-parser-py: Python",
+        time(|| drop(block(intent.parse(&rt, &values, INTENT_TEXT, None)).unwrap())),
+        cold_time(&|| {
+            drop(block(cold_intent.parse(&cold_rt, &values, INTENT_TEXT, None)).unwrap())
+        }),
+        None,
     ));
     rows.push((
         "json-extract (repair, no schema)",

@@ -10,6 +10,11 @@ host/scripts/fetch-models.sh
 host/scripts/fetch-real-models.sh
 # The plugin tests build real WebAssembly components from plugins/ and tests/plugins/.
 rustup target list --installed | grep -qx wasm32-wasip2 || rustup target add wasm32-wasip2
+# Python and TypeScript plugins are built with the pinned componentize-py (PyPI) and
+# componentize-js + TypeScript (npm, kept outside the clone where `gateway plugin build`
+# looks for them).
+python3 -m pip show componentize-py 2>/dev/null | grep -qx 'Version: 0.25.1' ||
+  python3 -m pip install --quiet --disable-pip-version-check componentize-py==0.25.1
 # The end-to-end suite drives the server with the official OpenAI Python SDK, and computes
 # reference embeddings with numpy from the model's own files.
 python3 -c 'import openai, numpy, safetensors, tokenizers, jsonschema, pydantic' 2>/dev/null ||
@@ -21,6 +26,10 @@ command -v node >/dev/null && command -v npm >/dev/null || {
 export GATEWAY_NODE_MODULES="${XDG_CACHE_HOME:-$HOME/.cache}/gateway-test-npm/node_modules"
 [ -d "$GATEWAY_NODE_MODULES/openai" ] ||
   npm install --silent --no-audit --no-fund --prefix "$(dirname "$GATEWAY_NODE_MODULES")" openai@7
+JS_TOOLS="${XDG_CACHE_HOME:-$HOME/.cache}/gateway/js-tools"
+[ -x "$JS_TOOLS/node_modules/.bin/componentize-js" ] && [ -x "$JS_TOOLS/node_modules/.bin/tsc" ] ||
+  npm install --silent --no-audit --no-fund --prefix "$JS_TOOLS" \
+    @bytecodealliance/componentize-js@0.23.0 typescript@5.9.3
 # The retrieval evaluation derives its labelled set from Debian's FAQ package (downloaded with
 # `apt-get download`, which needs the package lists).
 if ! apt-cache show debian-faq >/dev/null 2>&1; then

@@ -41,3 +41,41 @@ pub fn component(name: &str) -> PathBuf {
         name.replace('-', "_")
     ))
 }
+
+/// Runs `gateway plugin <args>` (the real CLI) and returns its stdout; panics with its
+/// output when it fails.
+pub fn plugin_cli(args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_gateway"))
+        .arg("plugin")
+        .args(args)
+        .output()
+        .expect("gateway runs");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "gateway plugin {args:?} failed:\n{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    text
+}
+
+/// The component of the Python or TypeScript project `plugins/<dir>`, built by `gateway
+/// plugin build` (componentize-py / componentize-js, installed by host/scripts/test.sh).
+/// Built once per test binary: tests running in parallel share the file.
+pub fn language_component(dir: &str) -> PathBuf {
+    static BUILT: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+    let mut built = BUILT.lock().unwrap_or_else(|e| e.into_inner());
+    let out = root().join(format!("target/wasm/languages/{dir}.wasm"));
+    if !built.iter().any(|d| d == dir) {
+        std::fs::create_dir_all(out.parent().unwrap()).unwrap();
+        let project = root().join("plugins").join(dir);
+        plugin_cli(&[
+            "build",
+            project.to_str().unwrap(),
+            "-o",
+            out.to_str().unwrap(),
+        ]);
+        built.push(dir.to_string());
+    }
+    out
+}

@@ -136,18 +136,42 @@ fn build_python(dir: &Path, m: &Manifest, scratch: &Path, out: &Path) -> anyhow:
     let tool = which("componentize-py").ok_or_else(|| {
         anyhow!("componentize-py is not installed: python3 -m pip install {COMPONENTIZE_PY}")
     })?;
+    // From a copy: the interpreter componentize-py runs at build time writes `__pycache__`
+    // next to the sources it imports, whatever PYTHONDONTWRITEBYTECODE says.
+    let src = scratch.join("src");
+    copy_sources(dir, &src)?;
     run(
         Command::new(tool)
             .current_dir(scratch)
-            .env("PYTHONDONTWRITEBYTECODE", "1")
             .args(["-d", "wit", "-w", &m.kind, "componentize"])
             .arg(m.entry.as_deref().unwrap_or("app"))
-            .arg("-p")
-            .arg(dir)
-            .arg("-o")
+            .args(["-p", "src", "-o"])
             .arg(out),
         "componentize-py",
     )
+}
+
+/// The project's files without build output, caches, hidden folders or components.
+fn copy_sources(from: &Path, to: &Path) -> anyhow::Result<()> {
+    std::fs::create_dir_all(to)?;
+    for entry in std::fs::read_dir(from)? {
+        let entry = entry?;
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        let skip = name.starts_with('.')
+            || ["__pycache__", "target", "dist", "node_modules"].contains(&name.as_ref())
+            || name.ends_with(".wasm");
+        if skip {
+            continue;
+        }
+        let (src, dst) = (entry.path(), to.join(entry.file_name()));
+        if entry.file_type()?.is_dir() {
+            copy_sources(&src, &dst)?;
+        } else {
+            std::fs::copy(&src, &dst)?;
+        }
+    }
+    Ok(())
 }
 
 /// `componentize-js` and `tsc`: on the PATH, or in `~/.cache/gateway/js-tools` where the

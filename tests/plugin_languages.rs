@@ -31,7 +31,7 @@ fn start() -> (Server, PathBuf) {
     let policies = format!(
         "[[tenants]]\nname = \"ts\"\nkeys = [{{ id = \"ts\", sha256 = \"{ts}\" }}]\nreranker = \"ranker\"\n{ranker_config}\n\
          [[tenants]]\nname = \"rs\"\nkeys = [{{ id = \"rs\", sha256 = \"{rs}\" }}]\nreranker = \"ranker\"\n{ranker_config}\n\
-         [[tenants]]\nname = \"py\"\nkeys = [{{ id = \"py\", sha256 = \"{py}\" }}]\noutput_parser = \"intent\"\nparse_output = true\n\
+         [[tenants]]\nname = \"py\"\nkeys = [{{ id = \"py\", sha256 = \"{py}\" }}]\noutput_parser = \"intent\"\nparse_output = true\nplugin_debug = true\n\
          [tenants.config]\nintents = \"cancellation=cancel|terminate,billing=refund|invoice\"\nfallback = \"other\"\n",
         ts = key_sha256("sk-ts"),
         rs = key_sha256("sk-rs"),
@@ -252,4 +252,76 @@ fn every_kind_scaffolds_builds_and_passes_its_case_in_every_language() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("lowercase letters"));
     assert!(!parent.join("Bad Name").exists());
     let _ = std::fs::remove_dir_all(parent);
+}
+
+/// A POST with `x-gateway-debug: <debug>`; the status and the body (JSON, or the SSE data
+/// lines joined by newlines when streaming).
+fn post_debug(s: &Server, key: &str, path: &str, body: &Value, debug: &str) -> (u16, String) {
+    let r = reqwest::blocking::Client::new()
+        .post(format!("{}{path}", s.base))
+        .bearer_auth(key)
+        .header("x-gateway-debug", debug)
+        .json(body)
+        .send()
+        .unwrap();
+    (r.status().as_u16(), r.text().unwrap())
+}
+
+#[test]
+fn a_tenant_allowed_to_debug_sees_the_raw_text_and_its_plugins_logs() {
+    let (s, _dir) = start();
+    let ask = json!({"model": MODEL, "temperature": 0, "max_tokens": 16,
+                     "messages": [{"role": "user", "content": "I need a refund for my invoice."}]});
+    let (st, text) = post_debug(&s, "sk-py", "/v1/chat/completions", &ask, "plugins");
+    assert_eq!(st, 200, "{text}");
+    let body: Value = serde_json::from_str(&text).unwrap();
+    let debug = &body["gateway_debug"];
+    let raw = debug["raw_text"][0].as_str().unwrap();
+    let parsed: Value =
+        serde_json::from_str(body["choices"][0]["message"]["content"].as_str().unwrap()).unwrap();
+    assert_ne!(
+        raw, body["choices"][0]["message"]["content"],
+        "raw text, not the parsed JSON"
+    );
+    let logs: Vec<&str> = debug["plugin_logs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l.as_str().unwrap())
+        .collect();
+    let said = format!(
+        "intent debug: intent {} from {}",
+        parsed["intent"].as_str().unwrap(),
+        parsed["source"].as_str().unwrap()
+    );
+    assert_eq!(logs, [said.as_str()], "{debug}");
+    // Without the header: no debug section.
+    let (st, plain) = s.post_as("sk-py", "/v1/chat/completions", &ask);
+    assert_eq!(st, 200);
+    assert!(plain.get("gateway_debug").is_none(), "{plain}");
+    // Streaming: the deltas are the raw text; the logs come in a chunk of their own.
+    let mut streamed = ask.clone();
+    streamed["stream"] = json!(true);
+    let (st, sse) = post_debug(&s, "sk-py", "/v1/chat/completions", &streamed, "plugins");
+    assert_eq!(st, 200);
+    let chunks: Vec<Value> = sse
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter(|d| *d != "[DONE]")
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
+    let with_logs: Vec<&Value> = chunks
+        .iter()
+        .filter(|c| c.get("gateway_debug").is_some())
+        .collect();
+    assert_eq!(with_logs.len(), 1, "{sse}");
+    assert_eq!(with_logs[0]["gateway_debug"]["plugin_logs"][0], json!(said));
+
+    // A tenant whose policy does not allow it is refused, and so is an unknown value.
+    let docs = json!({"query": "export invoices", "documents": ["a"]});
+    let (st, err) = post_debug(&s, "sk-ts", "/v1/rerank", &docs, "plugins");
+    assert_eq!(st, 403, "{err}");
+    assert!(err.contains("plugin_debug = true"), "{err}");
+    let (st, err) = post_debug(&s, "sk-py", "/v1/chat/completions", &ask, "everything");
+    assert_eq!(st, 400, "{err}");
 }

@@ -1,6 +1,9 @@
 //! Small helpers several domains share: hex encoding, atomic file writes, and the alphabet of
 //! names that end up in file paths. Depends on nothing else in the crate.
 
+/// The log lines a request's plugins wrote, kept for the caller who asked to see them.
+pub type LogSink = std::sync::Arc<std::sync::Mutex<Vec<String>>>;
+
 /// Lowercase hex of `bytes`.
 pub fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()

@@ -59,6 +59,31 @@ use prompt_template::gateway::plugins::{host, types};
 const MAX_LOGS_PER_CALL: u32 = 32;
 const MAX_LOG_BYTES: usize = 1024;
 
+thread_local! {
+    /// Where the plugin calls running on this thread also send their log lines.
+    static CAPTURE: std::cell::RefCell<Option<crate::common::LogSink>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Runs `f` (which drives plugin calls to completion on this thread) with the calls' log lines
+/// also appended to `sink`.
+pub fn capturing_logs<R>(sink: Option<&crate::common::LogSink>, f: impl FnOnce() -> R) -> R {
+    let Some(sink) = sink else { return f() };
+    let before = CAPTURE.with(|c| c.replace(Some(sink.clone())));
+    let out = f();
+    CAPTURE.with(|c| *c.borrow_mut() = before);
+    out
+}
+
+fn level_name(level: host::LogLevel) -> &'static str {
+    match level {
+        host::LogLevel::Trace => "trace",
+        host::LogLevel::Debug => "debug",
+        host::LogLevel::Info => "info",
+        host::LogLevel::Warn => "warn",
+        host::LogLevel::Error => "error",
+    }
+}
+
 /// Everything one call's `Store` holds.
 pub struct CallState {
     pub wasi: WasiCtx,
@@ -95,6 +120,12 @@ impl host::Host for CallState {
         }
         let message = &message[..end];
         let (tenant, plugin) = (&*self.tenant, &*self.plugin);
+        CAPTURE.with(|c| {
+            if let Some(sink) = &*c.borrow() {
+                let line = format!("{plugin} {}: {message}", level_name(level));
+                sink.lock().unwrap_or_else(|e| e.into_inner()).push(line);
+            }
+        });
         match level {
             host::LogLevel::Trace => tracing::trace!(tenant, plugin, "{message}"),
             host::LogLevel::Debug => tracing::debug!(tenant, plugin, "{message}"),

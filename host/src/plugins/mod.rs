@@ -20,6 +20,7 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 pub use crate::common::{hex, valid_name, write_atomically};
+pub use bindings::capturing_logs;
 pub use bindings::logits_processor::{Decision, SequenceStart};
 pub use bindings::output_parser::Parsed;
 pub use bindings::prompt_template::gateway::plugins::types::{ContextChunk, Message};

@@ -93,6 +93,7 @@ pub async fn chat(
     let mut reply = Reply::new(Kind::Chat, "chatcmpl", req.model, engine, &gen, None);
     reply.output = output;
     reply.tools = tools.map(Arc::new);
+    reply.debug = caller.debug.clone();
     reply.reservation = Some(reservation);
     reply.citations = citations;
     reply.run(streams, gen.stream, state.shutdown.cut()).await
@@ -329,6 +330,7 @@ pub async fn completion(
     let streams =
         submit(&engine, reqs).inspect_err(|_| reservation.end(crate::tenancy::Outcome::Failed))?;
     let mut reply = Reply::new(Kind::Completion, "cmpl", req.model, engine, &gen, echo);
+    reply.debug = caller.debug.clone();
     reply.reservation = Some(reservation);
     reply.run(streams, gen.stream, state.shutdown.cut()).await
 }

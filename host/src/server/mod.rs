@@ -167,7 +167,26 @@ fn admit(
     } else {
         state.tenancy.admit(token)
     };
-    admitted.map_err(ApiError::denied)
+    let mut caller = admitted.map_err(ApiError::denied)?;
+    if let Some(v) = headers.get("x-gateway-debug") {
+        if v.as_bytes() != b"plugins" {
+            return Err(ApiError::invalid(
+                None,
+                "`x-gateway-debug` takes one value: `plugins`.",
+            ));
+        }
+        if !caller.tenant.policy.plugin_debug {
+            return Err(ApiError::forbidden(
+                "x-gateway-debug",
+                format!(
+                    "Tenant `{}` may not ask for plugin debugging: its policy needs `plugin_debug = true`.",
+                    caller.tenant.name
+                ),
+            ));
+        }
+        caller.debug = Some(Default::default());
+    }
+    Ok(caller)
 }
 
 /// The token of an `Authorization: Bearer <token>` header; the scheme is case-insensitive

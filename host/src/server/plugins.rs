@@ -119,9 +119,10 @@ where
         tenant.values.clone(),
     );
     let runtime = tokio::runtime::Handle::current();
+    let sink = caller.debug.clone();
     let (result, elapsed) = super::blocking("plugin", move || {
         let start = Instant::now();
-        let r = runtime.block_on(call);
+        let r = crate::plugins::capturing_logs(sink.as_ref(), || runtime.block_on(call));
         (r, start.elapsed())
     })
     .await?;
@@ -278,8 +279,10 @@ async fn rerank_inner(
             r
         })
         .collect();
-    Ok(json_response(
-        StatusCode::OK,
-        &json!({"id": format!("rerank-{:032x}", rand::random::<u128>()), "model": name, "results": results}),
-    ))
+    let mut body = json!({"id": format!("rerank-{:032x}", rand::random::<u128>()), "model": name, "results": results});
+    if let Some(sink) = &caller.debug {
+        let logs = sink.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        body["gateway_debug"] = json!({"plugin_logs": logs});
+    }
+    Ok(json_response(StatusCode::OK, &body))
 }

@@ -51,6 +51,8 @@ pub(super) struct Reply {
     pub(super) citations: Option<Vec<Value>>,
     /// The request offered tools: calls are parsed out of each choice's text.
     pub(super) tools: Option<Arc<ToolSet>>,
+    /// The caller asked for plugin debugging: the raw text and its plugins' log lines.
+    pub(super) debug: Option<crate::common::LogSink>,
 }
 
 pub(super) struct OutputStage {
@@ -81,6 +83,8 @@ struct Choice {
     usage: Usage,
     /// Fixes the output parser applied, when one ran.
     repairs: Option<Vec<String>>,
+    /// The model's text before the output parser, kept for a debugging caller.
+    raw: Option<String>,
 }
 
 impl Reply {
@@ -108,6 +112,7 @@ impl Reply {
             reservation: None,
             citations: None,
             tools: None,
+            debug: None,
         }
     }
 
@@ -166,6 +171,9 @@ impl Reply {
                 ));
             }
             if let Some(out) = self.parser() {
+                if self.debug.is_some() {
+                    c.raw = Some(c.text.clone());
+                }
                 let parsed = out.parse(std::mem::take(&mut c.text)).await?;
                 c.text = parsed.json;
                 c.repairs = Some(parsed.repairs);
@@ -188,6 +196,10 @@ impl Reply {
 
     fn body(&self, choices: Vec<Choice>) -> Value {
         let usage = self.usage(choices.iter().map(|c| &c.usage).enumerate());
+        let raw: Vec<Value> = choices
+            .iter()
+            .map(|c| json!(c.raw.as_deref().unwrap_or(&c.text)))
+            .collect();
         let choices: Vec<Value> = choices
             .into_iter()
             .enumerate()
@@ -230,7 +242,22 @@ impl Reply {
         if let Some(c) = &self.citations {
             body["citations"] = json!(c);
         }
+        if let Some(d) = self.debug_report(Some(raw)) {
+            body["gateway_debug"] = d;
+        }
         body
+    }
+
+    /// What a debugging caller gets: each choice's text before the output parser (streams
+    /// carry it in their deltas) and the log lines of the request's plugins so far.
+    fn debug_report(&self, raw: Option<Vec<Value>>) -> Option<Value> {
+        let sink = self.debug.as_ref()?;
+        let logs = sink.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let mut report = json!({"plugin_logs": logs});
+        if let Some(raw) = raw {
+            report["raw_text"] = Value::Array(raw);
+        }
+        Some(report)
     }
 
     fn envelope(&self, chunk: bool) -> Value {
@@ -466,6 +493,14 @@ impl Reply {
                 usage.completion_tokens as u64,
                 Outcome::Ok,
             );
+        }
+        if let Some(d) = self.debug_report(None) {
+            let mut c = self.envelope(true);
+            c["choices"] = json!([]);
+            c["gateway_debug"] = d;
+            if !sse.send(&c).await {
+                return;
+            }
         }
         if self.include_usage {
             let mut c = self.envelope(true);

@@ -79,6 +79,8 @@ pub struct Caller {
     slot: Arc<Slot>,
     /// Time this request spent in plugins, in microseconds (for the ledger).
     pub plugin_us: Arc<AtomicU64>,
+    /// Set when the request asked for its plugins' log lines (and the policy allows it).
+    pub debug: Option<crate::common::LogSink>,
 }
 
 impl std::ops::Deref for Caller {
@@ -291,6 +293,7 @@ impl Tenancy {
                 key_id,
                 slot: Arc::new(slot),
                 plugin_us: Arc::default(),
+                debug: None,
             }),
             Err(r) => {
                 self.metrics

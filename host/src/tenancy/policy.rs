@@ -35,6 +35,10 @@ pub struct TenantPolicy {
     pub output_parser: Option<String>,
     #[serde(default)]
     pub parse_output: bool,
+    /// Requests may send `x-gateway-debug: plugins` to get the model's raw text beside the
+    /// parsed output and their plugins' log lines in the response.
+    #[serde(default)]
+    pub plugin_debug: bool,
     /// Plugin that steers every generated token (bans, biases, stop) of this tenant's
     /// completions.
     pub logits_processor: Option<String>,

@@ -257,7 +257,10 @@ fn every_kind_scaffolds_builds_and_passes_its_case_in_every_language() {
 /// A POST with `x-gateway-debug: <debug>`; the status and the body (JSON, or the SSE data
 /// lines joined by newlines when streaming).
 fn post_debug(s: &Server, key: &str, path: &str, body: &Value, debug: &str) -> (u16, String) {
-    let r = reqwest::blocking::Client::new()
+    let r = reqwest::blocking::Client::builder()
+        .timeout(std::time::Duration::from_secs(300))
+        .build()
+        .unwrap()
         .post(format!("{}{path}", s.base))
         .bearer_auth(key)
         .header("x-gateway-debug", debug)
@@ -324,4 +327,53 @@ fn a_tenant_allowed_to_debug_sees_the_raw_text_and_its_plugins_logs() {
     assert!(err.contains("plugin_debug = true"), "{err}");
     let (st, err) = post_debug(&s, "sk-py", "/v1/chat/completions", &ask, "everything");
     assert_eq!(st, 400, "{err}");
+}
+
+#[test]
+fn a_component_built_for_another_contract_version_is_named_as_such() {
+    let dir = std::env::temp_dir().join(format!("gateway-wit-skew-{}", rand::random::<u64>()));
+    std::fs::create_dir_all(dir.join("wit")).unwrap();
+    let wit = include_str!("../wit/plugins.wit").replace(
+        "package gateway:plugins@0.1.0;",
+        "package gateway:plugins@0.2.0;",
+    );
+    std::fs::write(dir.join("wit/plugins.wit"), wit).unwrap();
+    std::fs::write(
+        dir.join("app.py"),
+        "import wit_world\nclass WitWorld(wit_world.WitWorld):\n    def rerank(self, query, candidates):\n        return []\n",
+    )
+    .unwrap();
+    let built = std::process::Command::new("componentize-py")
+        .current_dir(&dir)
+        .args([
+            "-d",
+            "wit",
+            "-w",
+            "reranker",
+            "componentize",
+            "app",
+            "-o",
+            "skew.wasm",
+        ])
+        .output()
+        .expect("componentize-py runs (host/scripts/test.sh installs it)");
+    assert!(
+        built.status.success(),
+        "{}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_gateway"))
+        .args(["plugin", "check"])
+        .arg(dir.join("skew.wasm"))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(
+            "built against gateway:plugins@0.2.0; this gateway speaks gateway:plugins 0.1.0"
+        ),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(dir);
 }

@@ -34,6 +34,9 @@ use bindings::prompt_template::gateway::plugins::types;
 use runtime::Prepared;
 use warm::Bound;
 
+/// The versions of the `gateway:plugins` contract (`wit/plugins.wit`) this gateway serves.
+pub const WIT_VERSIONS: &[&str] = &["0.1.0"];
+
 /// The world a plugin implements.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -83,6 +86,8 @@ pub enum LoadError {
     Link(String),
     #[error("the component implements no plugin world: {0}")]
     NoWorld(String),
+    #[error("the component was built against gateway:plugins@{0}; this gateway speaks gateway:plugins {versions}: rebuild it with this gateway's WIT (`gateway plugin build`, or the guest-sdk of this release)", versions = WIT_VERSIONS.join(", "))]
+    Version(String),
     #[error("the manifest is invalid: {0}")]
     Manifest(String),
     #[error("could not store the plugin: {0}")]
@@ -97,6 +102,7 @@ impl LoadError {
             LoadError::Compile(_) => "plugin_invalid",
             LoadError::Link(_) => "plugin_unknown_imports",
             LoadError::NoWorld(_) => "plugin_no_world",
+            LoadError::Version(_) => "plugin_wit_version",
             LoadError::Manifest(_) => "invalid_manifest",
             LoadError::Io(_) => "storage_failed",
         }

@@ -109,6 +109,26 @@ fn check_header(wasm: &[u8]) -> Result<(), LoadError> {
     }
 }
 
+/// A component built against another version of the contract would only fail to link with
+/// "implementation is missing"; say which version it wants and which this gateway serves.
+fn check_version(engine: &Engine, component: &Component) -> Result<(), LoadError> {
+    for (name, _) in component.component_type().imports(engine) {
+        let Some(rest) = name.strip_prefix("gateway:plugins/") else {
+            continue;
+        };
+        let version = rest.split_once('@').map_or("", |(_, v)| v);
+        if !super::WIT_VERSIONS.contains(&version) {
+            let version = if version.is_empty() {
+                "(no version)"
+            } else {
+                version
+            };
+            return Err(LoadError::Version(version.to_string()));
+        }
+    }
+    Ok(())
+}
+
 impl Runtime {
     pub fn new(cfg: &PluginsConfig) -> Result<Arc<Self>, StartError> {
         let fail = |e: &dyn std::fmt::Display| StartError(e.to_string());
@@ -197,6 +217,7 @@ impl Runtime {
     ) -> Result<Prepared, LoadError> {
         check_header(wasm)?;
         let component = self.compile(wasm)?;
+        check_version(&self.engine, &component)?;
         let pre = self
             .linker
             .instantiate_pre(&component)

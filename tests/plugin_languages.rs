@@ -320,6 +320,21 @@ fn a_tenant_allowed_to_debug_sees_the_raw_text_and_its_plugins_logs() {
     assert_eq!(with_logs.len(), 1, "{sse}");
     assert_eq!(with_logs[0]["gateway_debug"]["plugin_logs"][0], json!(said));
 
+    // A parser refusing the text is when the raw text matters most: the error carries it.
+    let mut refused = ask.clone();
+    refused["response_format"] = json!({"type": "json_schema", "json_schema": {"name": "t",
+        "schema": {"type": "object", "properties": {"ticket": {"type": "string"}}, "required": ["ticket"]}}});
+    let (st, text) = post_debug(&s, "sk-py", "/v1/chat/completions", &refused, "plugins");
+    assert_eq!(st, 422, "{text}");
+    let err: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(err["error"]["code"], "plugin_rejected", "{err}");
+    let raw = err["gateway_debug"]["raw_text"][0].as_str().unwrap();
+    assert!(
+        raw.contains("\"ticket\""),
+        "the constrained JSON the parser refused: {err}"
+    );
+    assert!(err["gateway_debug"]["plugin_logs"].is_array(), "{err}");
+
     // A tenant whose policy does not allow it is refused, and so is an unknown value.
     let docs = json!({"query": "export invoices", "documents": ["a"]});
     let (st, err) = post_debug(&s, "sk-ts", "/v1/rerank", &docs, "plugins");

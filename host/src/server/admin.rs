@@ -167,6 +167,7 @@ async fn plugins(
                     param: None,
                     code: Some("tenant_not_found"),
                     retry_after: None,
+                    debug: None,
                 });
             }
             let kind = match query.and_then(|q| q.split('&').find_map(|kv| kv.strip_prefix("kind="))) {

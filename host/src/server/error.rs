@@ -13,6 +13,9 @@ pub struct ApiError {
     pub code: Option<&'static str>,
     /// Seconds for a `Retry-After` header (429s).
     pub retry_after: Option<u64>,
+    /// For a caller that asked for plugin debugging: the `gateway_debug` report (raw text,
+    /// plugin logs) of a request that failed in its plugins.
+    pub debug: Option<Box<serde_json::Value>>,
 }
 
 impl ApiError {
@@ -25,6 +28,7 @@ impl ApiError {
             param: param.into().map(String::from),
             code: None,
             retry_after: None,
+            debug: None,
         }
     }
 
@@ -47,6 +51,7 @@ impl ApiError {
             param: Some("model".into()),
             code: Some("model_not_found"),
             retry_after: None,
+            debug: None,
         }
     }
 
@@ -60,6 +65,7 @@ impl ApiError {
             param: None,
             code: Some("unknown_url"),
             retry_after: None,
+            debug: None,
         }
     }
 
@@ -71,6 +77,7 @@ impl ApiError {
             param: None,
             code: Some("method_not_allowed"),
             retry_after: None,
+            debug: None,
         }
     }
 
@@ -85,6 +92,7 @@ impl ApiError {
             param: None,
             code: Some("request_timeout"),
             retry_after: None,
+            debug: None,
         }
     }
 
@@ -98,6 +106,7 @@ impl ApiError {
             param: None,
             code: Some("request_too_large"),
             retry_after: None,
+            debug: None,
         }
     }
 
@@ -109,6 +118,7 @@ impl ApiError {
             param: None,
             code: Some("server_overloaded"),
             retry_after: None,
+            debug: None,
         }
     }
 
@@ -123,6 +133,7 @@ impl ApiError {
             param: None,
             code: Some("server_shutting_down"),
             retry_after: None,
+            debug: None,
         }
     }
 
@@ -134,11 +145,16 @@ impl ApiError {
             param: None,
             code: None,
             retry_after: None,
+            debug: None,
         }
     }
 
     pub fn body(&self) -> serde_json::Value {
-        json!({"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}})
+        let mut body = json!({"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}});
+        if let Some(d) = &self.debug {
+            body["gateway_debug"] = (**d).clone();
+        }
+        body
     }
 }
 
@@ -177,6 +193,7 @@ impl ApiError {
             code: Some(code),
             // Busy is the tenant's quota or the shared pool: a slot frees within a deadline.
             retry_after: matches!(e, CallError::Busy(_)).then_some(1),
+            debug: None,
         }
     }
 
@@ -189,6 +206,7 @@ impl ApiError {
             param: None,
             code: Some("plugin_not_installed"),
             retry_after: None,
+            debug: None,
         }
     }
 
@@ -200,6 +218,7 @@ impl ApiError {
             param: None,
             code: Some("invalid_api_key"),
             retry_after: None,
+            debug: None,
         }
     }
 }
@@ -214,6 +233,7 @@ impl ApiError {
             param: Some(param.into()),
             code: Some("not_allowed"),
             retry_after: None,
+            debug: None,
         }
     }
 
@@ -233,6 +253,7 @@ impl ApiError {
             param: None,
             code: Some(r.limit),
             retry_after: retry,
+            debug: None,
         }
     }
 
@@ -247,6 +268,7 @@ impl ApiError {
                 param: None,
                 code: Some("ledger_unavailable"),
                 retry_after: Some(5),
+                debug: None,
             },
         }
     }
@@ -276,6 +298,7 @@ impl From<crate::search::SearchError> for ApiError {
             param: None,
             code,
             retry_after: None,
+            debug: None,
         }
     }
 }

@@ -141,7 +141,12 @@ where
         m.plugin_failures
             .with_label_values(&[&tenant.name, &plugin.name, e.cause()])
             .inc();
-        ApiError::plugin(&tenant.name, &plugin.name, &e)
+        let mut err = ApiError::plugin(&tenant.name, &plugin.name, &e);
+        if let Some(sink) = &caller.debug {
+            let logs = sink.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            err.debug = Some(Box::new(json!({"plugin_logs": logs})));
+        }
+        err
     })
 }
 

@@ -171,10 +171,11 @@ impl Reply {
                 ));
             }
             if let Some(out) = self.parser() {
-                if self.debug.is_some() {
-                    c.raw = Some(c.text.clone());
-                }
-                let parsed = out.parse(std::mem::take(&mut c.text)).await?;
+                c.raw = self.debug.is_some().then(|| c.text.clone());
+                let parsed = out
+                    .parse(std::mem::take(&mut c.text))
+                    .await
+                    .map_err(|e| self.with_debug(e, c.raw.as_deref()))?;
                 c.text = parsed.json;
                 c.repairs = Some(parsed.repairs);
             }
@@ -196,10 +197,12 @@ impl Reply {
 
     fn body(&self, choices: Vec<Choice>) -> Value {
         let usage = self.usage(choices.iter().map(|c| &c.usage).enumerate());
-        let raw: Vec<Value> = choices
-            .iter()
-            .map(|c| json!(c.raw.as_deref().unwrap_or(&c.text)))
-            .collect();
+        let raw: Option<Vec<Value>> = self.debug.as_ref().map(|_| {
+            choices
+                .iter()
+                .map(|c| json!(c.raw.as_deref().unwrap_or(&c.text)))
+                .collect()
+        });
         let choices: Vec<Value> = choices
             .into_iter()
             .enumerate()
@@ -242,7 +245,7 @@ impl Reply {
         if let Some(c) = &self.citations {
             body["citations"] = json!(c);
         }
-        if let Some(d) = self.debug_report(Some(raw)) {
+        if let Some(d) = self.debug_report(raw) {
             body["gateway_debug"] = d;
         }
         body
@@ -258,6 +261,13 @@ impl Reply {
             report["raw_text"] = Value::Array(raw);
         }
         Some(report)
+    }
+
+    /// A plugin failure, with the debugging report when the caller asked for one: a parser
+    /// refusing the text is when its raw text matters most.
+    fn with_debug(&self, mut e: ApiError, raw: Option<&str>) -> ApiError {
+        e.debug = self.debug_report(raw.map(|r| vec![json!(r)])).map(Box::new);
+        e
     }
 
     fn envelope(&self, chunk: bool) -> Value {
@@ -463,7 +473,10 @@ impl Reply {
                 let mut choice =
                     json!({"index": i, "delta": {}, "logprobs": null, "finish_reason": reason});
                 if let Some(out) = self.parser() {
-                    let parsed = out.parse(std::mem::take(&mut p.texts[i])).await?;
+                    let parsed = out
+                        .parse(std::mem::take(&mut p.texts[i]))
+                        .await
+                        .map_err(|e| self.with_debug(e, None))?;
                     choice["parsed"] = serde_json::from_str(&parsed.json).unwrap_or(Value::Null);
                     choice["repairs"] = json!(parsed.repairs);
                 }

@@ -257,10 +257,7 @@ fn every_kind_scaffolds_builds_and_passes_its_case_in_every_language() {
 /// A POST with `x-gateway-debug: <debug>`; the status and the body (JSON, or the SSE data
 /// lines joined by newlines when streaming).
 fn post_debug(s: &Server, key: &str, path: &str, body: &Value, debug: &str) -> (u16, String) {
-    let r = reqwest::blocking::Client::builder()
-        .timeout(std::time::Duration::from_secs(300))
-        .build()
-        .unwrap()
+    let r = support::patient_client()
         .post(format!("{}{path}", s.base))
         .bearer_auth(key)
         .header("x-gateway-debug", debug)

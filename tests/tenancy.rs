@@ -122,12 +122,7 @@ fn keys_and_allow_lists() {
 
 /// Status, error code and Retry-After of a chat request as `key`.
 fn limited(s: &Server, key: &str, body: &Value) -> (u16, Option<String>, Option<u64>) {
-    // Generous: the requests that pass generate up to ~150 tokens while the other tests of
-    // this binary load the same two cores (reqwest's default 30 s once ran out in CI).
-    let r = reqwest::blocking::Client::builder()
-        .timeout(std::time::Duration::from_secs(300))
-        .build()
-        .unwrap()
+    let r = support::patient_client()
         .post(format!("{}/v1/chat/completions", s.base))
         .bearer_auth(key)
         .json(body)

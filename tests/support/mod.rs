@@ -30,6 +30,15 @@ pub fn assert_same_prompt(a: &Value, b: &Value) {
     assert_eq!(a["choices"][0]["message"], b["choices"][0]["message"]);
 }
 
+/// An HTTP client that waits as long as the test server's own (300 s): generations share two
+/// cores with the other tests of a binary, and reqwest's default 30 s has run out in CI.
+pub fn patient_client() -> reqwest::blocking::Client {
+    reqwest::blocking::Client::builder()
+        .timeout(Duration::from_secs(300))
+        .build()
+        .unwrap()
+}
+
 pub struct Server {
     child: Child,
     pub base: String,
@@ -101,10 +110,7 @@ impl Server {
                 let _ = tx.send(line);
             }
         });
-        let http = reqwest::blocking::Client::builder()
-            .timeout(Duration::from_secs(300))
-            .build()
-            .unwrap();
+        let http = patient_client();
         Self {
             child,
             base: format!("http://{addr}"),

@@ -26,10 +26,14 @@ fn load(path: &Path, cfg: &PluginsConfig) -> anyhow::Result<(Arc<Plugin>, Arc<Ru
     // One cache folder per component file: the registry prunes its cache to the plugins it
     // holds, so a folder shared by every file would keep only the last one run.
     let mut cfg = cfg.clone();
-    if let Some(dir) = &cfg.cache_dir {
+    if let Some(root) = &cfg.cache_dir {
         let key = std::path::absolute(path)?;
         let key = crate::plugins::hex(&Sha256::digest(key.as_os_str().as_encoded_bytes()));
-        cfg.cache_dir = Some(dir.join(&key[..16]));
+        let dir = root.join(&key[..16]);
+        // The use time orders the folders when the cache is trimmed.
+        let _ = std::fs::create_dir_all(&dir).and_then(|()| std::fs::write(dir.join("used"), b""));
+        trim_cache(root, CACHE_BUDGET);
+        cfg.cache_dir = Some(dir);
     }
     let rt = Runtime::new(&cfg).map_err(|e| anyhow!("starting the plugin runtime: {e}"))?;
     let registry = Registry::new(rt.clone(), None);
@@ -38,6 +42,43 @@ fn load(path: &Path, cfg: &PluginsConfig) -> anyhow::Result<(Arc<Plugin>, Arc<Ru
         .install("local", "plugin", &wasm, None)
         .map_err(|e| anyhow!("{}: {e}", path.display()))?;
     Ok((plugin, rt, started.elapsed().as_secs_f64() * 1e3))
+}
+
+/// What the per-file compile caches may hold in all: ~25 Python or TypeScript components.
+const CACHE_BUDGET: u64 = 1 << 30;
+
+/// Deletes the least recently used per-file folders under `root` until the rest fit in
+/// `budget` bytes: every file run gets a folder, and files in temporary project folders
+/// (scaffolds, CI) would otherwise pile up compiled code without end.
+fn trim_cache(root: &Path, budget: u64) {
+    let Ok(entries) = std::fs::read_dir(root) else {
+        return;
+    };
+    let mut folders: Vec<(std::time::SystemTime, u64, std::path::PathBuf)> = entries
+        .flatten()
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .map(|e| {
+            let files: Vec<std::fs::Metadata> = std::fs::read_dir(e.path())
+                .into_iter()
+                .flatten()
+                .flatten()
+                .filter_map(|f| f.metadata().ok())
+                .collect();
+            let used = files.iter().filter_map(|m| m.modified().ok()).max();
+            let size = files.iter().map(std::fs::Metadata::len).sum();
+            (used.unwrap_or(std::time::UNIX_EPOCH), size, e.path())
+        })
+        .collect();
+    folders.sort_by_key(|f| std::cmp::Reverse(f.0));
+    let mut total = 0;
+    for (_, size, path) in folders {
+        total += size;
+        if total > budget {
+            if let Err(e) = std::fs::remove_dir_all(&path) {
+                tracing::warn!(path = %path.display(), error = %e, "could not trim the plugin compile cache");
+            }
+        }
+    }
 }
 
 /// What `check` prints for a component that loads; an error says why it does not.
@@ -105,6 +146,31 @@ pub async fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_compile_cache_keeps_the_most_recently_used_folders_within_its_budget() {
+        let root = std::env::temp_dir().join(format!("plugin-cache-{}", rand::random::<u64>()));
+        for (i, name) in ["old", "mid", "new"].iter().enumerate() {
+            let dir = root.join(name);
+            std::fs::create_dir_all(&dir).unwrap();
+            std::fs::write(dir.join("a.cwasm"), vec![0u8; 100]).unwrap();
+            let t = std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_000 * (i as u64 + 1));
+            let f = std::fs::File::options()
+                .write(true)
+                .open(dir.join("a.cwasm"))
+                .unwrap();
+            f.set_modified(t).unwrap();
+        }
+        trim_cache(&root, 250);
+        let mut left: Vec<String> = std::fs::read_dir(&root)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        assert_eq!(left, ["mid", "new"]);
+        let _ = std::fs::remove_dir_all(root);
+    }
 
     #[test]
     fn a_file_that_is_not_a_component_is_one_clear_line() {

@@ -142,12 +142,23 @@ where
             .with_label_values(&[&tenant.name, &plugin.name, e.cause()])
             .inc();
         let mut err = ApiError::plugin(&tenant.name, &plugin.name, &e);
-        if let Some(sink) = &caller.debug {
-            let logs = sink.lock().unwrap_or_else(|e| e.into_inner()).clone();
-            err.debug = Some(Box::new(json!({"plugin_logs": logs})));
-        }
+        err.debug = caller
+            .debug
+            .as_ref()
+            .map(|s| Box::new(debug_report(s, None)));
         err
     })
+}
+
+/// The `gateway_debug` report for a caller that asked for one: the log lines the request's
+/// plugins wrote so far and, when given, each choice's text before the output parser.
+pub(super) fn debug_report(sink: &crate::common::LogSink, raw: Option<Vec<Value>>) -> Value {
+    let logs = sink.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let mut report = json!({"plugin_logs": logs});
+    if let Some(raw) = raw {
+        report["raw_text"] = Value::Array(raw);
+    }
+    report
 }
 
 #[derive(Deserialize)]
@@ -286,8 +297,7 @@ async fn rerank_inner(
         .collect();
     let mut body = json!({"id": format!("rerank-{:032x}", rand::random::<u128>()), "model": name, "results": results});
     if let Some(sink) = &caller.debug {
-        let logs = sink.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        body["gateway_debug"] = json!({"plugin_logs": logs});
+        body["gateway_debug"] = debug_report(sink, None);
     }
     Ok(json_response(StatusCode::OK, &body))
 }

@@ -254,13 +254,7 @@ impl Reply {
     /// What a debugging caller gets: each choice's text before the output parser (streams
     /// carry it in their deltas) and the log lines of the request's plugins so far.
     fn debug_report(&self, raw: Option<Vec<Value>>) -> Option<Value> {
-        let sink = self.debug.as_ref()?;
-        let logs = sink.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        let mut report = json!({"plugin_logs": logs});
-        if let Some(raw) = raw {
-            report["raw_text"] = Value::Array(raw);
-        }
-        Some(report)
+        Some(super::plugins::debug_report(self.debug.as_ref()?, raw))
     }
 
     /// A plugin failure, with the debugging report when the caller asked for one: a parser

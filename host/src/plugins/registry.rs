@@ -152,14 +152,8 @@ impl Registry {
         check_names(tenant, name)?;
         let _writer = self.writer.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(dir) = &self.dir {
-            for base in [dir.join(tenant), dir.join(LAST_GOOD).join(tenant)] {
-                for ext in ["wasm", "toml"] {
-                    match std::fs::remove_file(base.join(format!("{name}.{ext}"))) {
-                        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e.into()),
-                        _ => {}
-                    }
-                }
-            }
+            remove_files(&dir.join(tenant), name)?;
+            remove_files(&dir.join(LAST_GOOD).join(tenant), name)?;
         }
         let mut existed = false;
         self.swap(|m| existed = m.remove(&key(tenant, name)).is_some());
@@ -208,14 +202,17 @@ impl Registry {
                     report.loaded.push(label);
                 }
                 Err(e) => {
-                    let fallback = match current.contains_key(&key(tenant, name)) {
-                        true => None,
-                        false => self.last_good(dir, tenant, name),
+                    let serving = current.contains_key(&key(tenant, name));
+                    // Only a plugin not in service (a restart) falls back to its kept copy.
+                    let fallback = if serving {
+                        None
+                    } else {
+                        self.last_good(dir, tenant, name)
                     };
-                    let kept = match (&fallback, current.contains_key(&key(tenant, name))) {
-                        (_, true) => "; the previous version stays",
-                        (Some(_), _) => "; serving the last version that loaded",
-                        (None, false) => "",
+                    let kept = match (serving, &fallback) {
+                        (true, _) => "; the previous version stays",
+                        (false, Some(_)) => "; serving the last version that loaded",
+                        (false, None) => "",
                     };
                     tracing::warn!(plugin = %label, error = %e, "plugin rejected{kept}");
                     if let Some(p) = fallback {
@@ -242,12 +239,8 @@ impl Registry {
                 tracing::info!(plugin = %format!("{}/{}", k.0, k.1), "plugin removed");
                 report.removed.push(format!("{}/{}", k.0, k.1));
                 // The file was deleted on purpose: its fallback goes too.
-                for ext in ["wasm", "toml"] {
-                    let _ = std::fs::remove_file(
-                        dir.join(LAST_GOOD)
-                            .join(&k.0)
-                            .join(format!("{}.{ext}", k.1)),
-                    );
+                if let Err(e) = remove_files(&dir.join(LAST_GOOD).join(&k.0), &k.1) {
+                    tracing::warn!(plugin = %format!("{}/{}", k.0, k.1), error = %e, "could not remove the kept last version");
                 }
             }
             keep
@@ -320,6 +313,17 @@ fn keep_last_good(dir: &Path, tenant: &str, name: &str, wasm: &[u8], kind: Plugi
     if let Err(e) = kept {
         tracing::warn!(plugin = %format!("{tenant}/{name}"), error = %e, "could not keep a copy of the loaded version");
     }
+}
+
+/// Deletes `<base>/<name>.wasm` and its manifest; files already gone are fine.
+fn remove_files(base: &Path, name: &str) -> std::io::Result<()> {
+    for ext in ["wasm", "toml"] {
+        match std::fs::remove_file(base.join(format!("{name}.{ext}"))) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        }
+    }
+    Ok(())
 }
 
 fn key(tenant: &str, name: &str) -> Key {

@@ -18,6 +18,7 @@ const RULES: &[(&str, &[&str])] = &[
     ("plugin_tool", &["config", "plugins"]),
     ("bench", &["config", "engine", "metrics", "structured"]),
     ("cli", &["search"]),
+    ("upstream", &["config", "metrics"]),
     ("server", &["*"]),
 ];
 

@@ -6,6 +6,9 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
+mod upstream;
+pub use upstream::UpstreamConfig;
+
 /// Where the embedded default model lives after `scripts/fetch-models.sh` (or the README's run command).
 pub const DEFAULT_MODEL_PATH: &str = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
 pub const DEFAULT_MODEL_NAME: &str = "smollm2-135m-instruct";
@@ -46,6 +49,9 @@ pub struct Config {
     pub tls: Option<TlsConfig>,
     pub admin: AdminConfig,
     pub http: HttpConfig,
+    /// Models served by other OpenAI-compatible servers (gateways in engine role, vLLM,
+    /// llama.cpp, hosted providers), each over one or more replicas.
+    pub upstreams: Vec<UpstreamConfig>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -179,6 +185,12 @@ pub struct ModelConfig {
     /// without either (a base model) answers `/v1/chat/completions` with 400.
     pub chat_template: Option<String>,
     pub engine: EngineConfig,
+    /// Models tried in order when this one is saturated (more than `saturated_waiting`
+    /// requests queued). The list is the whole chain: a fallback's own fallbacks are not
+    /// followed.
+    pub fallback: Vec<String>,
+    /// Requests waiting for a batch slot beyond which `fallback` takes new requests (0: never).
+    pub saturated_waiting: usize,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -287,6 +299,7 @@ impl Default for Config {
             tls: None,
             admin: AdminConfig::default(),
             http: HttpConfig::default(),
+            upstreams: Vec::new(),
         }
     }
 }
@@ -317,6 +330,8 @@ impl Default for ModelConfig {
             max_model_len: 0,
             chat_template: None,
             engine: EngineConfig::default(),
+            fallback: Vec::new(),
+            saturated_waiting: 0,
         }
     }
 }
@@ -371,9 +386,10 @@ impl Config {
 
     pub fn validate(&self) -> Result<(), ConfigError> {
         let bad = |m: String| Err(ConfigError::Invalid(m));
-        if self.models.is_empty() {
-            return bad("at least one [[models]] entry is needed".into());
+        if self.models.is_empty() && self.upstreams.is_empty() {
+            return bad("at least one [[models]] or [[upstreams]] entry is needed".into());
         }
+        upstream::validate(self).map_err(ConfigError::Invalid)?;
         let mut names = std::collections::HashSet::new();
         for m in &self.models {
             if !names.insert(&m.name) {

@@ -13,3 +13,4 @@ pub mod search;
 pub mod server;
 pub mod structured;
 pub mod tenancy;
+pub mod upstream;

@@ -123,6 +123,9 @@ struct EngineArgs {
     /// Turn off reuse of KV blocks across requests with the same prompt prefix.
     #[arg(long)]
     no_prefix_caching: bool,
+    /// Compute threads per model (0 = one per core).
+    #[arg(long)]
+    threads: Option<usize>,
     /// Where models run: cpu, cuda or cuda:N (CUDA needs a build with --features cuda).
     #[arg(long)]
     device: Option<gateway::config::ComputeDevice>,
@@ -237,6 +240,7 @@ impl EngineArgs {
                 .max_num_batched_tokens
                 .unwrap_or(e.max_num_batched_tokens);
             e.prefix_caching &= !self.no_prefix_caching;
+            e.threads = self.threads.unwrap_or(e.threads);
             e.device = self.device.unwrap_or(e.device);
             e.dtype = self.dtype.unwrap_or(e.dtype);
             e.gpu_memory_utilization = self
@@ -307,6 +311,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let cfg = args.config()?;
     let metrics = Arc::new(Metrics::new());
     let engines = load_engines(&cfg, &metrics)?;
+    let upstreams = gateway::upstream::Upstreams::new(&cfg.upstreams, &metrics)?;
     let (plugins, _plugin_watch) = load_plugins(&cfg)?;
     let embedders = load_embedders(&cfg)?;
     let collections = tokio::task::block_in_place(|| {
@@ -338,7 +343,20 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         shutdown: Default::default(),
         http: edge_limits(&cfg),
         vocabularies: Default::default(),
+        upstreams,
+        fallbacks: cfg
+            .models
+            .iter()
+            .map(|m| {
+                let f = server::Fallback {
+                    chain: m.fallback.clone(),
+                    saturated_waiting: m.saturated_waiting,
+                };
+                (m.name.clone(), f)
+            })
+            .collect(),
     });
+    state.upstreams.start_probes();
     let drain = std::time::Duration::from_secs(cfg.drain_seconds);
     server::serve(listeners, state, drain).await?;
     drop(tls_watches);

@@ -37,6 +37,7 @@ pub struct Metrics {
     pub ledger: LedgerMetrics,
     pub grammar: GrammarMetrics,
     pub vllm: VllmMetrics,
+    pub upstream: UpstreamMetrics,
 }
 
 /// The gauges Kubernetes inference routers (the Gateway API Inference Extension's endpoint
@@ -78,6 +79,71 @@ impl VllmMetrics {
                     &["model_name", "block_size", "num_gpu_blocks"],
                 )
                 .expect("valid"),
+            ),
+        }
+    }
+}
+
+/// Models served by upstream replicas: what each replica was asked and answered, and how the
+/// pool chose and judged it.
+pub struct UpstreamMetrics {
+    /// By status code, or `connect` / `timeout`.
+    pub requests: IntCounterVec,
+    /// Choices, `by` load or prefix affinity.
+    pub picks: IntCounterVec,
+    pub ejections: IntCounterVec,
+    pub retries: IntCounterVec,
+    /// Requests a model sent down its fallback chain, by the model that served them.
+    pub fallbacks: IntCounterVec,
+    pub outstanding: IntGaugeVec,
+    /// The last health probe answered (1) or not (0).
+    pub up: IntGaugeVec,
+}
+
+impl UpstreamMetrics {
+    fn new(r: &Registry) -> Self {
+        let counter = |n: &str, h: &str, l: &[&str]| {
+            reg(r, IntCounterVec::new(Opts::new(n, h), l).expect("valid"))
+        };
+        let gauge = |n: &str, h: &str| {
+            reg(
+                r,
+                IntGaugeVec::new(Opts::new(n, h), &["model", "replica"]).expect("valid"),
+            )
+        };
+        Self {
+            requests: counter(
+                "gateway_upstream_requests_total",
+                "Requests sent to upstream replicas, by status code (or connect, timeout)",
+                &["model", "replica", "code"],
+            ),
+            picks: counter(
+                "gateway_upstream_picks_total",
+                "Replica choices, by what decided (load or prefix)",
+                &["model", "replica", "by"],
+            ),
+            ejections: counter(
+                "gateway_upstream_ejections_total",
+                "Replicas taken out after a failure",
+                &["model", "replica"],
+            ),
+            retries: counter(
+                "gateway_upstream_retries_total",
+                "Requests tried again on another replica",
+                &["model"],
+            ),
+            fallbacks: counter(
+                "gateway_upstream_fallbacks_total",
+                "Requests served by a fallback model",
+                &["model", "served_by"],
+            ),
+            outstanding: gauge(
+                "gateway_upstream_outstanding",
+                "Requests in flight on each replica",
+            ),
+            up: gauge(
+                "gateway_upstream_up",
+                "The replica's last health probe succeeded",
             ),
         }
     }
@@ -393,6 +459,7 @@ impl Metrics {
             ledger: LedgerMetrics::new(&r),
             grammar: GrammarMetrics::new(&r),
             vllm: VllmMetrics::new(&r),
+            upstream: UpstreamMetrics::new(&r),
             registry: r,
         }
     }

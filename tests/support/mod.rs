@@ -62,7 +62,10 @@ impl Server {
             "{model} is missing: run host/scripts/fetch-models.sh"
         );
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_gateway"));
-        cmd.args(["serve", "--listen", "127.0.0.1:0"]);
+        cmd.arg("serve");
+        if !extra.contains(&"--listen") {
+            cmd.args(["--listen", "127.0.0.1:0"]);
+        }
         // A config file names its own models and ledger; otherwise serve the default model
         // with a ledger and collections of this server's own, removed when it is dropped.
         let mut scratch = Vec::new();

@@ -306,6 +306,11 @@ impl Engine {
         })
     }
 
+    /// Requests submitted and not yet admitted to the running batch.
+    pub fn waiting(&self) -> usize {
+        self.waiting.load(Ordering::Relaxed)
+    }
+
     pub fn submit(&self, req: GenerationRequest) -> Result<EventStream, SubmitError> {
         self.waiting
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |w| {

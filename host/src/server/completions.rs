@@ -223,7 +223,7 @@ impl PromptStage<'_> {
 
 /// The output parser to run, if the request asks for JSON (or the tenant always parses) and
 /// the tenant has a parser bound. Without a parser, `response_format` passes through.
-fn output_stage(
+pub(super) fn output_stage(
     state: &Arc<AppState>,
     caller: &Caller,
     format: Option<&ResponseFormat>,

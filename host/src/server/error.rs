@@ -19,6 +19,19 @@ pub struct ApiError {
 }
 
 impl ApiError {
+    /// An upstream model's replicas failed (502), timed out (504) or none was available (503).
+    pub fn upstream(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            kind: "api_error",
+            message: message.into(),
+            param: None,
+            code: Some(code),
+            retry_after: (status == StatusCode::SERVICE_UNAVAILABLE).then_some(1),
+            debug: None,
+        }
+    }
+
     /// 400: the request is malformed or a field is invalid; `param` names the field.
     pub fn invalid(param: impl Into<Option<&'static str>>, message: impl Into<String>) -> Self {
         Self {

@@ -8,6 +8,7 @@ mod collections;
 mod completions;
 mod conn;
 mod deadlines;
+mod dispatch;
 pub use conn::raise_fd_limit;
 mod embeddings;
 pub mod error;
@@ -16,12 +17,14 @@ pub mod openai;
 mod plugins;
 mod processors;
 mod rag;
+mod relay;
 mod reply;
 mod routes;
 mod sse;
 mod structured;
 pub mod tls;
 mod tool_calls;
+mod upstream;
 mod validation;
 
 use std::collections::{BTreeMap, HashMap};
@@ -40,6 +43,7 @@ use crate::engine::Engine;
 use crate::metrics::Metrics;
 use bodies::{discard, read_body, text_response};
 pub use bodies::{json_response, sse_response};
+use dispatch::Api;
 use error::ApiError;
 use routes::{Endpoint, Resolved};
 
@@ -63,6 +67,16 @@ pub struct AppState {
     pub http: crate::config::HttpConfig,
     /// Each model's vocabulary index for logits processors, built on first use.
     pub vocabularies: parking_lot::Mutex<HashMap<String, Arc<crate::plugins::vocab::VocabIndex>>>,
+    /// Models served by upstream replicas.
+    pub upstreams: crate::upstream::Upstreams,
+    /// Local models' fallback chains.
+    pub fallbacks: BTreeMap<String, Fallback>,
+}
+
+/// Where a local model's requests go when its queue is long.
+pub struct Fallback {
+    pub chain: Vec<String>,
+    pub saturated_waiting: usize,
 }
 
 /// What a SIGTERM sets in motion. First `draining`: `/ready` turns 503 and no connection is
@@ -100,6 +114,19 @@ impl Shutdown {
 }
 
 impl AppState {
+    /// `model` and then its fallbacks, in order.
+    pub fn fallback_chain(&self, model: &str) -> Vec<String> {
+        let rest = match self.upstreams.get(model) {
+            Some(pool) => pool.cfg.fallback.clone(),
+            None => self
+                .fallbacks
+                .get(model)
+                .map(|f| f.chain.clone())
+                .unwrap_or_default(),
+        };
+        std::iter::once(model.to_string()).chain(rest).collect()
+    }
+
     /// The embedding model `model`, if the tenant may use it.
     pub fn embedder(
         &self,
@@ -209,8 +236,10 @@ async fn route(
             let caller = admit(&state, &req.headers, true)?;
             let body = read_body(&req.headers, body, state.max_body_bytes, &state.http).await?;
             match endpoint {
-                Endpoint::Chat => completions::chat(&state, &caller, &body).await,
-                Endpoint::Completions => completions::completion(&state, &caller, &body).await,
+                Endpoint::Chat => dispatch::serve(&state, &caller, &body, Api::Chat).await,
+                Endpoint::Completions => {
+                    dispatch::serve(&state, &caller, &body, Api::Completion).await
+                }
                 Endpoint::Embeddings => embeddings::embeddings(&state, &caller, &body).await,
                 _ => plugins::rerank(&state, &caller, &body).await,
             }
@@ -225,6 +254,10 @@ async fn route(
             if state.embedders.contains_key(id) {
                 let e = state.embedder(&caller, id)?;
                 let card = embeddings::model_card(&e, state.started);
+                return Ok(json_response(StatusCode::OK, &card));
+            }
+            if state.upstreams.get(id).is_some() && caller.allows_model(id) {
+                let card = upstream_card(id, state.started);
                 return Ok(json_response(StatusCode::OK, &card));
             }
             let engine = state.engine(&caller, id)?;
@@ -277,7 +310,19 @@ fn models(state: &AppState, caller: &crate::tenancy::Caller) -> serde_json::Valu
             .filter(|e| caller.allows_model(&e.name))
             .map(|e| embeddings::model_card(e, state.started)),
     );
+    data.extend(
+        state
+            .upstreams
+            .names()
+            .filter(|m| caller.allows_model(m))
+            .map(|m| upstream_card(m, state.started)),
+    );
     json!({"object": "list", "data": data})
+}
+
+/// A model served upstream: what its replicas can do is theirs to say.
+fn upstream_card(id: &str, created: u64) -> serde_json::Value {
+    json!({"id": id, "object": "model", "created": created, "owned_by": "gateway", "upstream": true})
 }
 
 fn ready(state: &AppState) -> Result<Response, ApiError> {

@@ -122,8 +122,22 @@ pub fn strip_specials(text: &str, specials: &[String]) -> String {
 /// The model's own grounding when the tenant has no template plugin: the sources, numbered,
 /// in the system message (after any system prompt the client sent).
 pub fn ground(mut messages: Vec<ChatMessage>, context: &[ContextChunk]) -> Vec<ChatMessage> {
-    if context.is_empty() {
+    let Some(sources) = sources(context) else {
         return messages;
+    };
+    match messages.first_mut() {
+        Some(m) if m.role == "system" => {
+            m.content = format!("{}\n\n{sources}", m.content.trim_end());
+        }
+        _ => messages.insert(0, ChatMessage::new("system", sources)),
+    }
+    messages
+}
+
+/// The grounding instruction and the numbered sources; None without context.
+pub fn sources(context: &[ContextChunk]) -> Option<String> {
+    if context.is_empty() {
+        return None;
     }
     let mut sources = String::from(
         "Answer using the sources below. Cite the sources you use by number, like [1]. \
@@ -136,13 +150,7 @@ pub fn ground(mut messages: Vec<ChatMessage>, context: &[ContextChunk]) -> Vec<C
         }
         sources.push_str(c.text.trim());
     }
-    match messages.first_mut() {
-        Some(m) if m.role == "system" => {
-            m.content = format!("{}\n\n{sources}", m.content.trim_end());
-        }
-        _ => messages.insert(0, ChatMessage::new("system", sources)),
-    }
-    messages
+    Some(sources)
 }
 
 #[cfg(test)]

@@ -63,7 +63,7 @@ pub(super) struct OutputStage {
 }
 
 impl OutputStage {
-    async fn parse(&self, text: String) -> Result<crate::plugins::Parsed, ApiError> {
+    pub(super) async fn parse(&self, text: String) -> Result<crate::plugins::Parsed, ApiError> {
         let schema = self.schema.clone();
         call(
             &self.state,

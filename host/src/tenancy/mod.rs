@@ -438,12 +438,29 @@ impl Reservation {
         self.completion_tokens.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Settles a request that ended early (`Failed`, `Shutdown`) with the tokens counted so far.
-    pub fn end(&self, outcome: Outcome) {
-        let (p, c) = (
+    /// Counts `n` generated tokens at once (an upstream's answer that reported no usage).
+    pub fn count_tokens(&self, n: u64) {
+        self.completion_tokens.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// The prompt tokens (as estimated at reservation) and the completion tokens counted.
+    pub fn counted(&self) -> (u64, u64) {
+        (
             self.prompt_tokens.load(Ordering::Relaxed),
             self.completion_tokens.load(Ordering::Relaxed),
-        );
+        )
+    }
+
+    /// Gives the tokens back with no ledger row: the request moved on to a fallback model,
+    /// whose own reservation records it.
+    pub fn release(self) {
+        self.settled.store(true, Ordering::Release);
+        self.tenant.usage.settle(self.reserved, 0);
+    }
+
+    /// Settles a request that ended early (`Failed`, `Shutdown`) with the tokens counted so far.
+    pub fn end(&self, outcome: Outcome) {
+        let (p, c) = self.counted();
         self.settle(p, c, outcome);
     }
 

@@ -1,0 +1,341 @@
+//! A front gateway routing to upstream replicas over loopback: two real gateways in engine
+//! role (the default model, one compute thread each), and a listener that accepts and never
+//! answers, as a hung server would.
+
+mod support;
+
+use std::io::{BufRead, BufReader};
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use support::{key_sha256, patient_client, Server, MODEL};
+
+const KEY: &str = "acme-key-1";
+
+fn engine() -> Server {
+    Server::start(&["--threads", "1"])
+}
+
+/// An engine on a given address (a replica restarted where it was).
+fn engine_at(addr: &str) -> Server {
+    Server::start(&["--threads", "1", "--listen", addr])
+}
+
+fn scratch(what: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "gateway-upstream-{what}-{}-{}",
+        std::process::id(),
+        rand::random::<u32>()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// A front gateway with no model of its own, `upstreams` (TOML) as its models, tenant `acme`.
+fn front(upstreams: &str) -> Server {
+    let dir = scratch("front");
+    let policy = format!(
+        "[[tenants]]\nname = \"acme\"\nkeys = [{{ id = \"k1\", sha256 = \"{}\" }}]\n",
+        key_sha256(KEY)
+    );
+    std::fs::write(dir.join("policies.toml"), policy).unwrap();
+    let config = format!(
+        "models = []\nembeddings = []\npolicies = \"{d}/policies.toml\"\nledger = \"{d}/usage.sqlite\"\n\
+         collections_dir = \"{d}/collections\"\n{upstreams}",
+        d = dir.display()
+    );
+    std::fs::write(dir.join("front.toml"), config).unwrap();
+    let path = dir.join("front.toml");
+    Server::start(&["--config", path.to_str().unwrap()]).remove_on_drop(&dir)
+}
+
+fn pool(name: &str, replicas: &[&Server], extra: &str) -> String {
+    let urls: Vec<String> = replicas
+        .iter()
+        .map(|s| format!("\"{}/v1\"", s.base))
+        .collect();
+    format!(
+        "[[upstreams]]\nname = \"{name}\"\nmodel = \"{MODEL}\"\nreplicas = [{}]\n\
+         health_path = \"/ready\"\nprobe_ms = 200\neject_ms = 1000\n{extra}\n",
+        urls.join(", ")
+    )
+}
+
+/// POSTs a chat request as tenant acme; status, `x-gateway-replica`, `x-gateway-model`, body.
+fn chat(front: &Server, body: &Value) -> (u16, String, String, Value) {
+    let r = patient_client()
+        .post(format!("{}/v1/chat/completions", front.base))
+        .bearer_auth(KEY)
+        .json(body)
+        .send()
+        .unwrap();
+    let header = |h: &str| {
+        r.headers()
+            .get(h)
+            .map(|v| v.to_str().unwrap().to_string())
+            .unwrap_or_default()
+    };
+    let (replica, model) = (header("x-gateway-replica"), header("x-gateway-model"));
+    (r.status().as_u16(), replica, model, r.json().unwrap())
+}
+
+fn ask(model: &str, text: &str, max_tokens: u32) -> Value {
+    json!({"model": model, "messages": [{"role": "user", "content": text}],
+           "max_tokens": max_tokens, "temperature": 0})
+}
+
+#[test]
+fn load_spreads_prefixes_stick_and_usage_is_the_upstreams() {
+    let (a, b) = (engine(), engine());
+    let front = front(&pool("smol", &[&a, &b], ""));
+    // Concurrent requests spread over both replicas by their load.
+    let replicas: Vec<String> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..8)
+            .map(|i| {
+                let front = &front;
+                s.spawn(move || {
+                    let (st, replica, model, body) =
+                        chat(front, &ask("smol", &format!("Say the number {i}."), 8));
+                    assert_eq!(st, 200, "{body}");
+                    assert_eq!(model, "smol");
+                    assert_eq!(body["model"], "smol");
+                    replica
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert!(
+        replicas.contains(&"0".to_string()) && replicas.contains(&"1".to_string()),
+        "{replicas:?}"
+    );
+
+    // A shared system prompt: one replica takes them all and serves the prefix from its cache.
+    let system = "You are the assistant of the Acme CRM. Answer in one short sentence. ".repeat(20);
+    let mut seen = Vec::new();
+    let mut completion = 0;
+    for q in [
+        "Who owns the Initech deal?",
+        "What is my quota?",
+        "List open tickets.",
+        "Any renewals?",
+    ] {
+        let body = json!({"model": "smol", "temperature": 0, "max_tokens": 6, "messages": [
+            {"role": "system", "content": system}, {"role": "user", "content": q}]});
+        let (st, replica, _, body) = chat(&front, &body);
+        assert_eq!(st, 200, "{body}");
+        completion += body["usage"]["completion_tokens"].as_u64().unwrap();
+        seen.push(replica);
+    }
+    assert!(
+        seen.iter().all(|r| *r == seen[0]),
+        "prefix went to several replicas: {seen:?}"
+    );
+    let sticky = if seen[0] == "0" { &a } else { &b };
+    let hits = sticky.metric(&format!(
+        "gateway_prefix_cache_hit_tokens_total{{model=\"{MODEL}\"}}"
+    ));
+    assert!(
+        hits >= 3.0 * 16.0,
+        "prefix cache hits on the chosen replica: {hits}"
+    );
+    let by_prefix = front.metric(&format!(
+        "gateway_upstream_picks_total{{by=\"prefix\",model=\"smol\",replica=\"{}\"}}",
+        seen[0]
+    ));
+    assert!(by_prefix >= 3.0, "picks by prefix: {by_prefix}");
+
+    // The tenant is charged what the upstream reported.
+    let before = front.metric("gateway_tenant_tokens_total{kind=\"completion\",tenant=\"acme\"}");
+    assert!(before >= completion as f64);
+    let (st, _, _, body) = chat(&front, &ask("smol", "Name a colour.", 5));
+    assert_eq!(st, 200);
+    let after = front.metric("gateway_tenant_tokens_total{kind=\"completion\",tenant=\"acme\"}");
+    assert_eq!(
+        after - before,
+        body["usage"]["completion_tokens"].as_f64().unwrap()
+    );
+}
+
+/// Starts a streamed chat as acme; the replica that took it and the response to read.
+fn open_stream(front: &Server, body: &Value) -> (String, reqwest::blocking::Response) {
+    let r = patient_client()
+        .post(format!("{}/v1/chat/completions", front.base))
+        .bearer_auth(KEY)
+        .json(body)
+        .send()
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    let replica = r.headers()["x-gateway-replica"]
+        .to_str()
+        .unwrap()
+        .to_string();
+    (replica, r)
+}
+
+/// The JSON events of an SSE stream, and whether it ended with `[DONE]`.
+fn events(r: reqwest::blocking::Response) -> (Vec<Value>, bool) {
+    let mut out = Vec::new();
+    for line in BufReader::new(r).lines() {
+        let Ok(line) = line else { break };
+        match line.strip_prefix("data: ") {
+            Some("[DONE]") => return (out, true),
+            Some(data) => out.push(serde_json::from_str(data).unwrap()),
+            None => {}
+        }
+    }
+    (out, false)
+}
+
+#[test]
+fn streams_relay_deltas_and_the_usage_chunk_only_when_asked() {
+    let a = engine();
+    let front = front(&pool("smol", &[&a], ""));
+    let mut body = ask("smol", "Write a haiku about invoices.", 12);
+    body["stream"] = json!(true);
+    let (_, r) = open_stream(&front, &body);
+    let (evs, done) = events(r);
+    assert!(done);
+    assert!(
+        evs.iter()
+            .all(|e| e["model"] == "smol" && e.get("usage").is_none()),
+        "{evs:?}"
+    );
+    let text: String = evs
+        .iter()
+        .filter_map(|e| e["choices"][0]["delta"]["content"].as_str())
+        .collect();
+    let (st, _, _, whole) = chat(&front, &ask("smol", "Write a haiku about invoices.", 12));
+    assert_eq!(st, 200);
+    assert_eq!(
+        text,
+        whole["choices"][0]["message"]["content"].as_str().unwrap()
+    );
+    body["stream_options"] = json!({"include_usage": true});
+    let (_, r) = open_stream(&front, &body);
+    let (evs, done) = events(r);
+    assert!(done);
+    let last = evs.last().unwrap();
+    assert_eq!(last["choices"], json!([]));
+    assert_eq!(last["usage"], whole["usage"]);
+}
+
+#[test]
+fn a_killed_replica_is_retried_around_ejected_and_readmitted() {
+    let (a, mut b) = (engine(), engine());
+    let front = front(&pool("smol", &[&a, &b], ""));
+    let b_addr = b.base.trim_start_matches("http://").to_string();
+    // A long stream on some replica; kill that one midway.
+    let mut long = ask("smol", "Tell a very long story about a sales team.", 400);
+    long["stream"] = json!(true);
+    long["ignore_eos"] = json!(true);
+    let (replica, r) = loop {
+        let (replica, r) = open_stream(&front, &long);
+        if replica == "1" {
+            break (replica, r);
+        }
+        drop(r);
+    };
+    assert_eq!(replica, "1");
+    let mut lines = BufReader::new(r).lines();
+    for _ in 0..6 {
+        lines.next().unwrap().unwrap();
+    }
+    b.kill();
+    let rest: Vec<String> = lines.map_while(Result::ok).collect();
+    let error = rest
+        .iter()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .find_map(|d| {
+            serde_json::from_str::<Value>(d)
+                .ok()
+                .filter(|v| v.get("error").is_some())
+        })
+        .expect("the cut stream ends with an error event");
+    assert_eq!(error["error"]["code"], "upstream_error");
+    let last = rest.iter().rev().find(|l| !l.is_empty());
+    assert_eq!(last.map(String::as_str), Some("data: [DONE]"));
+
+    // Steady requests meanwhile all succeed, on the live replica.
+    let killed = Instant::now();
+    for i in 0..6 {
+        let (st, replica, _, body) = chat(&front, &ask("smol", &format!("Pick a number, {i}."), 4));
+        assert_eq!(st, 200, "{body}");
+        assert_eq!(replica, "0");
+    }
+    front.wait_until(
+        "gateway_upstream_up{model=\"smol\",replica=\"1\"}",
+        |v| v == 0.0,
+        "= 0",
+    );
+    assert!(killed.elapsed() < Duration::from_secs(30));
+
+    // Restarted where it was, it is probed healthy and takes requests again.
+    let b = engine_at(&b_addr);
+    front.wait_until(
+        "gateway_upstream_up{model=\"smol\",replica=\"1\"}",
+        |v| v == 1.0,
+        "= 1",
+    );
+    // Its cool-down may outlast the restart by a little; within seconds it serves again.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut served = Vec::new();
+    while !served.contains(&"1".to_string()) {
+        assert!(
+            Instant::now() < deadline,
+            "the restarted replica never served: {served:?}"
+        );
+        let (st, replica, _, body) = chat(&front, &ask("smol", "Pick a letter.", 2));
+        assert_eq!(st, 200, "{body}");
+        served.push(replica);
+    }
+    drop(b);
+}
+
+#[test]
+fn a_hung_upstream_times_out_and_the_fallback_chain_serves() {
+    let a = engine();
+    let hung = TcpListener::bind("127.0.0.1:0").unwrap();
+    let hung_url = format!("http://{}/v1", hung.local_addr().unwrap());
+    // Accept and hold every connection, reading nothing back.
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for s in hung.incoming().map_while(Result::ok) {
+            held.push(s);
+        }
+    });
+    let slow = |name: &str, fallback: &str| {
+        format!(
+            "[[upstreams]]\nname = \"{name}\"\nmodel = \"{MODEL}\"\nreplicas = [\"{hung_url}\"]\n\
+             health_path = \"\"\nscrape_metrics = false\nfirst_token_timeout_ms = 1000\n\
+             max_attempts = 1\n{fallback}\n"
+        )
+    };
+    let config = [
+        slow("stuck", ""),
+        slow("stuck-with-fallback", "fallback = [\"smol\"]"),
+        pool("smol", &[&a], ""),
+    ]
+    .concat();
+    let front = front(&config);
+    let started = Instant::now();
+    let (st, _, _, body) = chat(&front, &ask("stuck", "Hello?", 4));
+    assert_eq!(st, 504, "{body}");
+    assert_eq!(body["error"]["code"], "upstream_timeout");
+    assert!(started.elapsed() < Duration::from_secs(5));
+
+    let (st, replica, model, body) = chat(&front, &ask("stuck-with-fallback", "Hello?", 4));
+    assert_eq!(st, 200, "{body}");
+    assert_eq!((model.as_str(), replica.as_str()), ("smol", "0"));
+    assert_eq!(body["model"], "smol");
+    let fell = "gateway_upstream_fallbacks_total{model=\"stuck-with-fallback\",served_by=\"smol\"}";
+    assert_eq!(front.metric(fell), 1.0);
+    // One settled request (ledger row) for the fallback, and the timed-out one's error.
+    let (_, usage) = front.get("/metrics");
+    assert!(
+        usage.contains("gateway_tenant_requests_total{status=\"ok\",tenant=\"acme\"} 1"),
+        "{usage}"
+    );
+}

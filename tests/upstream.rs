@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use support::{key_sha256, patient_client, Server, MODEL};
+use support::{key_sha256, model_path, patient_client, Server, MODEL};
 
 const KEY: &str = "acme-key-1";
 
@@ -51,15 +51,19 @@ fn front(upstreams: &str) -> Server {
     Server::start(&["--config", path.to_str().unwrap()]).remove_on_drop(&dir)
 }
 
+/// A pool of gateway replicas, probed on `/ready` so that a draining one takes no requests.
 fn pool(name: &str, replicas: &[&Server], extra: &str) -> String {
     let urls: Vec<String> = replicas
         .iter()
         .map(|s| format!("\"{}/v1\"", s.base))
         .collect();
+    pool_of(name, &urls.join(", "), "/ready", extra)
+}
+
+fn pool_of(name: &str, urls: &str, health: &str, extra: &str) -> String {
     format!(
-        "[[upstreams]]\nname = \"{name}\"\nmodel = \"{MODEL}\"\nreplicas = [{}]\n\
-         health_path = \"/ready\"\nprobe_ms = 200\neject_ms = 1000\n{extra}\n",
-        urls.join(", ")
+        "[[upstreams]]\nname = \"{name}\"\nmodel = \"{MODEL}\"\nreplicas = [{urls}]\n\
+         health_path = \"{health}\"\nprobe_ms = 200\neject_ms = 1000\n{extra}\n"
     )
 }
 
@@ -338,4 +342,107 @@ fn a_hung_upstream_times_out_and_the_fallback_chain_serves() {
         usage.contains("gateway_tenant_requests_total{status=\"ok\",tenant=\"acme\"} 1"),
         "{usage}"
     );
+}
+
+#[test]
+fn a_draining_replica_gets_no_new_requests() {
+    let (a, b) = (engine(), engine());
+    let front = front(&pool("smol", &[&a, &b], ""));
+    // A stream in flight keeps b draining after SIGTERM.
+    let mut long = ask(MODEL, "Tell a very long story.", 300);
+    long["stream"] = json!(true);
+    long["ignore_eos"] = json!(true);
+    let in_flight = patient_client()
+        .post(format!("{}/v1/chat/completions", b.base))
+        .json(&long)
+        .send()
+        .unwrap();
+    std::process::Command::new("kill")
+        .args(["-TERM", &b.pid().to_string()])
+        .status()
+        .unwrap();
+    front.wait_until(
+        "gateway_upstream_up{model=\"smol\",replica=\"1\"}",
+        |v| v == 0.0,
+        "= 0",
+    );
+    for i in 0..4 {
+        let (st, replica, _, body) = chat(&front, &ask("smol", &format!("Hi {i}."), 2));
+        assert_eq!(st, 200, "{body}");
+        assert_eq!(replica, "0");
+    }
+    drop(in_flight);
+}
+
+/// llama.cpp's `llama-server` (built by host/scripts/test.sh from the llama-cpp-python sdist)
+/// as an upstream: a server we did not write.
+#[test]
+fn llama_cpp_server_serves_as_an_upstream() {
+    let Some(bin) = std::env::var_os("GATEWAY_LLAMA_SERVER") else {
+        println!(
+            "SKIPPED: GATEWAY_LLAMA_SERVER is not set (host/scripts/test.sh builds llama-server)"
+        );
+        return;
+    };
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let child = std::process::Command::new(bin)
+        .args([
+            "-m",
+            &model_path(),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            &port.to_string(),
+        ])
+        .args(["-t", "1", "-c", "2048", "--metrics"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("llama-server starts");
+    struct Kill(std::process::Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let _llama = Kill(child);
+    let url = format!("\"http://127.0.0.1:{port}/v1\"");
+    let front = front(&pool_of("llama", &url, "/health", ""));
+    front.wait_until(
+        "gateway_upstream_up{model=\"llama\",replica=\"0\"}",
+        |v| v == 1.0,
+        "= 1",
+    );
+    let (st, _, model, body) = chat(&front, &ask("llama", "What is the capital of France?", 12));
+    assert_eq!(st, 200, "{body}");
+    assert_eq!(
+        (model.as_str(), body["model"].as_str()),
+        ("llama", Some("llama"))
+    );
+    assert!(!body["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .is_empty());
+    let usage = &body["usage"];
+    assert!(usage["prompt_tokens"].as_u64().unwrap() > 5, "{body}");
+    let charged = front.metric("gateway_tenant_tokens_total{kind=\"completion\",tenant=\"acme\"}");
+    assert_eq!(charged, usage["completion_tokens"].as_f64().unwrap());
+
+    let mut body = ask("llama", "Count to five.", 8);
+    body["stream"] = json!(true);
+    body["stream_options"] = json!({"include_usage": true});
+    let (_, r) = open_stream(&front, &body);
+    let (evs, done) = events(r);
+    assert!(done);
+    let text: String = evs
+        .iter()
+        .filter_map(|e| e["choices"][0]["delta"]["content"].as_str())
+        .collect();
+    assert!(!text.is_empty());
+    assert_eq!(evs.last().unwrap()["usage"]["completion_tokens"], 8);
 }

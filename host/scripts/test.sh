@@ -36,6 +36,10 @@ if ! apt-cache show debian-faq >/dev/null 2>&1; then
   if [ "$(id -u)" = 0 ]; then apt-get update -qq; else sudo -n apt-get update -qq; fi
 fi
 command -v dpkg-deb >/dev/null || { echo "dpkg-deb is required (Debian/Ubuntu)" >&2; exit 1; }
+# llama.cpp's llama-server, built once from the llama-cpp-python sdist into a cache outside the
+# clone (~15 min cold): the upstream tests route to it as a server we did not write.
+GATEWAY_LLAMA_SERVER="$(host/scripts/build-llama-peer.sh)/llama-server"
+export GATEWAY_LLAMA_SERVER
 cargo test --release --workspace "$@"
 # The CUDA kernels, compiled for sm_80 and sm_90 by nvcc from PyPI (no driver needed), so a
 # kernel that does not compile fails here, and the gateway's CUDA engine path built against

@@ -356,7 +356,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             })
             .collect(),
     });
-    state.upstreams.start_probes();
+    state.upstreams.start_probes().await;
     let drain = std::time::Duration::from_secs(cfg.drain_seconds);
     server::serve(listeners, state, drain).await?;
     drop(tls_watches);

@@ -36,9 +36,11 @@ impl Upstreams {
         Ok(Self { pools })
     }
 
-    /// Starts each pool's probe loop (health and load), on the current runtime. The loops end
+    /// Probes every replica once (so that the first requests find the healthy ones), then
+    /// starts each pool's probe loop (health and load) on the current runtime. The loops end
     /// when their pool is dropped.
-    pub fn start_probes(&self) {
+    pub async fn start_probes(&self) {
+        futures_util::future::join_all(self.pools.values().map(|p| probe::all(p))).await;
         for pool in self.pools.values() {
             probe::spawn(pool);
         }
@@ -67,7 +69,7 @@ struct Replica {
     waiting: AtomicUsize,
     running: AtomicUsize,
     kv_milli: AtomicUsize,
-    /// The last health probe answered 2xx (true without probes).
+    /// The last health probe answered 2xx (always true without probes).
     healthy: AtomicBool,
     /// Failures in a row; each doubles the ejection, up to 16×.
     failures: AtomicU32,
@@ -162,12 +164,19 @@ impl Pool {
                     waiting: AtomicUsize::new(0),
                     running: AtomicUsize::new(0),
                     kv_milli: AtomicUsize::new(0),
-                    healthy: AtomicBool::new(true),
+                    // With probes, a replica takes requests once one has answered.
+                    healthy: AtomicBool::new(cfg.health_path.is_empty()),
                     failures: AtomicU32::new(0),
                     ejected_until: Mutex::new(None),
                 })
             })
             .collect::<anyhow::Result<Vec<_>>>()?;
+        for r in &replicas {
+            let labels = [cfg.name.as_str(), r.label.as_str()];
+            let up = r.healthy.load(Ordering::Relaxed);
+            metrics.upstream.up.with_label_values(&labels).set(up as i64);
+            metrics.upstream.outstanding.with_label_values(&labels).set(0);
+        }
         Ok(Self {
             name: cfg.name.clone(),
             model: cfg.model.clone().unwrap_or_else(|| cfg.name.clone()),

@@ -19,10 +19,15 @@ pub(super) fn spawn(pool: &Arc<Pool>) {
             let Some(pool) = Weak::upgrade(&weak) else {
                 return;
             };
-            let rounds = (0..pool.replicas.len()).map(|i| round(&pool, i));
-            futures_util::future::join_all(rounds).await;
+            all(&pool).await;
         }
     });
+}
+
+/// One round of probes over every replica, concurrently.
+pub(super) async fn all(pool: &Pool) {
+    let rounds = (0..pool.replicas.len()).map(|i| round(pool, i));
+    futures_util::future::join_all(rounds).await;
 }
 
 async fn round(pool: &Pool, i: usize) {
@@ -57,17 +62,20 @@ async fn scrape(pool: &Pool, r: &Replica, limit: Duration) {
         _ => return,
     };
     let text = String::from_utf8_lossy(&text);
-    let gauge = |name: &str| gauge_sum(&text, name, &pool.model);
-    if let Some(w) = gauge("vllm:num_requests_waiting") {
+    // vLLM's names (which a gateway exports too), else llama.cpp server's (`--metrics`).
+    let gauge = |names: &[&str]| {
+        names
+            .iter()
+            .find_map(|name| gauge_sum(&text, name, &pool.model))
+    };
+    if let Some(w) = gauge(&["vllm:num_requests_waiting", "llamacpp:requests_deferred"]) {
         r.waiting.store(w as usize, Ordering::Relaxed);
     }
-    if let Some(n) = gauge("vllm:num_requests_running") {
+    if let Some(n) = gauge(&["vllm:num_requests_running", "llamacpp:requests_processing"]) {
         r.running.store(n as usize, Ordering::Relaxed);
     }
     // vLLM before 0.10 named it gpu_cache_usage_perc.
-    if let Some(kv) =
-        gauge("vllm:kv_cache_usage_perc").or_else(|| gauge("vllm:gpu_cache_usage_perc"))
-    {
+    if let Some(kv) = gauge(&["vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"]) {
         r.kv_milli.store((kv * 1000.0) as usize, Ordering::Relaxed);
     }
 }

@@ -35,6 +35,11 @@ fn scratch(what: &str) -> PathBuf {
 
 /// A front gateway with no model of its own, `upstreams` (TOML) as its models, tenant `acme`.
 fn front(upstreams: &str) -> Server {
+    front_with("models = []\n", upstreams)
+}
+
+/// A front gateway: `head` (top-level keys) and `tables` (models and upstreams) as its config.
+fn front_with(head: &str, tables: &str) -> Server {
     let dir = scratch("front");
     let policy = format!(
         "[[tenants]]\nname = \"acme\"\nkeys = [{{ id = \"k1\", sha256 = \"{}\" }}]\n",
@@ -42,8 +47,8 @@ fn front(upstreams: &str) -> Server {
     );
     std::fs::write(dir.join("policies.toml"), policy).unwrap();
     let config = format!(
-        "models = []\nembeddings = []\npolicies = \"{d}/policies.toml\"\nledger = \"{d}/usage.sqlite\"\n\
-         collections_dir = \"{d}/collections\"\n{upstreams}",
+        "{head}embeddings = []\npolicies = \"{d}/policies.toml\"\nledger = \"{d}/usage.sqlite\"\n\
+         collections_dir = \"{d}/collections\"\n{tables}",
         d = dir.display()
     );
     std::fs::write(dir.join("front.toml"), config).unwrap();
@@ -172,10 +177,11 @@ fn open_stream(front: &Server, body: &Value) -> (String, reqwest::blocking::Resp
         .send()
         .unwrap();
     assert_eq!(r.status().as_u16(), 200);
-    let replica = r.headers()["x-gateway-replica"]
-        .to_str()
-        .unwrap()
-        .to_string();
+    let replica = r
+        .headers()
+        .get("x-gateway-replica")
+        .map(|v| v.to_str().unwrap().to_string())
+        .unwrap_or_default();
     (replica, r)
 }
 
@@ -224,6 +230,17 @@ fn streams_relay_deltas_and_the_usage_chunk_only_when_asked() {
     let last = evs.last().unwrap();
     assert_eq!(last["choices"], json!([]));
     assert_eq!(last["usage"], whole["usage"]);
+
+    // `documents` ground the prompt here, as for a local model: the upstream sees the sources.
+    let mut grounded = ask("smol", "Write a haiku about invoices.", 12);
+    grounded["documents"] = json!([{"text": "Invoices are due within 30 days of issue."}]);
+    let (st, _, _, with_docs) = chat(&front, &grounded);
+    assert_eq!(st, 200, "{with_docs}");
+    let tokens = |v: &Value| v["usage"]["prompt_tokens"].as_u64().unwrap();
+    assert!(
+        tokens(&with_docs) > tokens(&whole) + 20,
+        "{with_docs} vs {whole}"
+    );
 }
 
 #[test]
@@ -445,4 +462,44 @@ fn llama_cpp_server_serves_as_an_upstream() {
         .collect();
     assert!(!text.is_empty());
     assert_eq!(evs.last().unwrap()["usage"]["completion_tokens"], 8);
+}
+
+#[test]
+fn a_saturated_local_model_sends_new_requests_down_its_fallback_chain() {
+    let remote = engine();
+    let local = format!(
+        "[[models]]\nname = \"local\"\npath = \"{}\"\nfallback = [\"remote\"]\n\
+         saturated_waiting = 1\n[models.engine]\nmax_num_seqs = 1\nthreads = 1\n",
+        model_path()
+    );
+    let front = front_with("", &(local + &pool("remote", &[&remote], "")));
+    let (st, _, model, body) = chat(&front, &ask("local", "Hello.", 2));
+    assert_eq!((st, model.as_str()), (200, "local"), "{body}");
+    // One sequence runs at a time: three long streams leave two waiting, past the threshold.
+    let mut long = ask("local", "Tell a very long story.", 300);
+    long["stream"] = json!(true);
+    long["ignore_eos"] = json!(true);
+    let streams: Vec<_> = (0..3).map(|_| open_stream(&front, &long).1).collect();
+    front.wait_until(
+        "vllm:num_requests_waiting{model_name=\"local\"}",
+        |v| v >= 2.0,
+        ">= 2",
+    );
+    let (st, replica, model, body) = chat(&front, &ask("local", "Hello.", 2));
+    assert_eq!(
+        (st, model.as_str(), replica.as_str()),
+        (200, "remote", "0"),
+        "{body}"
+    );
+    assert_eq!(body["model"], "remote");
+    let fell = "gateway_upstream_fallbacks_total{model=\"local\",served_by=\"remote\"}";
+    assert_eq!(front.metric(fell), 1.0);
+    drop(streams);
+    front.wait_until(
+        "vllm:num_requests_waiting{model_name=\"local\"}",
+        |v| v == 0.0,
+        "= 0",
+    );
+    let (st, _, model, _) = chat(&front, &ask("local", "Hello.", 2));
+    assert_eq!((st, model.as_str()), (200, "local"));
 }

@@ -174,8 +174,16 @@ impl Pool {
         for r in &replicas {
             let labels = [cfg.name.as_str(), r.label.as_str()];
             let up = r.healthy.load(Ordering::Relaxed);
-            metrics.upstream.up.with_label_values(&labels).set(up as i64);
-            metrics.upstream.outstanding.with_label_values(&labels).set(0);
+            metrics
+                .upstream
+                .up
+                .with_label_values(&labels)
+                .set(up as i64);
+            metrics
+                .upstream
+                .outstanding
+                .with_label_values(&labels)
+                .set(0);
         }
         Ok(Self {
             name: cfg.name.clone(),

@@ -503,3 +503,15 @@ fn a_saturated_local_model_sends_new_requests_down_its_fallback_chain() {
     let (st, _, model, _) = chat(&front, &ask("local", "Hello.", 2));
     assert_eq!((st, model.as_str()), (200, "local"));
 }
+
+#[test]
+fn a_dns_entry_stands_for_every_address_of_its_name() {
+    let a = engine();
+    let port = a.base.rsplit(':').next().unwrap().to_string();
+    // `localhost` may resolve to ::1 too, where nothing listens: that replica stays unhealthy.
+    let url = format!("\"dns+http://localhost:{port}/v1\"");
+    let front = front(&pool_of("smol", &url, "/ready", ""));
+    let (st, replica, _, body) = chat(&front, &ask("smol", "Hello.", 2));
+    assert_eq!(st, 200, "{body}");
+    assert_eq!(replica, format!("127.0.0.1:{port}"));
+}

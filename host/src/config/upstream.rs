@@ -12,7 +12,9 @@ pub struct UpstreamConfig {
     pub name: String,
     /// The name sent upstream (default: `name`).
     pub model: Option<String>,
-    /// Base URLs as an OpenAI client takes them, e.g. `http://10.0.0.7:8000/v1`.
+    /// Base URLs as an OpenAI client takes them, e.g. `http://10.0.0.7:8000/v1`; or
+    /// `dns+http://engines:8080/v1` for every address a name resolves to (a Kubernetes
+    /// headless Service), re-resolved each probe round.
     pub replicas: Vec<String>,
     /// Bearer key sent upstream. Prefer `api_key_env`: the key never appears in logs.
     pub api_key: Option<String>,
@@ -116,8 +118,11 @@ pub(super) fn validate(cfg: &super::Config) -> Result<(), String> {
             let uri: http::Uri = r
                 .parse()
                 .map_err(|e| format!("{at}: replica {r:?} is not a URL: {e}"))?;
-            if !matches!(uri.scheme_str(), Some("http" | "https")) || uri.host().is_none() {
-                return Err(format!("{at}: replica {r:?} must be an http(s):// URL"));
+            let scheme = uri.scheme_str();
+            if !matches!(scheme, Some("http" | "https" | "dns+http")) || uri.host().is_none() {
+                return Err(format!(
+                    "{at}: replica {r:?} must be an http://, https:// or dns+http:// URL"
+                ));
             }
         }
         if u.max_attempts == 0 || u.probe_ms == 0 || u.connect_timeout_ms == 0 {

@@ -79,7 +79,7 @@ pub(super) async fn forward(
                 .with_label_values(&[&pool.name])
                 .inc();
         }
-        tried.push(lease.index());
+        tried.push(lease.id());
         match lease.send(path, prepared.body.clone()).await {
             Ok(resp) => return Forwarded::Done(relay::relay(pool, lease, resp, prepared).await),
             Err(SendError::Status(status, body)) if !SendError::retryable_status(status) => {

@@ -5,19 +5,21 @@
 
 mod pick;
 mod probe;
+mod replica;
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use bytes::Bytes;
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock};
 
 use crate::config::UpstreamConfig;
 use crate::metrics::Metrics;
 pub use pick::prefix_chain;
+use replica::{Replica, Roster};
 
 /// Every upstream model, by the name clients use.
 #[derive(Default)]
@@ -55,51 +57,14 @@ impl Upstreams {
     }
 }
 
-/// One replica's state as the pool sees it.
-struct Replica {
-    /// Base URL as an OpenAI client takes it (`…/v1`), without a trailing slash.
-    url: String,
-    /// `scheme://host:port`, for the probes.
-    origin: String,
-    /// Label in metrics and response headers: its position in the config.
-    label: String,
-    /// Requests this gateway has in flight there.
-    outstanding: AtomicUsize,
-    /// From its `/metrics`: waiting and running requests, KV usage in thousandths.
-    waiting: AtomicUsize,
-    running: AtomicUsize,
-    kv_milli: AtomicUsize,
-    /// The last health probe answered 2xx (always true without probes).
-    healthy: AtomicBool,
-    /// Failures in a row; each doubles the ejection, up to 16×.
-    failures: AtomicU32,
-    ejected_until: Mutex<Option<Instant>>,
-}
-
-impl Replica {
-    fn available(&self, now: Instant) -> bool {
-        self.healthy.load(Ordering::Relaxed) && self.ejected_until.lock().is_none_or(|t| now >= t)
-    }
-
-    /// What the picker weighs: the busier of our own count and the replica's report (which
-    /// includes other clients, but is up to a probe interval old), plus its queue again (a
-    /// queued request is worse than a running one), plus a step when its KV cache is full.
-    fn load(&self, full_step: usize) -> usize {
-        let waiting = self.waiting.load(Ordering::Relaxed);
-        let reported = self.running.load(Ordering::Relaxed) + waiting;
-        let kv_full = self.kv_milli.load(Ordering::Relaxed) >= 950;
-        self.outstanding.load(Ordering::Relaxed).max(reported)
-            + waiting
-            + if kv_full { full_step } else { 0 }
-    }
-}
-
 pub struct Pool {
     pub name: String,
     /// The model name sent upstream.
     pub model: String,
     pub cfg: UpstreamConfig,
-    replicas: Vec<Replica>,
+    /// The replicas now (DNS entries change it), and how it is kept.
+    replicas: RwLock<Vec<Arc<Replica>>>,
+    roster: Mutex<Roster>,
     client: reqwest::Client,
     key: Option<String>,
     affinity: Mutex<pick::Affinity>,
@@ -145,52 +110,18 @@ impl Pool {
             let pem = std::fs::read(ca).with_context(|| format!("reading {}", ca.display()))?;
             client = client.add_root_certificate(reqwest::Certificate::from_pem(&pem)?);
         }
-        let replicas = cfg
-            .replicas
-            .iter()
-            .enumerate()
-            .map(|(i, url)| {
-                let uri: http::Uri = url.parse().context("replica URL")?;
-                let origin = format!(
-                    "{}://{}",
-                    uri.scheme_str().unwrap_or("http"),
-                    uri.authority().context("replica URL has no host")?
-                );
-                Ok(Replica {
-                    url: url.trim_end_matches('/').to_string(),
-                    origin,
-                    label: i.to_string(),
-                    outstanding: AtomicUsize::new(0),
-                    waiting: AtomicUsize::new(0),
-                    running: AtomicUsize::new(0),
-                    kv_milli: AtomicUsize::new(0),
-                    // With probes, a replica takes requests once one has answered.
-                    healthy: AtomicBool::new(cfg.health_path.is_empty()),
-                    failures: AtomicU32::new(0),
-                    ejected_until: Mutex::new(None),
-                })
-            })
-            .collect::<anyhow::Result<Vec<_>>>()?;
+        let mut roster = Roster::new(&cfg.replicas, !cfg.health_path.is_empty())?;
+        let replicas = roster.initial()?;
         for r in &replicas {
-            let labels = [cfg.name.as_str(), r.label.as_str()];
-            let up = r.healthy.load(Ordering::Relaxed);
-            metrics
-                .upstream
-                .up
-                .with_label_values(&labels)
-                .set(up as i64);
-            metrics
-                .upstream
-                .outstanding
-                .with_label_values(&labels)
-                .set(0);
+            gauges(&metrics, &cfg.name, r);
         }
         Ok(Self {
             name: cfg.name.clone(),
             model: cfg.model.clone().unwrap_or_else(|| cfg.name.clone()),
             key: cfg.key().map_err(anyhow::Error::msg)?,
             client: client.build()?,
-            replicas,
+            replicas: RwLock::new(replicas),
+            roster: Mutex::new(roster),
             affinity: Mutex::new(pick::Affinity::new(100_000)),
             turn: AtomicUsize::new(0),
             cfg,
@@ -203,53 +134,55 @@ impl Pool {
     pub fn saturated(&self) -> bool {
         let now = Instant::now();
         let limit = self.cfg.saturated_waiting;
-        let mut open = self.replicas.iter().filter(|r| r.available(now)).peekable();
+        let replicas = self.replicas.read();
+        let mut open = replicas.iter().filter(|r| r.available(now)).peekable();
         open.peek().is_none()
             || (limit > 0 && open.all(|r| r.waiting.load(Ordering::Relaxed) > limit))
     }
 
-    /// A replica for a request whose prompt has the prefix `chain`, skipping those in `tried`.
-    /// None when no replica is available.
+    /// A replica for a request whose prompt has the prefix `chain`, skipping those in `tried`
+    /// (replica ids). None when no replica is available.
     pub fn pick(self: &Arc<Self>, chain: &[u64], tried: &[usize]) -> Option<Lease> {
         let now = Instant::now();
-        let loads: Vec<Option<usize>> = self
-            .replicas
+        let replicas = self.replicas.read().clone();
+        let loads: Vec<Option<usize>> = replicas
             .iter()
-            .enumerate()
-            .map(|(i, r)| {
-                (r.available(now) && !tried.contains(&i)).then(|| r.load(self.cfg.balance_abs))
+            .map(|r| {
+                (r.available(now) && !tried.contains(&r.id)).then(|| r.load(self.cfg.balance_abs))
             })
             .collect();
         let affine = match self.cfg.prefix_affinity && !chain.is_empty() {
             true => self.affinity.lock().lookup(chain),
             false => None,
         };
+        // The affinity table holds replica ids; the rule takes positions.
+        let affine = affine
+            .and_then(|(id, len)| replicas.iter().position(|r| r.id == id).map(|at| (at, len)));
         let turn = self.turn.fetch_add(1, Ordering::Relaxed);
         let rule = pick::Balance {
             abs: self.cfg.balance_abs,
             rel: self.cfg.balance_rel,
         };
-        let (index, by_prefix) = rule.choose(&loads, affine, turn)?;
+        let (at, by_prefix) = rule.choose(&loads, affine, turn)?;
+        let replica = replicas[at].clone();
         if self.cfg.prefix_affinity && !chain.is_empty() {
-            self.affinity.lock().insert(chain, index);
+            self.affinity.lock().insert(chain, replica.id);
         }
         let kind = if by_prefix { "prefix" } else { "load" };
-        let replica = &self.replicas[index];
         self.metrics
             .upstream
             .picks
             .with_label_values(&[&self.name, &replica.label, kind])
             .inc();
         replica.outstanding.fetch_add(1, Ordering::Relaxed);
-        self.outstanding_gauge(index);
+        self.outstanding_gauge(&replica);
         Some(Lease {
             pool: self.clone(),
-            index,
+            replica,
         })
     }
 
-    fn outstanding_gauge(&self, index: usize) {
-        let r = &self.replicas[index];
+    fn outstanding_gauge(&self, r: &Replica) {
         self.metrics
             .upstream
             .outstanding
@@ -257,8 +190,35 @@ impl Pool {
             .set(r.outstanding.load(Ordering::Relaxed) as i64);
     }
 
-    fn eject(&self, index: usize, why: &str) {
-        let r = &self.replicas[index];
+    /// Re-resolves the DNS entries and updates the replicas; series of replicas that left
+    /// are dropped from `/metrics`.
+    async fn discover(&self) {
+        let lookups = self.roster.lock().lookups();
+        if lookups.is_empty() {
+            return;
+        }
+        let resolved = replica::resolve(&lookups).await;
+        let mut roster = self.roster.lock();
+        let mut replicas = self.replicas.write();
+        let (now, gone) = roster.merge(&replicas, &resolved);
+        for r in now
+            .iter()
+            .filter(|r| !replicas.iter().any(|o| o.id == r.id))
+        {
+            tracing::info!(model = %self.name, replica = %r.url, "upstream replica discovered");
+            gauges(&self.metrics, &self.name, r);
+        }
+        for r in &gone {
+            tracing::info!(model = %self.name, replica = %r.url, "upstream replica left");
+            let m = &self.metrics.upstream;
+            let labels = [self.name.as_str(), r.label.as_str()];
+            let _ = m.up.remove_label_values(&labels);
+            let _ = m.outstanding.remove_label_values(&labels);
+        }
+        *replicas = now;
+    }
+
+    fn eject(&self, r: &Replica, why: &str) {
         let failures = r.failures.fetch_add(1, Ordering::Relaxed).min(4);
         let cool = Duration::from_millis(self.cfg.eject_ms) * (1 << failures);
         *r.ejected_until.lock() = Some(Instant::now() + cool);
@@ -274,16 +234,17 @@ impl Pool {
 /// A request's hold on one replica: counted in its outstanding requests until dropped.
 pub struct Lease {
     pool: Arc<Pool>,
-    index: usize,
+    replica: Arc<Replica>,
 }
 
 impl Lease {
-    pub fn index(&self) -> usize {
-        self.index
+    /// The replica's id in its pool.
+    pub fn id(&self) -> usize {
+        self.replica.id
     }
 
     pub fn label(&self) -> &str {
-        &self.pool.replicas[self.index].label
+        &self.replica.label
     }
 
     /// POSTs `body` (JSON) to `path` under the replica's base URL and waits for the response
@@ -291,7 +252,7 @@ impl Lease {
     /// the caller can pass it on or retry elsewhere.
     pub async fn send(&self, path: &str, body: Bytes) -> Result<reqwest::Response, SendError> {
         let pool = &self.pool;
-        let replica = &pool.replicas[self.index];
+        let replica = &self.replica;
         let mut req = pool
             .client
             .post(format!("{}{path}", replica.url))
@@ -325,7 +286,7 @@ impl Lease {
         match &result {
             Ok(_) => replica.failures.store(0, Ordering::Relaxed),
             Err(SendError::Status(s, _)) if *s == http::StatusCode::TOO_MANY_REQUESTS => {}
-            Err(e) if e.retryable() => pool.eject(self.index, &code),
+            Err(e) if e.retryable() => pool.eject(replica, &code),
             Err(_) => {}
         }
         result
@@ -333,17 +294,31 @@ impl Lease {
 
     /// The stream broke or stalled after it started: the replica is suspect.
     pub fn failed_midway(&self, why: &str) {
-        self.pool.eject(self.index, why);
+        self.pool.eject(&self.replica, why);
     }
 }
 
 impl Drop for Lease {
     fn drop(&mut self) {
-        self.pool.replicas[self.index]
-            .outstanding
-            .fetch_sub(1, Ordering::Relaxed);
-        self.pool.outstanding_gauge(self.index);
+        self.replica.outstanding.fetch_sub(1, Ordering::Relaxed);
+        self.pool.outstanding_gauge(&self.replica);
     }
+}
+
+/// A new replica's series, so that `/metrics` lists it before its first request.
+fn gauges(metrics: &Metrics, model: &str, r: &Replica) {
+    let labels = [model, r.label.as_str()];
+    let up = r.healthy.load(Ordering::Relaxed);
+    metrics
+        .upstream
+        .up
+        .with_label_values(&labels)
+        .set(up as i64);
+    metrics
+        .upstream
+        .outstanding
+        .with_label_values(&labels)
+        .set(0);
 }
 
 /// An error and its causes on one line: reqwest's own message alone says little

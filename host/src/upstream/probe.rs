@@ -24,14 +24,15 @@ pub(super) fn spawn(pool: &Arc<Pool>) {
     });
 }
 
-/// One round of probes over every replica, concurrently.
+/// One round: the DNS entries re-resolved, then probes over every replica, concurrently.
 pub(super) async fn all(pool: &Pool) {
-    let rounds = (0..pool.replicas.len()).map(|i| round(pool, i));
+    pool.discover().await;
+    let replicas = pool.replicas.read().clone();
+    let rounds = replicas.iter().map(|r| round(pool, r));
     futures_util::future::join_all(rounds).await;
 }
 
-async fn round(pool: &Pool, i: usize) {
-    let r = &pool.replicas[i];
+async fn round(pool: &Pool, r: &Replica) {
     // Probes may take at most one interval, so a slow replica never piles them up.
     let limit = Duration::from_millis(pool.cfg.probe_ms.max(200));
     if !pool.cfg.health_path.is_empty() {

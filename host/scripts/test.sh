@@ -19,6 +19,9 @@ python3 -m pip show componentize-py 2>/dev/null | grep -qx 'Version: 0.25.1' ||
 # reference embeddings with numpy from the model's own files.
 python3 -c 'import openai, numpy, safetensors, tokenizers, jsonschema, pydantic' 2>/dev/null ||
   python3 -m pip install --quiet --disable-pip-version-check 'openai>=1.40,<3' numpy safetensors tokenizers jsonschema pydantic
+# The Kubernetes manifests in deploy/ are checked offline against the Kubernetes schemas.
+python3 -m pip show kubernetes-validate 2>/dev/null | grep -qx 'Version: 1.37.0' ||
+  python3 -m pip install --quiet --disable-pip-version-check kubernetes-validate==1.37.0
 # ... and with the official Node SDK (npm `openai`), kept outside the clone.
 command -v node >/dev/null && command -v npm >/dev/null || {
   if [ "$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq nodejs npm; else sudo -n apt-get install -y -qq nodejs npm; fi

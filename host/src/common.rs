@@ -75,6 +75,13 @@ pub fn watch(
     })
 }
 
+/// Kubernetes updates a mounted ConfigMap or Secret by pointing the `..data` link at a new
+/// folder (the files are links through it): the only event is that rename, never one on the
+/// files' own names, so every watcher takes it as a change.
+pub fn kubernetes_swap(p: &std::path::Path) -> bool {
+    p.file_name().is_some_and(|n| n == "..data")
+}
+
 /// The folder holding `path` (`.` for a bare file name): watch that, since editors replace
 /// files by rename, which a watch on the file itself would lose.
 pub fn parent_dir(path: &std::path::Path) -> std::path::PathBuf {

@@ -18,13 +18,15 @@ pub fn watch(registry: Arc<Registry>) -> notify::Result<Watch> {
         .expect("watch needs a plugin directory")
         .to_path_buf();
     let root = dir.clone();
-    // Component and manifest files, and folders; not the hidden compile cache.
+    // Component and manifest files, and folders; not the hidden compile cache; a mounted
+    // ConfigMap's swap.
     let relevant = move |p: &std::path::Path| {
         let rel = p.strip_prefix(&root).unwrap_or(p);
         let hidden = rel
             .components()
             .any(|c| c.as_os_str().to_string_lossy().starts_with('.'));
-        !hidden && p.extension().is_none_or(|e| e == "wasm" || e == "toml")
+        let file = p.extension().is_none_or(|e| e == "wasm" || e == "toml");
+        (!hidden && file) || crate::common::kubernetes_swap(p)
     };
     crate::common::watch("plugin-watch", &[(dir, true)], relevant, QUIET, move || {
         registry.sync_dir();

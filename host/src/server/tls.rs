@@ -116,7 +116,10 @@ pub fn watch(tls: Arc<Tls>) -> notify::Result<crate::common::Watch> {
         .iter()
         .filter_map(|p| p.file_name().map(|n| n.to_os_string()))
         .collect();
-    let relevant = move |p: &Path| p.file_name().is_some_and(|n| names.iter().any(|x| x == n));
+    let relevant = move |p: &Path| {
+        p.file_name().is_some_and(|n| names.iter().any(|x| x == n))
+            || crate::common::kubernetes_swap(p)
+    };
     let mut dirs: Vec<(PathBuf, bool)> = paths
         .iter()
         .map(|p| (crate::common::parent_dir(p), false))

@@ -248,18 +248,56 @@ fn a_killed_replica_is_retried_around_ejected_and_readmitted() {
     let (a, mut b) = (engine(), engine());
     let front = front(&pool("smol", &[&a, &b], ""));
     let b_addr = b.base.trim_start_matches("http://").to_string();
-    // A long stream on some replica; kill that one midway.
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    // Steady load throughout: two clients, one request after another, across the kill and
+    // the restart. None may fail: requests caught on the killed replica before their first
+    // byte are retried on the other.
+    let served: Vec<(u16, String, Value)> = std::thread::scope(|s| {
+        let load: Vec<_> = (0..2)
+            .map(|w| {
+                let (front, stop) = (&front, &stop);
+                s.spawn(move || {
+                    let mut out = Vec::new();
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        let q = format!("Client {w}, request {}: pick a number.", out.len());
+                        let (st, replica, _, body) = chat(front, &ask("smol", &q, 24));
+                        out.push((st, replica, body));
+                    }
+                    out
+                })
+            })
+            .collect();
+        let b_new = kill_midstream_and_restart(&front, &mut b, &b_addr);
+        // Back in the pool: the load reaches it again.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let by_b = "gateway_upstream_requests_total{code=\"200\",model=\"smol\",replica=\"1\"}";
+        let before = front.metric(by_b);
+        front.wait_until(by_b, |v| v > before, "> before");
+        assert!(Instant::now() < deadline);
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let all = load.into_iter().flat_map(|h| h.join().unwrap()).collect();
+        drop(b_new);
+        all
+    });
+    let failed: Vec<_> = served.iter().filter(|(st, _, _)| *st != 200).collect();
+    assert!(failed.is_empty(), "failed under the kill: {failed:?}");
+    assert!(served.len() >= 6, "{} requests", served.len());
+    assert!(front.metric("gateway_upstream_ejections_total{model=\"smol\",replica=\"1\"}") >= 1.0);
+}
+
+/// Kills replica 1 while a stream runs on it (the stream must end with an error event), waits
+/// for the front to see it down, restarts it at `addr` and waits until it is probed up.
+fn kill_midstream_and_restart(front: &Server, b: &mut Server, addr: &str) -> Server {
     let mut long = ask("smol", "Tell a very long story about a sales team.", 400);
     long["stream"] = json!(true);
     long["ignore_eos"] = json!(true);
-    let (replica, r) = loop {
-        let (replica, r) = open_stream(&front, &long);
+    let r = loop {
+        let (replica, r) = open_stream(front, &long);
         if replica == "1" {
-            break (replica, r);
+            break r;
         }
         drop(r);
     };
-    assert_eq!(replica, "1");
     let mut lines = BufReader::new(r).lines();
     for _ in 0..6 {
         lines.next().unwrap().unwrap();
@@ -278,41 +316,12 @@ fn a_killed_replica_is_retried_around_ejected_and_readmitted() {
     assert_eq!(error["error"]["code"], "upstream_error");
     let last = rest.iter().rev().find(|l| !l.is_empty());
     assert_eq!(last.map(String::as_str), Some("data: [DONE]"));
-
-    // Steady requests meanwhile all succeed, on the live replica.
-    let killed = Instant::now();
-    for i in 0..6 {
-        let (st, replica, _, body) = chat(&front, &ask("smol", &format!("Pick a number, {i}."), 4));
-        assert_eq!(st, 200, "{body}");
-        assert_eq!(replica, "0");
-    }
-    front.wait_until(
-        "gateway_upstream_up{model=\"smol\",replica=\"1\"}",
-        |v| v == 0.0,
-        "= 0",
-    );
-    assert!(killed.elapsed() < Duration::from_secs(30));
-
-    // Restarted where it was, it is probed healthy and takes requests again.
-    let b = engine_at(&b_addr);
-    front.wait_until(
-        "gateway_upstream_up{model=\"smol\",replica=\"1\"}",
-        |v| v == 1.0,
-        "= 1",
-    );
-    // Its cool-down may outlast the restart by a little; within seconds it serves again.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let mut served = Vec::new();
-    while !served.contains(&"1".to_string()) {
-        assert!(
-            Instant::now() < deadline,
-            "the restarted replica never served: {served:?}"
-        );
-        let (st, replica, _, body) = chat(&front, &ask("smol", "Pick a letter.", 2));
-        assert_eq!(st, 200, "{body}");
-        served.push(replica);
-    }
-    drop(b);
+    let up = "gateway_upstream_up{model=\"smol\",replica=\"1\"}";
+    front.wait_until(up, |v| v == 0.0, "= 0");
+    std::thread::sleep(Duration::from_secs(1));
+    let b = engine_at(addr);
+    front.wait_until(up, |v| v == 1.0, "= 1");
+    b
 }
 
 #[test]
@@ -514,4 +523,110 @@ fn a_dns_entry_stands_for_every_address_of_its_name() {
     let (st, replica, _, body) = chat(&front, &ask("smol", "Hello.", 2));
     assert_eq!(st, 200, "{body}");
     assert_eq!(replica, format!("127.0.0.1:{port}"));
+}
+
+#[test]
+fn a_refused_connection_is_retried_on_another_replica() {
+    let a = engine();
+    let dead = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    // No probes: only the failed request itself can find the dead replica out.
+    let urls = format!("\"http://{dead}/v1\", \"{}/v1\"", a.base);
+    let front = front(&pool_of("flaky", &urls, "", ""));
+    for i in 0..2 {
+        let (st, replica, _, body) = chat(&front, &ask("flaky", &format!("Hi {i}."), 2));
+        assert_eq!((st, replica.as_str()), (200, "1"), "{body}");
+    }
+    assert_eq!(
+        front.metric("gateway_upstream_retries_total{model=\"flaky\"}"),
+        1.0
+    );
+    let refused = "gateway_upstream_requests_total{code=\"connect\",model=\"flaky\",replica=\"0\"}";
+    assert_eq!(front.metric(refused), 1.0);
+}
+
+#[test]
+fn a_client_hanging_up_cancels_the_upstream_generation() {
+    let a = engine();
+    let front = front(&pool("smol", &[&a], ""));
+    let mut long = ask("smol", "Tell a very long story.", 2000);
+    long["stream"] = json!(true);
+    long["ignore_eos"] = json!(true);
+    let (_, r) = open_stream(&front, &long);
+    let mut lines = BufReader::new(r).lines();
+    for _ in 0..4 {
+        lines.next().unwrap().unwrap();
+    }
+    let running = format!("vllm:num_requests_running{{model_name=\"{MODEL}\"}}");
+    a.wait_until(&running, |v| v == 1.0, "= 1 while the stream runs");
+    drop(lines);
+    a.wait_until(&running, |v| v == 0.0, "= 0 once the client is gone");
+    let generated = a.metric(&format!(
+        "gateway_generation_tokens_total{{model=\"{MODEL}\"}}"
+    ));
+    assert!(
+        generated < 1000.0,
+        "{generated} tokens: the generation ran on"
+    );
+}
+
+#[test]
+fn the_upstream_key_is_sent_and_refusals_pass_through() {
+    // An engine that demands a key of its own.
+    let dir = scratch("keyed");
+    let policy = format!(
+        "[[tenants]]\nname = \"front\"\nkeys = [{{ id = \"f\", sha256 = \"{}\" }}]\n",
+        key_sha256("upstream-secret")
+    );
+    std::fs::write(dir.join("policies.toml"), policy).unwrap();
+    let policies = dir.join("policies.toml");
+    let keyed = Server::start(&["--threads", "1", "--policies", policies.to_str().unwrap()])
+        .remove_on_drop(&dir);
+    let urls = format!("\"{}/v1\"", keyed.base);
+    let config = [
+        pool_of(
+            "with-key",
+            &urls,
+            "/ready",
+            "api_key_env = \"GATEWAY_TEST_UPSTREAM_KEY\"",
+        ),
+        pool_of("without-key", &urls, "/ready", ""),
+    ]
+    .concat();
+    let front = {
+        let dir = scratch("front-keyed");
+        let policy = format!(
+            "[[tenants]]\nname = \"acme\"\nkeys = [{{ id = \"k1\", sha256 = \"{}\" }}]\n",
+            key_sha256(KEY)
+        );
+        std::fs::write(dir.join("policies.toml"), policy).unwrap();
+        let cfg = format!(
+            "models = []\nembeddings = []\npolicies = \"{d}/policies.toml\"\nledger = \"{d}/u.sqlite\"\n\
+             collections_dir = \"{d}/c\"\n{config}",
+            d = dir.display()
+        );
+        std::fs::write(dir.join("front.toml"), cfg).unwrap();
+        let path = dir.join("front.toml");
+        Server::start_with(&["--config", path.to_str().unwrap()], |cmd| {
+            cmd.env("GATEWAY_TEST_UPSTREAM_KEY", "upstream-secret");
+        })
+        .remove_on_drop(&dir)
+    };
+    let (st, _, _, body) = chat(&front, &ask("with-key", "Hello.", 2));
+    assert_eq!(st, 200, "{body}");
+    // The engine's own 401 reaches the client as it was, not retried as a failure.
+    let (st, _, _, body) = chat(&front, &ask("without-key", "Hello.", 2));
+    assert_eq!(st, 401, "{body}");
+    assert_eq!(body["error"]["type"], "invalid_request_error");
+    let tried = "gateway_upstream_requests_total{code=\"401\",model=\"without-key\",replica=\"0\"}";
+    assert_eq!(front.metric(tried), 1.0);
+    let (_, metrics) = front.get("/metrics");
+    assert!(!metrics.contains("gateway_upstream_retries_total{model=\"without-key\"}"));
+    // The key never shows in the front's log.
+    assert!(front
+        .log_lines()
+        .iter()
+        .all(|l| !l.contains("upstream-secret")));
 }

@@ -1,99 +1,16 @@
 //! A front gateway routing to upstream replicas over loopback: two real gateways in engine
-//! role (the default model, one compute thread each), and a listener that accepts and never
-//! answers, as a hung server would.
+//! role (the default model, one compute thread each), and listeners that refuse, or accept and
+//! never answer, as dead and hung servers do.
 
 mod support;
 
 use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use support::{key_sha256, model_path, patient_client, Server, MODEL};
-
-const KEY: &str = "acme-key-1";
-
-fn engine() -> Server {
-    Server::start(&["--threads", "1"])
-}
-
-/// An engine on a given address (a replica restarted where it was).
-fn engine_at(addr: &str) -> Server {
-    Server::start(&["--threads", "1", "--listen", addr])
-}
-
-fn scratch(what: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!(
-        "gateway-upstream-{what}-{}-{}",
-        std::process::id(),
-        rand::random::<u32>()
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
-/// A front gateway with no model of its own, `upstreams` (TOML) as its models, tenant `acme`.
-fn front(upstreams: &str) -> Server {
-    front_with("models = []\n", upstreams)
-}
-
-/// A front gateway: `head` (top-level keys) and `tables` (models and upstreams) as its config.
-fn front_with(head: &str, tables: &str) -> Server {
-    let dir = scratch("front");
-    let policy = format!(
-        "[[tenants]]\nname = \"acme\"\nkeys = [{{ id = \"k1\", sha256 = \"{}\" }}]\n",
-        key_sha256(KEY)
-    );
-    std::fs::write(dir.join("policies.toml"), policy).unwrap();
-    let config = format!(
-        "{head}embeddings = []\npolicies = \"{d}/policies.toml\"\nledger = \"{d}/usage.sqlite\"\n\
-         collections_dir = \"{d}/collections\"\n{tables}",
-        d = dir.display()
-    );
-    std::fs::write(dir.join("front.toml"), config).unwrap();
-    let path = dir.join("front.toml");
-    Server::start(&["--config", path.to_str().unwrap()]).remove_on_drop(&dir)
-}
-
-/// A pool of gateway replicas, probed on `/ready` so that a draining one takes no requests.
-fn pool(name: &str, replicas: &[&Server], extra: &str) -> String {
-    let urls: Vec<String> = replicas
-        .iter()
-        .map(|s| format!("\"{}/v1\"", s.base))
-        .collect();
-    pool_of(name, &urls.join(", "), "/ready", extra)
-}
-
-fn pool_of(name: &str, urls: &str, health: &str, extra: &str) -> String {
-    format!(
-        "[[upstreams]]\nname = \"{name}\"\nmodel = \"{MODEL}\"\nreplicas = [{urls}]\n\
-         health_path = \"{health}\"\nprobe_ms = 200\neject_ms = 1000\n{extra}\n"
-    )
-}
-
-/// POSTs a chat request as tenant acme; status, `x-gateway-replica`, `x-gateway-model`, body.
-fn chat(front: &Server, body: &Value) -> (u16, String, String, Value) {
-    let r = patient_client()
-        .post(format!("{}/v1/chat/completions", front.base))
-        .bearer_auth(KEY)
-        .json(body)
-        .send()
-        .unwrap();
-    let header = |h: &str| {
-        r.headers()
-            .get(h)
-            .map(|v| v.to_str().unwrap().to_string())
-            .unwrap_or_default()
-    };
-    let (replica, model) = (header("x-gateway-replica"), header("x-gateway-model"));
-    (r.status().as_u16(), replica, model, r.json().unwrap())
-}
-
-fn ask(model: &str, text: &str, max_tokens: u32) -> Value {
-    json!({"model": model, "messages": [{"role": "user", "content": text}],
-           "max_tokens": max_tokens, "temperature": 0})
-}
+use support::upstream::*;
+use support::{model_path, patient_client, Server, MODEL};
 
 #[test]
 fn load_spreads_prefixes_stick_and_usage_is_the_upstreams() {
@@ -166,37 +83,6 @@ fn load_spreads_prefixes_stick_and_usage_is_the_upstreams() {
         after - before,
         body["usage"]["completion_tokens"].as_f64().unwrap()
     );
-}
-
-/// Starts a streamed chat as acme; the replica that took it and the response to read.
-fn open_stream(front: &Server, body: &Value) -> (String, reqwest::blocking::Response) {
-    let r = patient_client()
-        .post(format!("{}/v1/chat/completions", front.base))
-        .bearer_auth(KEY)
-        .json(body)
-        .send()
-        .unwrap();
-    assert_eq!(r.status().as_u16(), 200);
-    let replica = r
-        .headers()
-        .get("x-gateway-replica")
-        .map(|v| v.to_str().unwrap().to_string())
-        .unwrap_or_default();
-    (replica, r)
-}
-
-/// The JSON events of an SSE stream, and whether it ended with `[DONE]`.
-fn events(r: reqwest::blocking::Response) -> (Vec<Value>, bool) {
-    let mut out = Vec::new();
-    for line in BufReader::new(r).lines() {
-        let Ok(line) = line else { break };
-        match line.strip_prefix("data: ") {
-            Some("[DONE]") => return (out, true),
-            Some(data) => out.push(serde_json::from_str(data).unwrap()),
-            None => {}
-        }
-    }
-    (out, false)
 }
 
 #[test]
@@ -400,79 +286,6 @@ fn a_draining_replica_gets_no_new_requests() {
     drop(in_flight);
 }
 
-/// llama.cpp's `llama-server` (built by host/scripts/test.sh from the llama-cpp-python sdist)
-/// as an upstream: a server we did not write.
-#[test]
-fn llama_cpp_server_serves_as_an_upstream() {
-    let Some(bin) = std::env::var_os("GATEWAY_LLAMA_SERVER") else {
-        println!(
-            "SKIPPED: GATEWAY_LLAMA_SERVER is not set (host/scripts/test.sh builds llama-server)"
-        );
-        return;
-    };
-    let port = TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let child = std::process::Command::new(bin)
-        .args([
-            "-m",
-            &model_path(),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            &port.to_string(),
-        ])
-        .args(["-t", "1", "-c", "2048", "--metrics"])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("llama-server starts");
-    struct Kill(std::process::Child);
-    impl Drop for Kill {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-    let _llama = Kill(child);
-    let url = format!("\"http://127.0.0.1:{port}/v1\"");
-    let front = front(&pool_of("llama", &url, "/health", ""));
-    front.wait_until(
-        "gateway_upstream_up{model=\"llama\",replica=\"0\"}",
-        |v| v == 1.0,
-        "= 1",
-    );
-    let (st, _, model, body) = chat(&front, &ask("llama", "What is the capital of France?", 12));
-    assert_eq!(st, 200, "{body}");
-    assert_eq!(
-        (model.as_str(), body["model"].as_str()),
-        ("llama", Some("llama"))
-    );
-    assert!(!body["choices"][0]["message"]["content"]
-        .as_str()
-        .unwrap()
-        .is_empty());
-    let usage = &body["usage"];
-    assert!(usage["prompt_tokens"].as_u64().unwrap() > 5, "{body}");
-    let charged = front.metric("gateway_tenant_tokens_total{kind=\"completion\",tenant=\"acme\"}");
-    assert_eq!(charged, usage["completion_tokens"].as_f64().unwrap());
-
-    let mut body = ask("llama", "Count to five.", 8);
-    body["stream"] = json!(true);
-    body["stream_options"] = json!({"include_usage": true});
-    let (_, r) = open_stream(&front, &body);
-    let (evs, done) = events(r);
-    assert!(done);
-    let text: String = evs
-        .iter()
-        .filter_map(|e| e["choices"][0]["delta"]["content"].as_str())
-        .collect();
-    assert!(!text.is_empty());
-    assert_eq!(evs.last().unwrap()["usage"]["completion_tokens"], 8);
-}
-
 #[test]
 fn a_saturated_local_model_sends_new_requests_down_its_fallback_chain() {
     let remote = engine();
@@ -511,18 +324,6 @@ fn a_saturated_local_model_sends_new_requests_down_its_fallback_chain() {
     );
     let (st, _, model, _) = chat(&front, &ask("local", "Hello.", 2));
     assert_eq!((st, model.as_str()), (200, "local"));
-}
-
-#[test]
-fn a_dns_entry_stands_for_every_address_of_its_name() {
-    let a = engine();
-    let port = a.base.rsplit(':').next().unwrap().to_string();
-    // `localhost` may resolve to ::1 too, where nothing listens: that replica stays unhealthy.
-    let url = format!("\"dns+http://localhost:{port}/v1\"");
-    let front = front(&pool_of("smol", &url, "/ready", ""));
-    let (st, replica, _, body) = chat(&front, &ask("smol", "Hello.", 2));
-    assert_eq!(st, 200, "{body}");
-    assert_eq!(replica, format!("127.0.0.1:{port}"));
 }
 
 #[test]
@@ -570,63 +371,4 @@ fn a_client_hanging_up_cancels_the_upstream_generation() {
         generated < 1000.0,
         "{generated} tokens: the generation ran on"
     );
-}
-
-#[test]
-fn the_upstream_key_is_sent_and_refusals_pass_through() {
-    // An engine that demands a key of its own.
-    let dir = scratch("keyed");
-    let policy = format!(
-        "[[tenants]]\nname = \"front\"\nkeys = [{{ id = \"f\", sha256 = \"{}\" }}]\n",
-        key_sha256("upstream-secret")
-    );
-    std::fs::write(dir.join("policies.toml"), policy).unwrap();
-    let policies = dir.join("policies.toml");
-    let keyed = Server::start(&["--threads", "1", "--policies", policies.to_str().unwrap()])
-        .remove_on_drop(&dir);
-    let urls = format!("\"{}/v1\"", keyed.base);
-    let config = [
-        pool_of(
-            "with-key",
-            &urls,
-            "/ready",
-            "api_key_env = \"GATEWAY_TEST_UPSTREAM_KEY\"",
-        ),
-        pool_of("without-key", &urls, "/ready", ""),
-    ]
-    .concat();
-    let front = {
-        let dir = scratch("front-keyed");
-        let policy = format!(
-            "[[tenants]]\nname = \"acme\"\nkeys = [{{ id = \"k1\", sha256 = \"{}\" }}]\n",
-            key_sha256(KEY)
-        );
-        std::fs::write(dir.join("policies.toml"), policy).unwrap();
-        let cfg = format!(
-            "models = []\nembeddings = []\npolicies = \"{d}/policies.toml\"\nledger = \"{d}/u.sqlite\"\n\
-             collections_dir = \"{d}/c\"\n{config}",
-            d = dir.display()
-        );
-        std::fs::write(dir.join("front.toml"), cfg).unwrap();
-        let path = dir.join("front.toml");
-        Server::start_with(&["--config", path.to_str().unwrap()], |cmd| {
-            cmd.env("GATEWAY_TEST_UPSTREAM_KEY", "upstream-secret");
-        })
-        .remove_on_drop(&dir)
-    };
-    let (st, _, _, body) = chat(&front, &ask("with-key", "Hello.", 2));
-    assert_eq!(st, 200, "{body}");
-    // The engine's own 401 reaches the client as it was, not retried as a failure.
-    let (st, _, _, body) = chat(&front, &ask("without-key", "Hello.", 2));
-    assert_eq!(st, 401, "{body}");
-    assert_eq!(body["error"]["type"], "invalid_request_error");
-    let tried = "gateway_upstream_requests_total{code=\"401\",model=\"without-key\",replica=\"0\"}";
-    assert_eq!(front.metric(tried), 1.0);
-    let (_, metrics) = front.get("/metrics");
-    assert!(!metrics.contains("gateway_upstream_retries_total{model=\"without-key\"}"));
-    // The key never shows in the front's log.
-    assert!(front
-        .log_lines()
-        .iter()
-        .all(|l| !l.contains("upstream-secret")));
 }

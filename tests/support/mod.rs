@@ -10,6 +10,7 @@ use serde_json::Value;
 
 pub mod collections;
 mod model;
+pub mod upstream;
 pub mod wasm;
 pub use model::model_path;
 

@@ -1,0 +1,154 @@
+//! Upstreams we did not write and the ways replicas are named and reached: llama.cpp's
+//! `llama-server`, a DNS name standing for its addresses, a bearer key of the front's own.
+
+mod support;
+
+use std::net::TcpListener;
+
+use serde_json::json;
+use support::upstream::*;
+use support::{key_sha256, model_path, Server};
+
+/// llama.cpp's `llama-server` (built by host/scripts/test.sh from the llama-cpp-python sdist)
+/// as an upstream: a server we did not write.
+#[test]
+fn llama_cpp_server_serves_as_an_upstream() {
+    let Some(bin) = std::env::var_os("GATEWAY_LLAMA_SERVER") else {
+        println!(
+            "SKIPPED: GATEWAY_LLAMA_SERVER is not set (host/scripts/test.sh builds llama-server)"
+        );
+        return;
+    };
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let child = std::process::Command::new(bin)
+        .args([
+            "-m",
+            &model_path(),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            &port.to_string(),
+        ])
+        .args(["-t", "1", "-c", "2048", "--metrics"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("llama-server starts");
+    struct Kill(std::process::Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let _llama = Kill(child);
+    let url = format!("\"http://127.0.0.1:{port}/v1\"");
+    let front = front(&pool_of("llama", &url, "/health", ""));
+    front.wait_until(
+        "gateway_upstream_up{model=\"llama\",replica=\"0\"}",
+        |v| v == 1.0,
+        "= 1",
+    );
+    let (st, _, model, body) = chat(&front, &ask("llama", "What is the capital of France?", 12));
+    assert_eq!(st, 200, "{body}");
+    assert_eq!(
+        (model.as_str(), body["model"].as_str()),
+        ("llama", Some("llama"))
+    );
+    assert!(!body["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .is_empty());
+    let usage = &body["usage"];
+    assert!(usage["prompt_tokens"].as_u64().unwrap() > 5, "{body}");
+    let charged = front.metric("gateway_tenant_tokens_total{kind=\"completion\",tenant=\"acme\"}");
+    assert_eq!(charged, usage["completion_tokens"].as_f64().unwrap());
+
+    let mut body = ask("llama", "Count to five.", 8);
+    body["stream"] = json!(true);
+    body["stream_options"] = json!({"include_usage": true});
+    let (_, r) = open_stream(&front, &body);
+    let (evs, done) = events(r);
+    assert!(done);
+    let text: String = evs
+        .iter()
+        .filter_map(|e| e["choices"][0]["delta"]["content"].as_str())
+        .collect();
+    assert!(!text.is_empty());
+    assert_eq!(evs.last().unwrap()["usage"]["completion_tokens"], 8);
+}
+
+#[test]
+fn a_dns_entry_stands_for_every_address_of_its_name() {
+    let a = engine();
+    let port = a.base.rsplit(':').next().unwrap().to_string();
+    // `localhost` may resolve to ::1 too, where nothing listens: that replica stays unhealthy.
+    let url = format!("\"dns+http://localhost:{port}/v1\"");
+    let front = front(&pool_of("smol", &url, "/ready", ""));
+    let (st, replica, _, body) = chat(&front, &ask("smol", "Hello.", 2));
+    assert_eq!(st, 200, "{body}");
+    assert_eq!(replica, format!("127.0.0.1:{port}"));
+}
+
+#[test]
+fn the_upstream_key_is_sent_and_refusals_pass_through() {
+    // An engine that demands a key of its own.
+    let dir = scratch("keyed");
+    let policy = format!(
+        "[[tenants]]\nname = \"front\"\nkeys = [{{ id = \"f\", sha256 = \"{}\" }}]\n",
+        key_sha256("upstream-secret")
+    );
+    std::fs::write(dir.join("policies.toml"), policy).unwrap();
+    let policies = dir.join("policies.toml");
+    let keyed = Server::start(&["--threads", "1", "--policies", policies.to_str().unwrap()])
+        .remove_on_drop(&dir);
+    let urls = format!("\"{}/v1\"", keyed.base);
+    let config = [
+        pool_of(
+            "with-key",
+            &urls,
+            "/ready",
+            "api_key_env = \"GATEWAY_TEST_UPSTREAM_KEY\"",
+        ),
+        pool_of("without-key", &urls, "/ready", ""),
+    ]
+    .concat();
+    let front = {
+        let dir = scratch("front-keyed");
+        let policy = format!(
+            "[[tenants]]\nname = \"acme\"\nkeys = [{{ id = \"k1\", sha256 = \"{}\" }}]\n",
+            key_sha256(KEY)
+        );
+        std::fs::write(dir.join("policies.toml"), policy).unwrap();
+        let cfg = format!(
+            "models = []\nembeddings = []\npolicies = \"{d}/policies.toml\"\nledger = \"{d}/u.sqlite\"\n\
+             collections_dir = \"{d}/c\"\n{config}",
+            d = dir.display()
+        );
+        std::fs::write(dir.join("front.toml"), cfg).unwrap();
+        let path = dir.join("front.toml");
+        Server::start_with(&["--config", path.to_str().unwrap()], |cmd| {
+            cmd.env("GATEWAY_TEST_UPSTREAM_KEY", "upstream-secret");
+        })
+        .remove_on_drop(&dir)
+    };
+    let (st, _, _, body) = chat(&front, &ask("with-key", "Hello.", 2));
+    assert_eq!(st, 200, "{body}");
+    // The engine's own 401 reaches the client as it was, not retried as a failure.
+    let (st, _, _, body) = chat(&front, &ask("without-key", "Hello.", 2));
+    assert_eq!(st, 401, "{body}");
+    assert_eq!(body["error"]["type"], "invalid_request_error");
+    let tried = "gateway_upstream_requests_total{code=\"401\",model=\"without-key\",replica=\"0\"}";
+    assert_eq!(front.metric(tried), 1.0);
+    let (_, metrics) = front.get("/metrics");
+    assert!(!metrics.contains("gateway_upstream_retries_total{model=\"without-key\"}"));
+    // The key never shows in the front's log.
+    assert!(front
+        .log_lines()
+        .iter()
+        .all(|l| !l.contains("upstream-secret")));
+}

@@ -13,7 +13,7 @@ const RULES: &[(&str, &[&str])] = &[
     ("engine", &["config", "metrics"]),
     ("plugins", &["common", "config"]),
     ("search", &["common"]),
-    ("tenancy", &["common", "metrics", "search"]),
+    ("tenancy", &["common", "config", "metrics", "search"]),
     ("structured", &["engine"]),
     ("plugin_tool", &["config", "plugins"]),
     ("bench", &["config", "engine", "metrics", "structured"]),

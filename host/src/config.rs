@@ -6,7 +6,9 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
+mod cluster;
 mod upstream;
+pub use cluster::{ClusterConfig, RedisFailure};
 pub use upstream::UpstreamConfig;
 
 /// Where the embedded default model lives after `scripts/fetch-models.sh` (or the README's run command).
@@ -52,6 +54,8 @@ pub struct Config {
     /// Models served by other OpenAI-compatible servers (gateways in engine role, vLLM,
     /// llama.cpp, hosted providers), each over one or more replicas.
     pub upstreams: Vec<UpstreamConfig>,
+    /// State shared by replicas: limits and budgets in Redis.
+    pub cluster: ClusterConfig,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -300,6 +304,7 @@ impl Default for Config {
             admin: AdminConfig::default(),
             http: HttpConfig::default(),
             upstreams: Vec::new(),
+            cluster: ClusterConfig::default(),
         }
     }
 }

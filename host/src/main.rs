@@ -318,6 +318,12 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         gateway::search::Collections::open(cfg.collections_dir.clone(), embedders.clone())
     });
     let (tenancy, _policy_watch) = open_tenancy(&cfg, &metrics)?;
+    if let Some(url) = &cfg.cluster.redis {
+        let shared = gateway::tenancy::shared::Shared::new(&cfg.cluster, url, metrics.clone())
+            .context("[cluster] redis")?;
+        tenancy.share_limits(Arc::new(shared));
+        tracing::info!(failure_mode = ?cfg.cluster.redis_failure, "limits and budgets shared through Redis");
+    }
     let registry = plugins.clone();
     let wrong = tenancy.check_plugin_kinds(Box::new(move |tenant, name| {
         registry.get(tenant, name).map(|p| p.kind().as_str())

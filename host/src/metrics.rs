@@ -38,6 +38,7 @@ pub struct Metrics {
     pub grammar: GrammarMetrics,
     pub vllm: VllmMetrics,
     pub upstream: UpstreamMetrics,
+    pub shared: SharedMetrics,
 }
 
 /// The gauges Kubernetes inference routers (the Gateway API Inference Extension's endpoint
@@ -77,6 +78,41 @@ impl VllmMetrics {
                 IntGaugeVec::new(
                     Opts::new("vllm:cache_config_info", "KV-cache configuration (labels)"),
                     &["model_name", "block_size", "num_gpu_blocks"],
+                )
+                .expect("valid"),
+            ),
+        }
+    }
+}
+
+/// Limits shared through Redis.
+pub struct SharedMetrics {
+    /// Redis calls that failed or timed out, by operation.
+    pub redis_errors: IntCounterVec,
+    /// Admissions and reservations made on this process's own limits because Redis did not
+    /// answer (failure mode `open`).
+    pub local_fallbacks: prometheus::IntCounter,
+}
+
+impl SharedMetrics {
+    fn new(r: &Registry) -> Self {
+        Self {
+            redis_errors: reg(
+                r,
+                IntCounterVec::new(
+                    Opts::new(
+                        "gateway_redis_errors_total",
+                        "Redis calls that failed or timed out",
+                    ),
+                    &["op"],
+                )
+                .expect("valid"),
+            ),
+            local_fallbacks: reg(
+                r,
+                prometheus::IntCounter::new(
+                    "gateway_shared_limits_local_total",
+                    "Requests limited on this process's own counters because Redis did not answer",
                 )
                 .expect("valid"),
             ),
@@ -460,6 +496,7 @@ impl Metrics {
             grammar: GrammarMetrics::new(&r),
             vllm: VllmMetrics::new(&r),
             upstream: UpstreamMetrics::new(&r),
+            shared: SharedMetrics::new(&r),
             registry: r,
         }
     }

@@ -223,14 +223,15 @@ async fn upsert(
     let tokens = prepared.tokens as u64;
     let reservation = state
         .tenancy
-        .reserve(
+        .reserve_tokens(
             caller,
             &c.settings.embedding_model,
             "documents",
             tokens,
             tokens,
         )
-        .map_err(ApiError::limited)?;
+        .await
+        .map_err(ApiError::denied)?;
     // One bulk embedding at a time: each already uses every core, and two at once would only
     // slow both and starve generation longer.
     static EMBEDDING: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(1);
@@ -385,14 +386,15 @@ pub async fn search(
     let charged = tokens.len() as u64;
     let reservation = state
         .tenancy
-        .reserve(
+        .reserve_tokens(
             caller,
             &c.settings.embedding_model,
             "search",
             charged,
             charged,
         )
-        .map_err(ApiError::limited)?;
+        .await
+        .map_err(ApiError::denied)?;
     let started = Instant::now();
     let searched = blocking(move || {
         c.search(&Query {

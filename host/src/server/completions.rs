@@ -86,7 +86,8 @@ pub async fn chat(
         &req.model,
         "chat",
         std::slice::from_ref(&reqs),
-    )?;
+    )
+    .await?;
     // Refused by the engine (queue full, too long): a failure, not a cancellation.
     let streams = submit(&engine, vec![reqs])
         .inspect_err(|_| reservation.end(crate::tenancy::Outcome::Failed))?;
@@ -326,7 +327,7 @@ pub async fn completion(
     for choices in reqs.iter_mut() {
         processors::attach(state, caller, &req.model, &engine, choices).await?;
     }
-    let reservation = reserve(state, caller, &req.model, "completions", &reqs)?;
+    let reservation = reserve(state, caller, &req.model, "completions", &reqs).await?;
     let streams =
         submit(&engine, reqs).inspect_err(|_| reservation.end(crate::tenancy::Outcome::Failed))?;
     let mut reply = Reply::new(Kind::Completion, "cmpl", req.model, engine, &gen, echo);
@@ -337,7 +338,7 @@ pub async fn completion(
 
 /// Reserves the tokens these requests may use: each prompt once (its choices share it) and
 /// every choice's `max_tokens`.
-fn reserve(
+async fn reserve(
     state: &Arc<AppState>,
     caller: &Caller,
     model: &str,
@@ -356,8 +357,9 @@ fn reserve(
         .sum();
     state
         .tenancy
-        .reserve(caller, model, endpoint, prompt, prompt + completion)
-        .map_err(ApiError::limited)
+        .reserve_tokens(caller, model, endpoint, prompt, prompt + completion)
+        .await
+        .map_err(ApiError::denied)
 }
 
 /// Tokenizes on the blocking pool: a multi-megabyte prompt takes long enough to stall the

@@ -91,14 +91,15 @@ pub async fn embeddings(
     let prompt_tokens: u64 = ids.iter().map(|i| i.len() as u64).sum();
     let reservation = state
         .tenancy
-        .reserve(
+        .reserve_tokens(
             caller,
             &embedder.name,
             "embeddings",
             prompt_tokens,
             prompt_tokens,
         )
-        .map_err(ApiError::limited)?;
+        .await
+        .map_err(ApiError::denied)?;
     let e = embedder.clone();
     let vectors = super::blocking("embedding", move || e.embed(&ids))
         .await?

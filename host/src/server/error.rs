@@ -283,6 +283,15 @@ impl ApiError {
                 retry_after: Some(5),
                 debug: None,
             },
+            crate::tenancy::Denied::LimitsUnavailable => Self {
+                status: StatusCode::SERVICE_UNAVAILABLE,
+                kind: "server_error",
+                message: "The store of the limits all replicas share (Redis) does not answer, and the gateway is configured to refuse requests it cannot count (redis_failure = \"closed\").".into(),
+                param: None,
+                code: Some("limits_unavailable"),
+                retry_after: Some(1),
+                debug: None,
+            },
         }
     }
 }

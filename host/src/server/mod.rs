@@ -183,17 +183,13 @@ pub(super) async fn blocking<T: Send + 'static>(
 
 /// The tenant behind the request's bearer key, within its limits; `billable` requests are also
 /// refused while the usage ledger cannot record them.
-fn admit(
+async fn admit(
     state: &AppState,
     headers: &http::HeaderMap,
     billable: bool,
 ) -> Result<crate::tenancy::Caller, ApiError> {
     let token = bearer(headers);
-    let admitted = if billable {
-        state.tenancy.admit_billable(token)
-    } else {
-        state.tenancy.admit(token)
-    };
+    let admitted = state.tenancy.admit_request(token, billable).await;
     let mut caller = admitted.map_err(ApiError::denied)?;
     if let Some(v) = headers.get("x-gateway-debug") {
         if v.as_bytes() != b"plugins" {
@@ -233,7 +229,7 @@ async fn route(
     let path = req.uri.path();
     match endpoint {
         Endpoint::Chat | Endpoint::Completions | Endpoint::Rerank | Endpoint::Embeddings => {
-            let caller = admit(&state, &req.headers, true)?;
+            let caller = admit(&state, &req.headers, true).await?;
             let body = read_body(&req.headers, body, state.max_body_bytes, &state.http).await?;
             match endpoint {
                 Endpoint::Chat => dispatch::serve(&state, &caller, &body, Api::Chat).await,
@@ -245,11 +241,11 @@ async fn route(
             }
         }
         Endpoint::Models => {
-            let caller = admit(&state, &req.headers, false)?;
+            let caller = admit(&state, &req.headers, false).await?;
             Ok(json_response(StatusCode::OK, &models(&state, &caller)))
         }
         Endpoint::Model => {
-            let caller = admit(&state, &req.headers, false)?;
+            let caller = admit(&state, &req.headers, false).await?;
             let id = &path["/v1/models/".len()..];
             if state.embedders.contains_key(id) {
                 let e = state.embedder(&caller, id)?;
@@ -264,7 +260,7 @@ async fn route(
             Ok(json_response(StatusCode::OK, &model_card(&state, &engine)))
         }
         Endpoint::Collections => {
-            let caller = admit(&state, &req.headers, true)?;
+            let caller = admit(&state, &req.headers, true).await?;
             let content_type = req
                 .headers
                 .get(header::CONTENT_TYPE)

@@ -209,14 +209,15 @@ async fn prepare(
     };
     let reservation = state
         .tenancy
-        .reserve(
+        .reserve_tokens(
             caller,
             &pool.name,
             endpoint,
             prompt_tokens,
             prompt_tokens + n * max_tokens,
         )
-        .map_err(ApiError::limited)?;
+        .await
+        .map_err(ApiError::denied)?;
     Ok(Prepared {
         body: Bytes::from(serde_json::to_vec(&req).expect("JSON values serialize")),
         stream,

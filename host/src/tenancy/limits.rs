@@ -130,12 +130,47 @@ pub struct BudgetState {
     pub reserved: u64,
 }
 
-/// Holds one of the tenant's concurrent-request slots until dropped.
-pub struct Slot(Arc<Usage>);
+/// Holds one of the tenant's concurrent-request slots until dropped: in this process, or in
+/// Redis (a member of the tenant's in-flight set; None when it has no cap).
+pub enum Slot {
+    Local(Arc<Usage>),
+    Shared {
+        shared: Arc<super::shared::Shared>,
+        tenant: String,
+        member: Option<String>,
+    },
+}
+
+impl Slot {
+    pub fn shared(
+        shared: &Arc<super::shared::Shared>,
+        tenant: &str,
+        member: Option<String>,
+    ) -> Self {
+        Self::Shared {
+            shared: shared.clone(),
+            tenant: tenant.to_string(),
+            member,
+        }
+    }
+}
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
+        match self {
+            Self::Local(usage) => {
+                usage.in_flight.fetch_sub(1, Ordering::Relaxed);
+            }
+            Self::Shared {
+                shared,
+                tenant,
+                member,
+            } => {
+                if let Some(m) = member.take() {
+                    shared.release(tenant, m);
+                }
+            }
+        }
     }
 }
 
@@ -148,7 +183,7 @@ impl Usage {
     ) -> Result<Slot, Rejection> {
         rates.check_request()?;
         let now = self.in_flight.fetch_add(1, Ordering::Relaxed) + 1;
-        let slot = Slot(self.clone());
+        let slot = Slot::Local(self.clone());
         if let Some(max) = max_concurrent {
             if now > max {
                 return Err(Rejection {

@@ -9,7 +9,11 @@ pub mod keys;
 pub mod ledger;
 pub mod limits;
 pub mod policy;
+mod reservation;
+pub mod shared;
 pub mod watch;
+
+pub use reservation::{Outcome, Reservation};
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
@@ -19,10 +23,12 @@ use std::time::Instant;
 
 use arc_swap::ArcSwap;
 
+use crate::config::RedisFailure;
 use crate::metrics::Metrics;
 use ledger::{Ledger, Record};
 use limits::{Rates, Rejection, Slot, Usage};
 use policy::{Policies, PolicyError, TenantPolicy};
+use shared::Shared;
 
 /// The tenant of requests when no policy file is configured: no key needed, no limits.
 pub const OPEN_TENANT: &str = "default";
@@ -68,6 +74,9 @@ pub enum Denied {
     Limited(Rejection),
     /// The usage ledger takes no writes and the policy is to refuse billable requests (503).
     LedgerUnavailable,
+    /// Redis, which holds the limits every replica shares, does not answer, and the failure
+    /// mode is `closed` (503).
+    LimitsUnavailable,
 }
 
 /// An admitted request: its tenant, the key it used, and one of the tenant's in-flight slots.
@@ -81,6 +90,18 @@ pub struct Caller {
     pub plugin_us: Arc<AtomicU64>,
     /// Set when the request asked for its plugins' log lines (and the policy allows it).
     pub debug: Option<crate::common::LogSink>,
+}
+
+impl Caller {
+    fn new(tenant: Arc<Tenant>, key_id: Arc<str>, slot: Slot) -> Self {
+        Self {
+            tenant,
+            key_id,
+            slot: Arc::new(slot),
+            plugin_us: Arc::default(),
+            debug: None,
+        }
+    }
 }
 
 impl std::ops::Deref for Caller {
@@ -101,6 +122,8 @@ pub struct Tenancy {
     /// The kind of an installed plugin (tenant, name) → e.g. `"reranker"`, once the server has
     /// its plugin registry: policies binding a plugin of another kind are refused.
     plugin_kinds: std::sync::OnceLock<KindOf>,
+    /// Limits shared with the other replicas (Redis), when configured.
+    shared: std::sync::OnceLock<Arc<Shared>>,
 }
 
 /// Looks up the kind of the tenant's installed plugin, if it is installed.
@@ -131,6 +154,7 @@ impl Tenancy {
             ledger,
             metrics,
             plugin_kinds: std::sync::OnceLock::new(),
+            shared: std::sync::OnceLock::new(),
         };
         t.install(parsed, text);
         Ok(t)
@@ -259,53 +283,80 @@ impl Tenancy {
         self.policies.load().tenants.contains_key(name)
     }
 
-    /// `admit` for a request the ledger bills: refused while the ledger cannot record it.
-    pub fn admit_billable(&self, key: Option<&str>) -> Result<Caller, Denied> {
-        if self.ledger.as_ref().is_some_and(|l| !l.accepting()) {
-            return Err(Denied::LedgerUnavailable);
+    /// The tenant and key id of an API key (the request's bearer token).
+    fn authenticate(&self, key: Option<&str>) -> Result<(Arc<Tenant>, Arc<str>), Denied> {
+        let set = self.policies.load();
+        if self.open_mode() {
+            return Ok((set.tenants[OPEN_TENANT].clone(), Arc::from("none")));
         }
-        self.admit(key)
+        let key = key.ok_or(Denied::Unauthenticated(
+            "Missing API key: send `Authorization: Bearer <key>`.",
+        ))?;
+        let (t, id) = set
+            .by_key_hash
+            .get(&keys::hash(key))
+            .ok_or(Denied::Unauthenticated("Invalid API key."))?;
+        Ok((t.clone(), id.clone()))
     }
 
-    /// Authenticates the API key (the request's bearer token) and applies the tenant's
-    /// request-rate and concurrency limits.
+    fn rejected(&self, tenant: &Tenant, r: Rejection) -> Denied {
+        self.metrics
+            .tenant_rejections
+            .with_label_values(&[&tenant.name, r.limit])
+            .inc();
+        Denied::Limited(r)
+    }
+
+    /// Authenticates the API key and applies the tenant's request-rate and concurrency
+    /// limits, in this process.
     pub fn admit(&self, key: Option<&str>) -> Result<Caller, Denied> {
-        let set = self.policies.load();
-        let (tenant, key_id) = if self.open_mode() {
-            (set.tenants[OPEN_TENANT].clone(), Arc::from("none"))
-        } else {
-            let key = key.ok_or(Denied::Unauthenticated(
-                "Missing API key: send `Authorization: Bearer <key>`.",
-            ))?;
-            let hash = keys::hash(key);
-            let (t, id) = set
-                .by_key_hash
-                .get(&hash)
-                .ok_or(Denied::Unauthenticated("Invalid API key."))?;
-            (t.clone(), id.clone())
-        };
+        let (tenant, key_id) = self.authenticate(key)?;
+        self.admit_locally(tenant, key_id)
+    }
+
+    fn admit_locally(&self, tenant: Arc<Tenant>, key_id: Arc<str>) -> Result<Caller, Denied> {
         match tenant
             .usage
             .admit(&tenant.rates, tenant.policy.max_concurrent)
         {
-            Ok(slot) => Ok(Caller {
-                tenant,
-                key_id,
-                slot: Arc::new(slot),
-                plugin_us: Arc::default(),
-                debug: None,
-            }),
-            Err(r) => {
-                self.metrics
-                    .tenant_rejections
-                    .with_label_values(&[&tenant.name, r.limit])
-                    .inc();
-                Err(Denied::Limited(r))
-            }
+            Ok(slot) => Ok(Caller::new(tenant, key_id, slot)),
+            Err(r) => Err(self.rejected(&tenant, r)),
         }
     }
 
-    /// Reserves `tokens` (prompt + the most the request may generate) for `caller`.
+    /// `admit`, against the limits every replica shares when `[cluster] redis` is set
+    /// (`billable`: also refused while the ledger cannot record the request).
+    pub async fn admit_request(&self, key: Option<&str>, billable: bool) -> Result<Caller, Denied> {
+        if billable && self.ledger.as_ref().is_some_and(|l| !l.accepting()) {
+            return Err(Denied::LedgerUnavailable);
+        }
+        let (tenant, key_id) = self.authenticate(key)?;
+        let Some(shared) = self.shared.get() else {
+            return self.admit_locally(tenant, key_id);
+        };
+        match shared.admit(&tenant.policy).await {
+            Ok(Ok(member)) => {
+                let slot = Slot::shared(shared, &tenant.name, member);
+                Ok(Caller::new(tenant, key_id, slot))
+            }
+            Ok(Err(r)) => Err(self.rejected(&tenant, r)),
+            Err(_) => match shared.failure {
+                RedisFailure::Open => {
+                    self.metrics.shared.local_fallbacks.inc();
+                    self.admit_locally(tenant, key_id)
+                }
+                RedisFailure::Closed => Err(Denied::LimitsUnavailable),
+            },
+        }
+    }
+
+    /// From now on, limits and budgets are shared through Redis.
+    pub fn share_limits(&self, shared: Arc<Shared>) {
+        let _ = self.shared.set(shared);
+    }
+
+    /// Reserves `tokens` (prompt + the most the request may generate) for `caller`, in
+    /// this process.
     pub fn reserve(
         self: &Arc<Self>,
         caller: &Caller,
@@ -332,9 +383,62 @@ impl Tenancy {
                 .inc();
             return Err(r);
         }
-        Ok(Reservation {
+        Ok(self.reservation(caller, model, endpoint, prompt_tokens, tokens, None))
+    }
+
+    /// `reserve`, against the token rate and budget every replica shares when `[cluster]
+    /// redis` is set.
+    pub async fn reserve_tokens(
+        self: &Arc<Self>,
+        caller: &Caller,
+        model: &str,
+        endpoint: &'static str,
+        prompt_tokens: u64,
+        tokens: u64,
+    ) -> Result<Reservation, Denied> {
+        let p = &caller.tenant.policy;
+        let shared = match self.shared.get() {
+            Some(s) if p.token_budget.is_some() || p.tokens_per_minute.is_some() => s,
+            _ => {
+                return self
+                    .reserve(caller, model, endpoint, prompt_tokens, tokens)
+                    .map_err(Denied::Limited)
+            }
+        };
+        let now = unix_now();
+        let budget = p.token_budget.map(|b| {
+            let (start, end, _) = fallback_period(b.period, now);
+            (b, start, end)
+        });
+        match shared.reserve(p, tokens, budget).await {
+            Ok(Ok(r)) => {
+                let held = Some((shared.clone(), r));
+                Ok(self.reservation(caller, model, endpoint, prompt_tokens, tokens, held))
+            }
+            Ok(Err(r)) => Err(self.rejected(&caller.tenant, r)),
+            Err(_) => match shared.failure {
+                RedisFailure::Open => {
+                    self.metrics.shared.local_fallbacks.inc();
+                    self.reserve(caller, model, endpoint, prompt_tokens, tokens)
+                        .map_err(Denied::Limited)
+                }
+                RedisFailure::Closed => Err(Denied::LimitsUnavailable),
+            },
+        }
+    }
+
+    fn reservation(
+        self: &Arc<Self>,
+        caller: &Caller,
+        model: &str,
+        endpoint: &'static str,
+        prompt_tokens: u64,
+        tokens: u64,
+        shared: Option<(Arc<Shared>, shared::SharedReservation)>,
+    ) -> Reservation {
+        Reservation {
             tenancy: self.clone(),
-            tenant: tenant.clone(),
+            tenant: caller.tenant.clone(),
             key_id: caller.key_id.clone(),
             model: model.to_string(),
             endpoint,
@@ -342,11 +446,12 @@ impl Tenancy {
             prompt_tokens: AtomicU64::new(prompt_tokens),
             completion_tokens: AtomicU64::new(0),
             started: Instant::now(),
-            ts: now,
+            ts: unix_now(),
             settled: std::sync::atomic::AtomicBool::new(false),
             _slot: caller.slot.clone(),
             plugin_us: caller.plugin_us.clone(),
-        })
+            shared,
+        }
     }
 
     /// Records a request that generated nothing (rerank, or one refused after admission).
@@ -377,133 +482,6 @@ impl Tenancy {
                 plugin_ms: caller.plugin_us.load(Ordering::Relaxed) as f64 / 1e3,
             });
         }
-    }
-}
-
-/// How a request ended, as the ledger and `gateway_tenant_requests_total` record it. Typed so
-/// that a failure is never written down as a cancellation.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
-    /// Answered in full.
-    Ok,
-    /// The client went away before the answer was complete.
-    Cancelled,
-    /// The gateway failed it (engine, plugin, index): an error went to the client.
-    Failed,
-    /// Cut at the drain deadline of a shutdown.
-    Shutdown,
-}
-
-impl Outcome {
-    /// `Ok` for a request that succeeded, `Failed` for one that did not.
-    pub fn of<T, E>(result: &Result<T, E>) -> Self {
-        if result.is_ok() {
-            Outcome::Ok
-        } else {
-            Outcome::Failed
-        }
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Outcome::Ok => "ok",
-            Outcome::Cancelled => "cancelled",
-            Outcome::Failed => "error",
-            Outcome::Shutdown => "shutdown",
-        }
-    }
-}
-
-/// Tokens reserved for one generation request. Settled exactly once: explicitly with the usage
-/// reported to the client, or on drop (cancellation) with the tokens counted so far.
-pub struct Reservation {
-    tenancy: Arc<Tenancy>,
-    tenant: Arc<Tenant>,
-    key_id: Arc<str>,
-    model: String,
-    endpoint: &'static str,
-    reserved: u64,
-    prompt_tokens: AtomicU64,
-    completion_tokens: AtomicU64,
-    started: Instant,
-    ts: i64,
-    settled: std::sync::atomic::AtomicBool,
-    _slot: Arc<Slot>,
-    plugin_us: Arc<AtomicU64>,
-}
-
-impl Reservation {
-    /// Counts one generated token as it reaches the client.
-    pub fn count_token(&self) {
-        self.completion_tokens.fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// Counts `n` generated tokens at once (an upstream's answer that reported no usage).
-    pub fn count_tokens(&self, n: u64) {
-        self.completion_tokens.fetch_add(n, Ordering::Relaxed);
-    }
-
-    /// The prompt tokens (as estimated at reservation) and the completion tokens counted.
-    pub fn counted(&self) -> (u64, u64) {
-        (
-            self.prompt_tokens.load(Ordering::Relaxed),
-            self.completion_tokens.load(Ordering::Relaxed),
-        )
-    }
-
-    /// Gives the tokens back with no ledger row: the request moved on to a fallback model,
-    /// whose own reservation records it.
-    pub fn release(self) {
-        self.settled.store(true, Ordering::Release);
-        self.tenant.usage.settle(self.reserved, 0);
-    }
-
-    /// Settles a request that ended early (`Failed`, `Shutdown`) with the tokens counted so far.
-    pub fn end(&self, outcome: Outcome) {
-        let (p, c) = self.counted();
-        self.settle(p, c, outcome);
-    }
-
-    /// Settles with the exact usage reported to the client.
-    pub fn settle(&self, prompt_tokens: u64, completion_tokens: u64, outcome: Outcome) {
-        if self.settled.swap(true, Ordering::AcqRel) {
-            return;
-        }
-        let status = outcome.as_str();
-        let t = &self.tenant;
-        t.usage
-            .settle(self.reserved, prompt_tokens + completion_tokens);
-        let m = &self.tenancy.metrics;
-        m.tenant_requests
-            .with_label_values(&[&t.name, status])
-            .inc();
-        m.tenant_tokens
-            .with_label_values(&[&t.name, "prompt"])
-            .inc_by(prompt_tokens);
-        m.tenant_tokens
-            .with_label_values(&[&t.name, "completion"])
-            .inc_by(completion_tokens);
-        if let Some(l) = &self.tenancy.ledger {
-            l.record(Record {
-                ts: self.ts,
-                tenant: t.name.to_string(),
-                key_id: self.key_id.to_string(),
-                model: self.model.clone(),
-                endpoint: self.endpoint,
-                prompt_tokens,
-                completion_tokens,
-                latency_ms: self.started.elapsed().as_secs_f64() * 1e3,
-                status,
-                plugin_ms: self.plugin_us.load(Ordering::Relaxed) as f64 / 1e3,
-            });
-        }
-    }
-}
-
-impl Drop for Reservation {
-    /// Not settled by then: the client went away (every failure path settles first).
-    fn drop(&mut self) {
-        self.end(Outcome::Cancelled);
     }
 }
 

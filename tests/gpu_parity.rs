@@ -47,6 +47,7 @@ mod parity {
                 gpu_memory_utilization: 0.3,
                 ..EngineConfig::default()
             },
+            ..ModelConfig::default()
         }
     }
 

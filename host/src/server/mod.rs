@@ -133,7 +133,7 @@ impl AppState {
         tenant: &crate::tenancy::Tenant,
         model: &str,
     ) -> Result<Arc<crate::search::embedder::Embedder>, ApiError> {
-        allowed_model(&self.embedders, tenant, model)
+        allowed_model(&self.embedders, std::iter::empty(), tenant, model)
     }
 
     /// The engine serving `model`, if the tenant may use it.
@@ -142,20 +142,22 @@ impl AppState {
         tenant: &crate::tenancy::Tenant,
         model: &str,
     ) -> Result<Arc<Engine>, ApiError> {
-        allowed_model(&self.engines, tenant, model)
+        allowed_model(&self.engines, self.upstreams.names(), tenant, model)
     }
 }
 
-/// `model` from `models`: 404 (listing the tenant's models) when it does not exist, 403 when
-/// the tenant's policy does not allow it.
-fn allowed_model<T>(
-    models: &BTreeMap<String, Arc<T>>,
+/// `model` from `models`: 404 (listing the tenant's models, and `others` of the same kind
+/// served elsewhere) when it does not exist, 403 when the tenant's policy does not allow it.
+fn allowed_model<'a, T>(
+    models: &'a BTreeMap<String, Arc<T>>,
+    others: impl Iterator<Item = &'a String>,
     tenant: &crate::tenancy::Tenant,
     model: &str,
 ) -> Result<Arc<T>, ApiError> {
     let found = models.get(model).cloned().ok_or_else(|| {
         let allowed: Vec<String> = models
             .keys()
+            .chain(others)
             .filter(|m| tenant.allows_model(m))
             .cloned()
             .collect();

@@ -331,7 +331,12 @@ impl Tenancy {
             return Err(Denied::LedgerUnavailable);
         }
         let (tenant, key_id) = self.authenticate(key)?;
-        let Some(shared) = self.shared.get() else {
+        let p = &tenant.policy;
+        let limited = p.requests_per_second.is_some()
+            || p.requests_per_minute.is_some()
+            || p.max_concurrent.is_some();
+        // No request limit to share: no round trip.
+        let Some(shared) = self.shared.get().filter(|_| limited) else {
             return self.admit_locally(tenant, key_id);
         };
         match shared.admit(&tenant.policy).await {

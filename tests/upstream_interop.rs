@@ -152,3 +152,34 @@ fn the_upstream_key_is_sent_and_refusals_pass_through() {
         .iter()
         .all(|l| !l.contains("upstream-secret")));
 }
+
+#[test]
+fn embeddings_route_upstream_too() {
+    let engine = Server::start(&[
+        "--threads",
+        "1",
+        "--embedding-model",
+        &support::collections::embed_arg(),
+    ]);
+    let config = format!(
+        "[[upstreams]]\nname = \"embed\"\nmodel = \"{}\"\nreplicas = [\"{}/v1\"]\nhealth_path = \"/ready\"\n",
+        support::collections::EMBED,
+        engine.base
+    );
+    let front = front(&config);
+    let input = json!(["Refunds take five days.", "Invoices are due in 30 days."]);
+    let (st, routed) = front.post_as(
+        KEY,
+        "/v1/embeddings",
+        &json!({"model": "embed", "input": input}),
+    );
+    assert_eq!(st, 200, "{routed}");
+    assert_eq!(routed["model"], "embed");
+    let body = json!({"model": support::collections::EMBED, "input": input});
+    let (_, direct) = engine.post("/v1/embeddings", &body);
+    assert_eq!(routed["data"], direct["data"]);
+    let prompt = routed["usage"]["prompt_tokens"].as_f64().unwrap();
+    assert!(prompt > 0.0);
+    let charged = front.metric("gateway_tenant_tokens_total{kind=\"prompt\",tenant=\"acme\"}");
+    assert_eq!(charged, prompt);
+}

@@ -1,4 +1,4 @@
-//! Which model serves a chat or completion request: the one it names, or, when that one is
+//! Which model serves a chat, completion or embedding request: the one it names, or, when that one is
 //! saturated (or, upstream, no replica could take it), the first model of its fallback chain
 //! that can. Local models run in `completions.rs`, upstream ones in `upstream.rs`. The model
 //! that served is in the `x-gateway-model` header and in the ledger.
@@ -11,13 +11,34 @@ use serde_json::Value;
 
 use super::error::ApiError;
 use super::upstream::{self, Forwarded};
-use super::{completions, AppState, Response};
+use super::{completions, embeddings, AppState, Response};
 use crate::tenancy::Caller;
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Api {
     Chat,
     Completion,
+    Embeddings,
+}
+
+impl Api {
+    /// The path under an OpenAI base URL.
+    pub(super) fn path(self) -> &'static str {
+        match self {
+            Api::Chat => "/chat/completions",
+            Api::Completion => "/completions",
+            Api::Embeddings => "/embeddings",
+        }
+    }
+
+    /// The endpoint as the ledger names it.
+    pub(super) fn endpoint(self) -> &'static str {
+        match self {
+            Api::Chat => "chat",
+            Api::Completion => "completions",
+            Api::Embeddings => "embeddings",
+        }
+    }
 }
 
 #[derive(Deserialize)]
@@ -59,6 +80,7 @@ pub(super) async fn serve(
             None => match api {
                 Api::Chat => completions::chat(state, caller, &body).await,
                 Api::Completion => completions::completion(state, caller, &body).await,
+                Api::Embeddings => embeddings::embeddings(state, caller, &body).await,
             },
         };
         if i > 0 {

@@ -238,7 +238,9 @@ async fn route(
                 Endpoint::Completions => {
                     dispatch::serve(&state, &caller, &body, Api::Completion).await
                 }
-                Endpoint::Embeddings => embeddings::embeddings(&state, &caller, &body).await,
+                Endpoint::Embeddings => {
+                    dispatch::serve(&state, &caller, &body, Api::Embeddings).await
+                }
                 _ => plugins::rerank(&state, &caller, &body).await,
             }
         }

@@ -61,10 +61,7 @@ pub(super) async fn forward(
         Ok(p) => p,
         Err(e) => return Forwarded::Done(Err(e)),
     };
-    let path = match api {
-        Api::Chat => "/chat/completions",
-        Api::Completion => "/completions",
-    };
+    let path = api.path();
     let mut tried = Vec::new();
     let mut last = None;
     while tried.len() < pool.cfg.max_attempts {
@@ -144,7 +141,12 @@ async fn prepare(
             ),
         ));
     }
-    if let Some(p) = &tenant.policy.logits_processor {
+    if let Some(p) = tenant
+        .policy
+        .logits_processor
+        .as_ref()
+        .filter(|_| api != Api::Embeddings)
+    {
         return Err(ApiError::invalid(
             "model",
             format!(
@@ -155,28 +157,12 @@ async fn prepare(
         ));
     }
     let mut req: Map<String, Value> = serde_json::from_slice(body)?;
-    let stream = flag(&req, "stream")?;
+    let stream = flag(&req, "stream")? && api != Api::Embeddings;
     let n = count(&req, "n", 1)?.max(1);
-    let max_tokens = match api {
-        Api::Chat => count(&req, "max_completion_tokens", 0)?.max(count(&req, "max_tokens", 0)?),
-        Api::Completion => count(&req, "max_tokens", 16)?,
-    };
-    let max_tokens = if max_tokens == 0 {
-        pool.cfg.default_max_tokens
-    } else {
-        max_tokens
-    };
-    let format: Option<ResponseFormat> = match req.get("response_format") {
-        Some(Value::Null) | None => None,
-        Some(v) => Some(
-            serde_json::from_value(v.clone())
-                .map_err(|e| ApiError::invalid("response_format", e.to_string()))?,
-        ),
-    };
-    let tools = req.get("tools").is_some_and(|t| !t.is_null());
-    let output = match tools {
-        true => None,
-        false => output_stage(state, caller, format.as_ref())?,
+    let max_tokens = completion_budget(api, &req, pool)?;
+    let output = match api {
+        Api::Embeddings => None,
+        _ => parser(state, caller, &req)?,
     };
     let mut citations = None;
     let text = match api {
@@ -185,11 +171,18 @@ async fn prepare(
             citations = cites;
             text
         }
-        Api::Completion => match req.get("prompt") {
-            Some(Value::String(s)) => s.clone(),
-            Some(other) => other.to_string(),
-            None => return Err(ApiError::invalid("prompt", "`prompt` is required.")),
-        },
+        Api::Completion | Api::Embeddings => {
+            let field = if api == Api::Embeddings {
+                "input"
+            } else {
+                "prompt"
+            };
+            match req.get(field) {
+                Some(Value::String(s)) => s.clone(),
+                Some(other) => other.to_string(),
+                None => return Err(ApiError::invalid(field, format!("`{field}` is required."))),
+            }
+        }
     };
     let client_usage = req
         .get("stream_options")
@@ -203,10 +196,7 @@ async fn prepare(
     // A coarse estimate (a token is ~4 bytes of English), corrected at settlement from the
     // usage the upstream reports.
     let prompt_tokens = text.len().div_ceil(4) as u64;
-    let endpoint = match api {
-        Api::Chat => "chat",
-        Api::Completion => "completions",
-    };
+    let endpoint = api.endpoint();
     let reservation = state
         .tenancy
         .reserve_tokens(
@@ -227,6 +217,41 @@ async fn prepare(
         citations,
         reservation,
     })
+}
+
+/// The most tokens the request may generate, for the reservation: its own `max_tokens`
+/// (`max_completion_tokens` for chat), else the pool's default; none for embeddings.
+fn completion_budget(api: Api, req: &Map<String, Value>, pool: &Pool) -> Result<u64, ApiError> {
+    let asked = match api {
+        Api::Chat => count(req, "max_completion_tokens", 0)?.max(count(req, "max_tokens", 0)?),
+        Api::Completion => count(req, "max_tokens", 16)?,
+        Api::Embeddings => return Ok(0),
+    };
+    Ok(if asked == 0 {
+        pool.cfg.default_max_tokens
+    } else {
+        asked
+    })
+}
+
+/// The tenant's output parser when `response_format` (or the tenant's policy) asks for one,
+/// unless tools are offered (calls are not the parser's JSON).
+fn parser(
+    state: &Arc<AppState>,
+    caller: &Caller,
+    req: &Map<String, Value>,
+) -> Result<Option<OutputStage>, ApiError> {
+    if req.get("tools").is_some_and(|t| !t.is_null()) {
+        return Ok(None);
+    }
+    let format: Option<ResponseFormat> = match req.get("response_format") {
+        Some(Value::Null) | None => None,
+        Some(v) => Some(
+            serde_json::from_value(v.clone())
+                .map_err(|e| ApiError::invalid("response_format", e.to_string()))?,
+        ),
+    };
+    output_stage(state, caller, format.as_ref())
 }
 
 /// The chat prompt stage for an upstream model: `documents` and RAG chunks ground the

@@ -159,23 +159,22 @@ fn a_request_rate_holds_across_replicas() {
 fn an_in_flight_cap_holds_across_replicas() {
     let Some(redis) = redis() else { return };
     let limits = "max_concurrent = 1";
+    // Slots expire after 2 s unless their request is still running.
+    let cluster = "reservation_ttl_s = 2";
     let (a, b) = (
-        replica(&redis.url(), limits, ""),
-        replica(&redis.url(), limits, ""),
+        replica(&redis.url(), limits, cluster),
+        replica(&redis.url(), limits, cluster),
     );
-    // One request in flight on A holds the tenant's only slot on B too.
-    let long = json!({"model": MODEL, "prompt": "Tell a story", "max_tokens": 400,
+    // One request in flight on A holds the tenant's only slot on B too, past the expiry.
+    let long = json!({"model": MODEL, "prompt": "Tell a story", "max_tokens": 4000,
                       "ignore_eos": true, "stream": true});
     let stream = a.raw_request_as(KEY, "/v1/completions", &long.to_string());
     let (st, body) = models(&b);
     assert_eq!(st, 429, "{body}");
-    assert!(
-        body["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("in flight"),
-        "{body}"
-    );
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(message.contains("in flight"), "{body}");
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(models(&b).0, 429, "the running request's slot expired");
     // Hanging up gives the slot back, for every replica.
     drop(stream);
     let deadline = Instant::now() + Duration::from_secs(10);

@@ -138,6 +138,8 @@ pub enum Slot {
         shared: Arc<super::shared::Shared>,
         tenant: String,
         member: Option<String>,
+        /// Keeps the slot from expiring while its request runs.
+        _alive: Option<super::shared::KeepAlive>,
     },
 }
 
@@ -147,10 +149,14 @@ impl Slot {
         tenant: &str,
         member: Option<String>,
     ) -> Self {
+        let alive = member
+            .as_ref()
+            .and_then(|m| shared.keep_alive(vec![super::shared::Shared::slot_member(tenant, m)]));
         Self::Shared {
             shared: shared.clone(),
             tenant: tenant.to_string(),
             member,
+            _alive: alive,
         }
     }
 }
@@ -165,6 +171,7 @@ impl Drop for Slot {
                 shared,
                 tenant,
                 member,
+                ..
             } => {
                 if let Some(m) = member.take() {
                     shared.release(tenant, m);

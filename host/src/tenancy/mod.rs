@@ -455,6 +455,9 @@ impl Tenancy {
             settled: std::sync::atomic::AtomicBool::new(false),
             _slot: caller.slot.clone(),
             plugin_us: caller.plugin_us.clone(),
+            _alive: shared
+                .as_ref()
+                .and_then(|(s, r)| s.keep_alive(r.member().into_iter().collect())),
             shared,
         }
     }

@@ -62,6 +62,8 @@ pub struct Reservation {
     pub(super) plugin_us: Arc<AtomicU64>,
     /// The same tokens reserved in Redis, when limits are shared.
     pub(super) shared: Option<(Arc<Shared>, SharedReservation)>,
+    /// Keeps the Redis reservation from expiring while the request runs.
+    pub(super) _alive: Option<super::shared::KeepAlive>,
 }
 
 impl Reservation {

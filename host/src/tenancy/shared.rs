@@ -1,8 +1,8 @@
 //! Limits shared by every replica, in Redis: request rates (fixed windows), requests in
 //! flight and token reservations against the token rate and budget, each one server-side
 //! script, one round trip per admission or reservation. In-flight slots and reservations are
-//! sorted-set members scored by an expiry, so a replica that dies (`kill -9`) leaks them for
-//! at most `reservation_ttl_s`; a settlement removes its member, which makes it count once
+//! sorted-set members scored by an expiry, pushed forward while their request runs, so a
+//! replica that dies (`kill -9`) leaks them for at most `reservation_ttl_s`; a settlement removes its member, which makes it count once
 //! even against an expiry that won the race.
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -290,6 +290,72 @@ impl Shared {
                 }
             }
         });
+    }
+}
+
+/// Keeps sorted-set members from expiring while their request runs (a stream may outlive
+/// `reservation_ttl_s`); stops when dropped, after which expiry takes over again.
+pub struct KeepAlive(tokio::task::AbortHandle);
+
+impl Drop for KeepAlive {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+impl Shared {
+    /// Pushes the expiry of each (key, member) forward every third of the TTL.
+    pub fn keep_alive(self: &Arc<Self>, members: Vec<(String, String)>) -> Option<KeepAlive> {
+        if members.is_empty() {
+            return None;
+        }
+        let rt = tokio::runtime::Handle::try_current().ok()?;
+        let me = self.clone();
+        let every = Duration::from_millis((self.ttl_ms / 3).max(100));
+        let task = rt.spawn(async move {
+            let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+            loop {
+                tick.tick().await;
+                let mut pipe = redis::pipe();
+                for (key, member) in &members {
+                    // XX: only while it is still there (settled or released: gone).
+                    pipe.cmd("ZADD")
+                        .arg(key)
+                        .arg("XX")
+                        .arg(now_ms() + me.ttl_ms)
+                        .arg(member)
+                        .ignore();
+                    // The set itself expires too; only ever lengthen that (a budget's sets
+                    // live for their period).
+                    pipe.cmd("PEXPIRE")
+                        .arg(key)
+                        .arg(me.ttl_ms)
+                        .arg("GT")
+                        .ignore();
+                }
+                let mut con = me.con.clone();
+                if let Ok(Err(e)) =
+                    tokio::time::timeout(me.timeout, pipe.query_async::<()>(&mut con)).await
+                {
+                    me.failed("keep_alive", &e);
+                }
+            }
+        });
+        Some(KeepAlive(task.abort_handle()))
+    }
+
+    /// The in-flight set's key and a slot's member in it.
+    pub fn slot_member(tenant: &str, member: &str) -> (String, String) {
+        (format!("gw:{{{tenant}}}:inflight"), member.to_string())
+    }
+}
+
+impl SharedReservation {
+    /// The budget's reservation set and this reservation's member in it, if it holds budget.
+    pub fn member(&self) -> Option<(String, String)> {
+        self.period_key
+            .as_ref()
+            .map(|p| (format!("{p}:resv"), self.member.clone()))
     }
 }
 

@@ -62,35 +62,7 @@ fn main() {
             Arc::new(t)
         })
         .collect();
-    let outcomes: Vec<Result<(), String>> = rt.block_on(async {
-        let tasks: Vec<_> = (0..REQUESTS)
-            .map(|i| {
-                let t = replicas[i % 2].clone();
-                tokio::spawn(async move {
-                    let caller = t.admit_request(Some("budget-key"), true).await.unwrap();
-                    match t
-                        .reserve_tokens(&caller, "m", "chat", SETTLE.0, RESERVE)
-                        .await
-                    {
-                        Ok(r) => {
-                            tokio::time::sleep(Duration::from_millis(5)).await;
-                            r.settle(SETTLE.0, SETTLE.1, gateway::tenancy::Outcome::Ok);
-                            Ok(())
-                        }
-                        Err(Denied::Limited(r)) => Err(r.message),
-                        Err(other) => panic!("{other:?}"),
-                    }
-                })
-            })
-            .collect();
-        let mut out = Vec::new();
-        for t in tasks {
-            out.push(t.await.unwrap());
-        }
-        // Settlements run on their own tasks: let them land.
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        out
-    });
+    let outcomes = rt.block_on(run(&replicas));
     let admitted = outcomes.iter().filter(|o| o.is_ok()).count() as u64;
     let settled = admitted * (SETTLE.0 + SETTLE.1);
     // The first refusal's message says how much was used or reserved then.
@@ -125,4 +97,35 @@ fn main() {
     let _ = redis.kill();
     let _ = redis.wait();
     let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Every request at once, alternating replicas: reserve, a short generation, settle.
+async fn run(replicas: &[Arc<Tenancy>]) -> Vec<Result<(), String>> {
+    let tasks: Vec<_> = (0..REQUESTS)
+        .map(|i| {
+            let t = replicas[i % 2].clone();
+            tokio::spawn(async move {
+                let caller = t.admit_request(Some("budget-key"), true).await.unwrap();
+                match t
+                    .reserve_tokens(&caller, "m", "chat", SETTLE.0, RESERVE)
+                    .await
+                {
+                    Ok(r) => {
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                        r.settle(SETTLE.0, SETTLE.1, gateway::tenancy::Outcome::Ok);
+                        Ok(())
+                    }
+                    Err(Denied::Limited(r)) => Err(r.message),
+                    Err(other) => panic!("{other:?}"),
+                }
+            })
+        })
+        .collect();
+    let mut out = Vec::new();
+    for t in tasks {
+        out.push(t.await.unwrap());
+    }
+    // Settlements run on their own tasks: let them land.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    out
 }

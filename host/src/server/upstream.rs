@@ -131,31 +131,8 @@ async fn prepare(
     body: &[u8],
     api: Api,
 ) -> Result<Prepared, ApiError> {
+    check_tenant(caller, pool, api)?;
     let tenant = &caller.tenant;
-    if !tenant.allows_model(&pool.name) {
-        return Err(ApiError::forbidden(
-            "model",
-            format!(
-                "Tenant `{}` may not use model `{}`.",
-                tenant.name, pool.name
-            ),
-        ));
-    }
-    if let Some(p) = tenant
-        .policy
-        .logits_processor
-        .as_ref()
-        .filter(|_| api != Api::Embeddings)
-    {
-        return Err(ApiError::invalid(
-            "model",
-            format!(
-                "Tenant `{}` binds the logits processor `{p}`, which runs in the decode loop; \
-                 model `{}` decodes on an upstream server, where it cannot run.",
-                tenant.name, pool.name
-            ),
-        ));
-    }
     let mut req: Map<String, Value> = serde_json::from_slice(body)?;
     let stream = flag(&req, "stream")? && api != Api::Embeddings;
     let n = count(&req, "n", 1)?.max(1);
@@ -164,25 +141,10 @@ async fn prepare(
         Api::Embeddings => None,
         _ => parser(state, caller, &req)?,
     };
-    let mut citations = None;
-    let text = match api {
-        Api::Chat => {
-            let (text, cites) = chat_prompt(state, caller, pool, &mut req).await?;
-            citations = cites;
-            text
-        }
-        Api::Completion | Api::Embeddings => {
-            let field = if api == Api::Embeddings {
-                "input"
-            } else {
-                "prompt"
-            };
-            match req.get(field) {
-                Some(Value::String(s)) => s.clone(),
-                Some(other) => other.to_string(),
-                None => return Err(ApiError::invalid(field, format!("`{field}` is required."))),
-            }
-        }
+    let (text, citations) = match api {
+        Api::Chat => chat_prompt(state, caller, pool, &mut req).await?,
+        Api::Completion => (input_text(&req, "prompt")?, None),
+        Api::Embeddings => (input_text(&req, "input")?, None),
     };
     let client_usage = req
         .get("stream_options")
@@ -217,6 +179,41 @@ async fn prepare(
         citations,
         reservation,
     })
+}
+
+/// The tenant may use the model, and has no logits processor bound for a generation (the
+/// decode loop runs upstream).
+fn check_tenant(caller: &Caller, pool: &Pool, api: Api) -> Result<(), ApiError> {
+    let tenant = &caller.tenant;
+    if !tenant.allows_model(&pool.name) {
+        return Err(ApiError::forbidden(
+            "model",
+            format!(
+                "Tenant `{}` may not use model `{}`.",
+                tenant.name, pool.name
+            ),
+        ));
+    }
+    match &tenant.policy.logits_processor {
+        Some(p) if api != Api::Embeddings => Err(ApiError::invalid(
+            "model",
+            format!(
+                "Tenant `{}` binds the logits processor `{p}`, which runs in the decode loop; \
+                 model `{}` decodes on an upstream server, where it cannot run.",
+                tenant.name, pool.name
+            ),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// A completion's prompt or an embedding's input, as text (token arrays as their JSON).
+fn input_text(req: &Map<String, Value>, field: &'static str) -> Result<String, ApiError> {
+    match req.get(field) {
+        Some(Value::String(s)) => Ok(s.clone()),
+        Some(other) => Ok(other.to_string()),
+        None => Err(ApiError::invalid(field, format!("`{field}` is required."))),
+    }
 }
 
 /// The most tokens the request may generate, for the reservation: its own `max_tokens`

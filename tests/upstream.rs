@@ -117,6 +117,22 @@ fn streams_relay_deltas_and_the_usage_chunk_only_when_asked() {
     assert_eq!(last["choices"], json!([]));
     assert_eq!(last["usage"], whole["usage"]);
 
+    // Plugin debugging reports the raw text on the upstream path too.
+    let debugged: Value = patient_client()
+        .post(format!("{}/v1/chat/completions", front.base))
+        .bearer_auth(KEY)
+        .header("x-gateway-debug", "plugins")
+        .json(&ask("smol", "Write a haiku about invoices.", 12))
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    let raw = &debugged["gateway_debug"]["raw_text"][0];
+    assert_eq!(
+        raw, &debugged["choices"][0]["message"]["content"],
+        "{debugged}"
+    );
+
     // `documents` ground the prompt here, as for a local model: the upstream sees the sources.
     let mut grounded = ask("smol", "Write a haiku about invoices.", 12);
     grounded["documents"] = json!([{"text": "Invoices are due within 30 days of issue."}]);

@@ -38,7 +38,7 @@ pub fn front(upstreams: &str) -> Server {
 pub fn front_with(head: &str, tables: &str) -> Server {
     let dir = scratch("front");
     let policy = format!(
-        "[[tenants]]\nname = \"acme\"\nkeys = [{{ id = \"k1\", sha256 = \"{}\" }}]\n",
+        "[[tenants]]\nname = \"acme\"\nplugin_debug = true\nkeys = [{{ id = \"k1\", sha256 = \"{}\" }}]\n",
         key_sha256(KEY)
     );
     std::fs::write(dir.join("policies.toml"), policy).unwrap();

@@ -108,14 +108,27 @@ async fn whole(
             p.reservation.counted()
         }
     };
+    let raw: Option<Vec<Value>> = p
+        .debug
+        .as_ref()
+        .map(|_| texts(&body).map(|(_, t)| json!(t)).collect());
+    let report = |raw: Option<Vec<Value>>| {
+        p.debug
+            .as_ref()
+            .map(|sink| super::plugins::debug_report(sink, raw))
+    };
     if let Some(out) = &p.output {
-        if let Err(e) = parse_choices(out, &mut body).await {
+        if let Err(mut e) = parse_choices(out, &mut body).await {
             p.reservation.settle(prompt, completion, Outcome::Failed);
+            e.debug = report(raw).map(Box::new);
             return Err(e);
         }
     }
     if let Some(c) = &p.citations {
         body["citations"] = json!(c);
+    }
+    if let Some(d) = report(raw) {
+        body["gateway_debug"] = d;
     }
     p.reservation.settle(prompt, completion, Outcome::Ok);
     Ok(json_response(StatusCode::OK, &body))
@@ -248,6 +261,14 @@ impl StreamRelay {
         }
         let data = data.join("\n");
         if data.trim() == "[DONE]" {
+            if let Some(sink) = &self.p.debug {
+                let report = super::plugins::debug_report(sink, None);
+                let chunk =
+                    json!({"model": self.pool.name, "choices": [], "gateway_debug": report});
+                if !sse.send(&chunk).await {
+                    return Flow::Gone;
+                }
+            }
             let outcome = if self.failed {
                 Outcome::Failed
             } else {

@@ -44,6 +44,8 @@ pub(super) struct Prepared {
     pub output: Option<OutputStage>,
     pub citations: Option<Vec<Value>>,
     pub reservation: Reservation,
+    /// The caller asked for plugin debugging: the raw text and the plugins' log lines.
+    pub debug: Option<crate::common::LogSink>,
 }
 
 /// Prepares the request and sends it, trying up to `max_attempts` replicas. With
@@ -178,6 +180,7 @@ async fn prepare(
         output,
         citations,
         reservation,
+        debug: caller.debug.clone(),
     })
 }
 

@@ -66,6 +66,8 @@ return {'ok', 0}
 "#;
 
 const SETTLE: &str = r#"
+-- A retried settlement (its answer was lost) counts nothing twice.
+if not redis.call('SET', KEYS[4], '1', 'NX', 'PX', tonumber(ARGV[5])) then return 0 end
 if redis.call('ZREM', KEYS[2], ARGV[1]) == 1 then
   redis.call('DECRBY', KEYS[3], tonumber(ARGV[2]))
 end
@@ -270,24 +272,33 @@ impl Shared {
             return;
         };
         rt.spawn(async move {
-            let mut inv = me.settle.prepare_invoke();
-            inv.key(format!("{prefix}:used"))
-                .key(format!("{prefix}:resv"))
-                .key(format!("{prefix}:reserved"))
-                .arg(&r.member)
-                .arg(reserved)
-                .arg(used)
-                .arg(r.period_ttl_ms);
-            let mut con = me.con.clone();
-            let done = tokio::time::timeout(me.timeout, inv.invoke_async::<i64>(&mut con)).await;
-            match done {
-                Ok(Ok(_)) => {}
-                Ok(Err(e)) => {
-                    me.failed("settle", &e);
+            // Redis may blink: a few tries over ~3 s before the tokens are given up on (the
+            // reservation then frees itself at its expiry, but the usage is not counted).
+            let mut wait = Duration::from_millis(100);
+            for attempt in 1..=5 {
+                let mut inv = me.settle.prepare_invoke();
+                inv.key(format!("{prefix}:used"))
+                    .key(format!("{prefix}:resv"))
+                    .key(format!("{prefix}:reserved"))
+                    .key(format!("{prefix}:settled:{}", r.member))
+                    .arg(&r.member)
+                    .arg(reserved)
+                    .arg(used)
+                    .arg(r.period_ttl_ms)
+                    .arg(me.ttl_ms.max(60_000));
+                let mut con = me.con.clone();
+                let done = tokio::time::timeout(me.timeout, inv.invoke_async::<i64>(&mut con));
+                let why = match done.await {
+                    Ok(Ok(_)) => return,
+                    Ok(Err(e)) => e.to_string(),
+                    Err(_) => "timed out".to_string(),
+                };
+                if attempt == 5 {
+                    me.failed("settle", &why);
+                    return;
                 }
-                Err(_) => {
-                    me.failed("settle", &"timed out");
-                }
+                tokio::time::sleep(wait).await;
+                wait *= 2;
             }
         });
     }

@@ -159,11 +159,7 @@ impl PromptStage<'_> {
         };
         let messages = match &tenant.policy.prompt_template {
             Some(name) => {
-                let plugin = bound(&state.plugins, tenant, name, PluginKind::PromptTemplate)?;
-                match self
-                    .plugin(state, caller, plugin, messages, context)
-                    .await?
-                {
+                match render_template(state, caller, name, self.model, messages, context).await? {
                     RenderedPrompt::Prompt(text) => return Ok(text),
                     RenderedPrompt::Messages(ms) => ms
                         .into_iter()
@@ -194,32 +190,40 @@ impl PromptStage<'_> {
                 )
             })
     }
+}
 
-    async fn plugin(
-        &self,
-        state: &Arc<AppState>,
-        caller: &Caller,
-        plugin: Arc<crate::plugins::Plugin>,
-        messages: Vec<ChatMessage>,
-        context: Vec<ContextChunk>,
-    ) -> Result<RenderedPrompt, ApiError> {
-        let request = crate::plugins::ChatRequest {
-            model: self.model.to_string(),
-            messages: messages
-                .into_iter()
-                .map(|m| Message {
-                    role: m.role,
-                    content: m.content,
-                    name: m.name,
-                })
-                .collect(),
-            context,
-        };
-        call(state, caller, plugin, move |p, rt, v| async move {
-            p.render(&rt, &v, &request).await
-        })
-        .await
-    }
+/// The tenant's prompt-template plugin `name` over the conversation (and context chunks) for
+/// `model`: the final prompt text, or rewritten messages.
+pub(super) async fn render_template(
+    state: &Arc<AppState>,
+    caller: &Caller,
+    name: &str,
+    model: &str,
+    messages: Vec<ChatMessage>,
+    context: Vec<ContextChunk>,
+) -> Result<RenderedPrompt, ApiError> {
+    let plugin = bound(
+        &state.plugins,
+        &caller.tenant,
+        name,
+        PluginKind::PromptTemplate,
+    )?;
+    let request = crate::plugins::ChatRequest {
+        model: model.to_string(),
+        messages: messages
+            .into_iter()
+            .map(|m| Message {
+                role: m.role,
+                content: m.content,
+                name: m.name,
+            })
+            .collect(),
+        context,
+    };
+    call(state, caller, plugin, move |p, rt, v| async move {
+        p.render(&rt, &v, &request).await
+    })
+    .await
 }
 
 /// The output parser to run, if the request asks for JSON (or the tenant always parses) and

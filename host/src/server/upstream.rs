@@ -9,16 +9,15 @@ use std::sync::Arc;
 use bytes::Bytes;
 use serde_json::{json, Map, Value};
 
-use super::completions::output_stage;
+use super::completions::{output_stage, render_template};
 use super::dispatch::Api;
 use super::error::ApiError;
 use super::openai::{Document, ResponseFormat};
-use super::plugins::{bound, call};
 use super::rag;
 use super::reply::OutputStage;
 use super::{relay, AppState, Response};
 use crate::engine::chat_template::ChatMessage;
-use crate::plugins::{ContextChunk, Message, PluginKind, RenderedPrompt};
+use crate::plugins::{ContextChunk, RenderedPrompt};
 use crate::tenancy::{Caller, Outcome, Reservation};
 use crate::upstream::{Pool, SendError};
 
@@ -325,28 +324,7 @@ async fn templated(
     messages: Vec<ChatMessage>,
     context: Vec<ContextChunk>,
 ) -> Result<Vec<Value>, ApiError> {
-    let plugin = bound(
-        &state.plugins,
-        &caller.tenant,
-        name,
-        PluginKind::PromptTemplate,
-    )?;
-    let request = crate::plugins::ChatRequest {
-        model: pool.name.clone(),
-        messages: messages
-            .into_iter()
-            .map(|m| Message {
-                role: m.role,
-                content: m.content,
-                name: m.name,
-            })
-            .collect(),
-        context,
-    };
-    let rendered = call(state, caller, plugin, move |p, rt, v| async move {
-        p.render(&rt, &v, &request).await
-    })
-    .await?;
+    let rendered = render_template(state, caller, name, &pool.name, messages, context).await?;
     match rendered {
         RenderedPrompt::Messages(ms) => Ok(ms
             .into_iter()

@@ -299,11 +299,15 @@ impl Tenancy {
         Ok((t.clone(), id.clone()))
     }
 
-    fn rejected(&self, tenant: &Tenant, r: Rejection) -> Denied {
+    fn count_rejection(&self, tenant: &Tenant, r: &Rejection) {
         self.metrics
             .tenant_rejections
             .with_label_values(&[&tenant.name, r.limit])
             .inc();
+    }
+
+    fn rejected(&self, tenant: &Tenant, r: Rejection) -> Denied {
+        self.count_rejection(tenant, &r);
         Denied::Limited(r)
     }
 
@@ -382,10 +386,7 @@ impl Tenancy {
                 None => fallback_period(period, now),
             });
         if let Err(r) = reserved {
-            self.metrics
-                .tenant_rejections
-                .with_label_values(&[&tenant.name, r.limit])
-                .inc();
+            self.count_rejection(tenant, &r);
             return Err(r);
         }
         Ok(self.reservation(caller, model, endpoint, prompt_tokens, tokens, None))

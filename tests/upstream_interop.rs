@@ -117,25 +117,9 @@ fn the_upstream_key_is_sent_and_refusals_pass_through() {
         pool_of("without-key", &urls, "/ready", ""),
     ]
     .concat();
-    let front = {
-        let dir = scratch("front-keyed");
-        let policy = format!(
-            "[[tenants]]\nname = \"acme\"\nkeys = [{{ id = \"k1\", sha256 = \"{}\" }}]\n",
-            key_sha256(KEY)
-        );
-        std::fs::write(dir.join("policies.toml"), policy).unwrap();
-        let cfg = format!(
-            "models = []\nembeddings = []\npolicies = \"{d}/policies.toml\"\nledger = \"{d}/u.sqlite\"\n\
-             collections_dir = \"{d}/c\"\n{config}",
-            d = dir.display()
-        );
-        std::fs::write(dir.join("front.toml"), cfg).unwrap();
-        let path = dir.join("front.toml");
-        Server::start_with(&["--config", path.to_str().unwrap()], |cmd| {
-            cmd.env("GATEWAY_TEST_UPSTREAM_KEY", "upstream-secret");
-        })
-        .remove_on_drop(&dir)
-    };
+    let front = front_prepared("models = []\n", &config, |cmd| {
+        cmd.env("GATEWAY_TEST_UPSTREAM_KEY", "upstream-secret");
+    });
     let (st, _, _, body) = chat(&front, &ask("with-key", "Hello.", 2));
     assert_eq!(st, 200, "{body}");
     // The engine's own 401 reaches the client as it was, not retried as a failure.

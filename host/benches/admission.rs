@@ -14,6 +14,9 @@ use std::time::{Duration, Instant};
 use gateway::metrics::Metrics;
 use gateway::tenancy::{keys, ledger::Ledger, Tenancy};
 
+#[path = "support/redis.rs"]
+mod support;
+
 const RATE: u32 = 1000;
 const SECONDS: u32 = 5;
 
@@ -85,26 +88,7 @@ fn main() {
 
 /// The Redis-shared path: admission and reservation are one script round trip each.
 fn shared_row(dir: &std::path::Path) -> Option<(&'static str, f64, f64, f64)> {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .ok()?
-        .local_addr()
-        .ok()?
-        .port();
-    let mut redis = std::process::Command::new("redis-server")
-        .args([
-            "--port",
-            &port.to_string(),
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-        ])
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .ok()?;
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    let redis = support::Redis::start()?;
     let policy =
         "[[tenants]]\nname = \"t\"\nrequests_per_second = 100000\ntokens_per_minute = 1000000000\n\
         max_concurrent = 1000\ntoken_budget = { tokens = 1000000000000, period = \"month\" }\n\
@@ -113,18 +97,7 @@ fn shared_row(dir: &std::path::Path) -> Option<(&'static str, f64, f64, f64)> {
     let path = dir.join("shared-policies.toml");
     std::fs::write(&path, policy).unwrap();
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let cfg = gateway::config::ClusterConfig::default();
-    let url = format!("redis://127.0.0.1:{port}/0");
-    let replicas: Vec<Arc<Tenancy>> = (0..2)
-        .map(|_| {
-            let metrics = Arc::new(Metrics::new());
-            let t = Tenancy::new(Some(path.clone()), None, metrics.clone()).unwrap();
-            let _guard = rt.enter();
-            let shared = gateway::tenancy::shared::Shared::new(&cfg, &url, metrics).unwrap();
-            t.share_limits(Arc::new(shared));
-            Arc::new(t)
-        })
-        .collect();
+    let replicas = redis.replicas(2, &path, &rt);
     let samples = rt.block_on(async {
         let mut samples = Vec::with_capacity((RATE * SECONDS) as usize);
         let start = Instant::now();
@@ -143,8 +116,7 @@ fn shared_row(dir: &std::path::Path) -> Option<(&'static str, f64, f64, f64)> {
         }
         samples
     });
-    let _ = redis.kill();
-    let _ = redis.wait();
+    drop(redis);
     let mut samples = samples;
     samples.sort();
     let at = |q: f64| {

@@ -8,8 +8,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use gateway::metrics::Metrics;
 use gateway::tenancy::{keys, Denied, Tenancy};
+
+#[path = "support/redis.rs"]
+mod support;
 
 const REQUESTS: usize = 10_000;
 const BUDGET: u64 = 700_000;
@@ -17,29 +19,10 @@ const RESERVE: u64 = 140;
 const SETTLE: (u64, u64) = (40, 60);
 
 fn main() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let Ok(mut redis) = std::process::Command::new("redis-server")
-        .args([
-            "--port",
-            &port.to_string(),
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-        ])
-        .stdout(std::process::Stdio::null())
-        .spawn()
-    else {
+    let Some(server) = support::Redis::start() else {
         println!("SKIPPED: redis-server is not installed");
         return;
     };
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        std::thread::sleep(Duration::from_millis(10));
-    }
     let dir = std::env::temp_dir().join(format!("gateway-budget-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let policy = format!(
@@ -50,18 +33,7 @@ fn main() {
     let path = dir.join("policies.toml");
     std::fs::write(&path, policy).unwrap();
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let cfg = gateway::config::ClusterConfig::default();
-    let url = format!("redis://127.0.0.1:{port}/0");
-    let replicas: Vec<Arc<Tenancy>> = (0..2)
-        .map(|_| {
-            let metrics = Arc::new(Metrics::new());
-            let t = Tenancy::new(Some(path.clone()), None, metrics.clone()).unwrap();
-            let _guard = rt.enter();
-            let shared = gateway::tenancy::shared::Shared::new(&cfg, &url, metrics).unwrap();
-            t.share_limits(Arc::new(shared));
-            Arc::new(t)
-        })
-        .collect();
+    let replicas = server.replicas(2, &path, &rt);
     let outcomes = rt.block_on(run(&replicas));
     let admitted = outcomes.iter().filter(|o| o.is_ok()).count() as u64;
     let settled = admitted * (SETTLE.0 + SETTLE.1);
@@ -77,7 +49,7 @@ fn main() {
                 .parse::<u64>()
                 .ok()
         });
-    let mut con = redis::Client::open(url.as_str())
+    let mut con = redis::Client::open(server.url().as_str())
         .unwrap()
         .get_connection()
         .unwrap();
@@ -94,8 +66,7 @@ fn main() {
         REQUESTS as u64 - admitted,
         at_first_refusal.map_or("none".into(), |n| n.to_string())
     );
-    let _ = redis.kill();
-    let _ = redis.wait();
+    drop(server);
     let _ = std::fs::remove_dir_all(dir);
 }
 

@@ -36,6 +36,15 @@ pub fn front(upstreams: &str) -> Server {
 
 /// A front gateway: `head` (top-level keys) and `tables` (models and upstreams) as its config.
 pub fn front_with(head: &str, tables: &str) -> Server {
+    front_prepared(head, tables, |_| {})
+}
+
+/// `front_with`, with `prepare` adjusting the command (its environment) first.
+pub fn front_prepared(
+    head: &str,
+    tables: &str,
+    prepare: impl FnOnce(&mut std::process::Command),
+) -> Server {
     let dir = scratch("front");
     let policy = format!(
         "[[tenants]]\nname = \"acme\"\nplugin_debug = true\nkeys = [{{ id = \"k1\", sha256 = \"{}\" }}]\n",
@@ -49,7 +58,7 @@ pub fn front_with(head: &str, tables: &str) -> Server {
     );
     std::fs::write(dir.join("front.toml"), config).unwrap();
     let path = dir.join("front.toml");
-    Server::start(&["--config", path.to_str().unwrap()]).remove_on_drop(&dir)
+    Server::start_with(&["--config", path.to_str().unwrap()], prepare).remove_on_drop(&dir)
 }
 
 /// A pool of gateway replicas, probed on `/ready` so that a draining one takes no requests.
@@ -70,12 +79,7 @@ pub fn pool_of(name: &str, urls: &str, health: &str, extra: &str) -> String {
 
 /// POSTs a chat request as tenant acme; status, `x-gateway-replica`, `x-gateway-model`, body.
 pub fn chat(front: &Server, body: &Value) -> (u16, String, String, Value) {
-    let r = patient_client()
-        .post(format!("{}/v1/chat/completions", front.base))
-        .bearer_auth(KEY)
-        .json(body)
-        .send()
-        .unwrap();
+    let r = post_chat(front, body);
     let header = |h: &str| {
         r.headers()
             .get(h)
@@ -93,12 +97,7 @@ pub fn ask(model: &str, text: &str, max_tokens: u32) -> Value {
 
 /// Starts a streamed chat as acme; the replica that took it and the response to read.
 pub fn open_stream(front: &Server, body: &Value) -> (String, reqwest::blocking::Response) {
-    let r = patient_client()
-        .post(format!("{}/v1/chat/completions", front.base))
-        .bearer_auth(KEY)
-        .json(body)
-        .send()
-        .unwrap();
+    let r = post_chat(front, body);
     assert_eq!(r.status().as_u16(), 200);
     let replica = r
         .headers()
@@ -120,4 +119,14 @@ pub fn events(r: reqwest::blocking::Response) -> (Vec<Value>, bool) {
         }
     }
     (out, false)
+}
+
+/// POSTs a chat request to the front as tenant acme.
+fn post_chat(front: &Server, body: &Value) -> reqwest::blocking::Response {
+    patient_client()
+        .post(format!("{}/v1/chat/completions", front.base))
+        .bearer_auth(KEY)
+        .json(body)
+        .send()
+        .unwrap()
 }

@@ -18,6 +18,10 @@ const RULES: &[(&str, &[&str])] = &[
     ("plugin_tool", &["config", "plugins"]),
     ("bench", &["config", "engine", "metrics", "structured"]),
     ("cli", &["search"]),
+    (
+        "cluster",
+        &["common", "config", "metrics", "plugins", "tenancy"],
+    ),
     ("upstream", &["config", "metrics"]),
     ("server", &["*"]),
 ];

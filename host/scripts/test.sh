@@ -33,12 +33,16 @@ JS_TOOLS="${XDG_CACHE_HOME:-$HOME/.cache}/gateway/js-tools"
 [ -x "$JS_TOOLS/node_modules/.bin/componentize-js" ] && [ -x "$JS_TOOLS/node_modules/.bin/tsc" ] ||
   npm install --silent --no-audit --no-fund --prefix "$JS_TOOLS" \
     @bytecodealliance/componentize-js@0.23.0 typescript@5.9.3
-# The cluster tests share limits between replicas through a real Redis (Debian's package),
-# which they start themselves on loopback ports.
-command -v redis-server >/dev/null || {
-  if [ "$(id -u)" = 0 ]; then apt-get install -y -qq redis-server >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq redis-server; }
-  else sudo -n apt-get install -y -qq redis-server; fi
+# The cluster tests share state between replicas through a real Redis and a real PostgreSQL
+# (Debian's packages), which they start themselves on loopback ports in temporary folders;
+# here they must not skip.
+install_deb() {
+  if [ "$(id -u)" = 0 ]; then apt-get install -y -qq "$@" >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq "$@"; }
+  else sudo -n apt-get install -y -qq "$@"; fi
 }
+command -v redis-server >/dev/null || install_deb redis-server
+ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || install_deb postgresql
+export GATEWAY_TEST_SERVICES=required
 # The retrieval evaluation derives its labelled set from Debian's FAQ package (downloaded with
 # `apt-get download`, which needs the package lists).
 if ! apt-cache show debian-faq >/dev/null 2>&1; then

@@ -90,3 +90,17 @@ pub fn parent_dir(path: &std::path::Path) -> std::path::PathBuf {
         .unwrap_or(std::path::Path::new("."))
         .to_path_buf()
 }
+
+/// A connection to PostgreSQL for the state replicas share (`[cluster] postgres`). Plain TCP:
+/// the database is expected on a private network or loopback. Bounded waits everywhere, so a
+/// database that is away costs a request at most a few seconds, never a hang.
+pub fn postgres_connect(url: &str) -> Result<postgres::Client, postgres::Error> {
+    use std::time::Duration;
+    let mut cfg: postgres::Config = url.parse()?;
+    cfg.connect_timeout(Duration::from_secs(3))
+        .tcp_user_timeout(Duration::from_secs(10))
+        .keepalives_idle(Duration::from_secs(30))
+        .options("-c statement_timeout=10000 -c lock_timeout=5000")
+        .application_name("gateway");
+    cfg.connect(postgres::NoTls)
+}

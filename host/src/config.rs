@@ -36,6 +36,8 @@ pub struct Config {
     /// no authentication, every request is tenant `default` with no limits.
     pub policies: Option<PathBuf>,
     /// SQLite usage ledger (one row per request; budgets are counted from it after a restart).
+    /// With `[cluster] postgres` the rows go there instead, and this path only places the
+    /// spill file.
     pub ledger: Option<PathBuf>,
     /// Where ledger rows go when SQLite refuses writes (disk full), replayed into it later.
     /// Default: beside the ledger (`<ledger>.spill.jsonl`); another filesystem is safer.
@@ -43,6 +45,8 @@ pub struct Config {
     /// While neither the ledger nor the spill file takes writes: `refuse` billable requests
     /// with 503 (default), or `serve` them and hold their rows in memory.
     pub ledger_unwritable: LedgerUnwritable,
+    /// The most the spill file may hold (MiB); beyond, rows wait in memory as when it fails.
+    pub ledger_spill_max_mb: u64,
     /// Where tenants' search collections live (`<dir>/<tenant>/<collection>/`).
     pub collections_dir: PathBuf,
     /// On SIGTERM, how long in-flight requests and streams may take to finish.
@@ -54,7 +58,8 @@ pub struct Config {
     /// Models served by other OpenAI-compatible servers (gateways in engine role, vLLM,
     /// llama.cpp, hosted providers), each over one or more replicas.
     pub upstreams: Vec<UpstreamConfig>,
-    /// State shared by replicas: limits and budgets in Redis.
+    /// State shared by replicas: limits and budgets in Redis; ledger, plugins and policies in
+    /// PostgreSQL.
     pub cluster: ClusterConfig,
 }
 
@@ -298,6 +303,7 @@ impl Default for Config {
             ledger: Some("data/usage.sqlite".into()),
             ledger_spill: None,
             ledger_unwritable: LedgerUnwritable::Refuse,
+            ledger_spill_max_mb: 1024,
             collections_dir: "data/collections".into(),
             drain_seconds: 30,
             tls: None,

@@ -3,6 +3,7 @@
 
 pub mod bench;
 pub mod cli;
+pub mod cluster;
 pub mod common;
 pub mod config;
 pub mod engine;

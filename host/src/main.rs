@@ -318,12 +318,6 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         gateway::search::Collections::open(cfg.collections_dir.clone(), embedders.clone())
     });
     let (tenancy, _policy_watch) = open_tenancy(&cfg, &metrics)?;
-    if let Some(url) = &cfg.cluster.redis {
-        let shared = gateway::tenancy::shared::Shared::new(&cfg.cluster, url, metrics.clone())
-            .context("[cluster] redis")?;
-        tenancy.share_limits(Arc::new(shared));
-        tracing::info!(failure_mode = ?cfg.cluster.redis_failure, "limits and budgets shared through Redis");
-    }
     let registry = plugins.clone();
     let wrong = tenancy.check_plugin_kinds(Box::new(move |tenant, name| {
         registry.get(tenant, name).map(|p| p.kind().as_str())
@@ -331,6 +325,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     for problem in wrong {
         tracing::warn!(%problem, "policy binds a plugin of the wrong kind; its requests will fail");
     }
+    let cluster = gateway::cluster::join(&cfg.cluster, &tenancy, &plugins, &metrics)?;
     let (listeners, tls_watches) = bind_listeners(&cfg).await?;
     let started = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)?
@@ -350,6 +345,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         http: edge_limits(&cfg),
         vocabularies: Default::default(),
         upstreams,
+        cluster,
         fallbacks: cfg
             .models
             .iter()
@@ -438,12 +434,16 @@ fn open_tenancy(
     cfg: &Config,
     metrics: &Arc<Metrics>,
 ) -> anyhow::Result<(Arc<Tenancy>, Option<gateway::common::Watch>)> {
-    let ledger = match &cfg.ledger {
-        Some(p) => Some(
+    let ledger = match (&cfg.ledger, &cfg.cluster.postgres) {
+        (Some(p), Some(url)) => Some(
+            Ledger::open_postgres(url, ledger_durability(cfg, p))
+                .context("opening the usage ledger in PostgreSQL")?,
+        ),
+        (Some(p), None) => Some(
             Ledger::open(p, ledger_durability(cfg, p))
                 .with_context(|| format!("opening the usage ledger {}", p.display()))?,
         ),
-        None => None,
+        (None, _) => None,
     };
     let tenancy = Arc::new(
         Tenancy::new(cfg.policies.clone(), ledger, metrics.clone())
@@ -521,6 +521,7 @@ fn ledger_durability(
         d.spill = spill.clone();
     }
     d.refuse_when_failing = cfg.ledger_unwritable == gateway::config::LedgerUnwritable::Refuse;
+    d.spill_max_bytes = cfg.ledger_spill_max_mb.saturating_mul(1 << 20);
     d
 }
 

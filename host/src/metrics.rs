@@ -85,13 +85,17 @@ impl VllmMetrics {
     }
 }
 
-/// Limits shared through Redis.
+/// State shared with other replicas: limits in Redis, plugins and policies in PostgreSQL.
 pub struct SharedMetrics {
     /// Redis calls that failed or timed out, by operation.
     pub redis_errors: IntCounterVec,
     /// Admissions and reservations made on this process's own limits because Redis did not
     /// answer (failure mode `open`).
     pub local_fallbacks: prometheus::IntCounter,
+    /// PostgreSQL calls of the plugin and policy replication that failed, by operation.
+    pub postgres_errors: IntCounterVec,
+    /// Plugin and policy changes made through another replica and applied here, by kind.
+    pub changes_applied: IntCounterVec,
 }
 
 impl SharedMetrics {
@@ -113,6 +117,28 @@ impl SharedMetrics {
                 prometheus::IntCounter::new(
                     "gateway_shared_limits_local_total",
                     "Requests limited on this process's own counters because Redis did not answer",
+                )
+                .expect("valid"),
+            ),
+            postgres_errors: reg(
+                r,
+                IntCounterVec::new(
+                    Opts::new(
+                        "gateway_postgres_errors_total",
+                        "PostgreSQL calls of the plugin and policy replication that failed",
+                    ),
+                    &["op"],
+                )
+                .expect("valid"),
+            ),
+            changes_applied: reg(
+                r,
+                IntCounterVec::new(
+                    Opts::new(
+                        "gateway_cluster_changes_applied_total",
+                        "Plugin and policy changes read from PostgreSQL and applied here",
+                    ),
+                    &["kind"],
                 )
                 .expect("valid"),
             ),

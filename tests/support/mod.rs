@@ -10,6 +10,8 @@ use serde_json::Value;
 
 pub mod collections;
 mod model;
+pub mod postgres;
+pub mod redis;
 pub mod upstream;
 pub mod wasm;
 pub use model::model_path;

@@ -1,4 +1,5 @@
-//! `[cluster]`: the engines replicas share state in.
+//! `[cluster]`: the engines replicas share state in (Redis for counters, PostgreSQL for
+//! records).
 
 use serde::Deserialize;
 
@@ -15,6 +16,9 @@ pub struct ClusterConfig {
     pub redis_timeout_ms: u64,
     /// A slot or reservation a replica never gave back (it died) expires after this long.
     pub reservation_ttl_s: u64,
+    /// `postgres://user:password@host:port/db`: the usage ledger, admin-API plugin uploads and
+    /// policy replacements are stored there and reach every replica. Unset: SQLite and files.
+    pub postgres: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -31,6 +35,7 @@ impl Default for ClusterConfig {
             redis_failure: RedisFailure::Open,
             redis_timeout_ms: 250,
             reservation_ttl_s: 900,
+            postgres: None,
         }
     }
 }

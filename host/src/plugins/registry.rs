@@ -129,9 +129,28 @@ impl Registry {
         wasm: &[u8],
         kind: Option<PluginKind>,
     ) -> Result<Arc<Plugin>, LoadError> {
+        let plugin = self.prepare(tenant, name, wasm, kind)?;
+        self.put(plugin, wasm)
+    }
+
+    /// Compiles and checks `wasm` as the tenant's plugin `name`, changing nothing: what
+    /// `put` then serves (after, say, the upload is stored for the other replicas).
+    pub fn prepare(
+        &self,
+        tenant: &str,
+        name: &str,
+        wasm: &[u8],
+        kind: Option<PluginKind>,
+    ) -> Result<Arc<Plugin>, LoadError> {
         check_names(tenant, name)?;
+        self.build(tenant, name, wasm, kind)
+    }
+
+    /// Serves a prepared plugin (`wasm` is its component), writing it to the plugin directory
+    /// first when there is one.
+    pub fn put(&self, plugin: Arc<Plugin>, wasm: &[u8]) -> Result<Arc<Plugin>, LoadError> {
+        let (tenant, name) = (&*plugin.tenant, &*plugin.name);
         let _writer = self.writer.lock().unwrap_or_else(|e| e.into_inner());
-        let plugin = self.build(tenant, name, wasm, kind)?;
         if let Some(dir) = &self.dir {
             let base = dir.join(tenant);
             write_atomically(

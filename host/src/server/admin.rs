@@ -34,16 +34,28 @@ pub async fn route(
             if state.tenancy.open_mode() {
                 return Err(ApiError::invalid(None, "No policy file is configured (`policies` in the config); start the gateway with one to manage tenants."));
             }
-            state.tenancy.replace(&text).map_err(|e| {
+            let rejected = |e| {
                 ApiError::invalid(
                     None,
                     format!("Policy rejected; the policy in force stays. Problems:\n{e}"),
                 )
-            })?;
+            };
+            if let Some(cluster) = state.cluster.clone() {
+                state.tenancy.check(&text).map_err(rejected)?;
+                let t = text.clone();
+                super::blocking("policy store", move || cluster.put_policy(&t))
+                    .await?
+                    .map_err(|e| ApiError::store_unavailable(&e))?;
+            }
+            state.tenancy.replace(&text).map_err(rejected)?;
             tracing::info!("policies replaced through the admin API");
             Ok(json_response(StatusCode::OK, &json!({"status": "applied"})))
         }
-        ("GET", "/admin/usage") => usage(state, query),
+        ("GET", "/admin/usage") => {
+            // The ledger's reads block (SQLite, or a PostgreSQL round trip).
+            let (st, q) = (state.clone(), query.map(str::to_string));
+            super::blocking("usage", move || usage(&st, q.as_deref())).await?
+        }
         (_, "/admin/policies" | "/admin/usage") => Err(ApiError::method_not_allowed(method, path)),
         _ => Err(ApiError::not_found(path)),
     }
@@ -183,7 +195,13 @@ async fn plugins(
             let existed = state.plugins.get(tenant, name).is_some();
             let (st, t, n) = (state.clone(), tenant.to_string(), name.to_string());
             let installed = super::blocking("plugin install", move || {
-                st.plugins.install(&t, &n, &wasm, kind)
+                let plugin = st.plugins.prepare(&t, &n, &wasm, kind)?;
+                if let Some(cluster) = &st.cluster {
+                    cluster
+                        .put_plugin(&t, &n, plugin.kind(), &plugin.sha256, &wasm)
+                        .map_err(Stored::Not)?;
+                }
+                Ok(st.plugins.put(plugin, &wasm)?)
             })
             .await?;
             match installed {
@@ -196,11 +214,12 @@ async fn plugins(
                     };
                     Ok(json_response(status, &describe(&p)))
                 }
-                Err(e @ crate::plugins::LoadError::Io(_)) => Err(ApiError {
+                Err(Stored::Not(e)) => Err(ApiError::store_unavailable(&e)),
+                Err(Stored::Load(e @ crate::plugins::LoadError::Io(_))) => Err(ApiError {
                     code: Some(e.code()),
                     ..ApiError::internal(e.to_string())
                 }),
-                Err(e) => Err(ApiError {
+                Err(Stored::Load(e)) => Err(ApiError {
                     code: Some(e.code()),
                     ..ApiError::invalid(
                         None,
@@ -209,7 +228,7 @@ async fn plugins(
                 }),
             }
         }
-        ("DELETE", [tenant, name]) => match state.plugins.remove(tenant, name) {
+        ("DELETE", [tenant, name]) => match delete_plugin(state, tenant, name).await? {
             Ok(true) => Ok(json_response(
                 StatusCode::OK,
                 &json!({"deleted": true, "tenant": tenant, "name": name}),
@@ -227,6 +246,33 @@ async fn plugins(
         (_, [] | [_, _]) => Err(ApiError::method_not_allowed(method, path)),
         _ => Err(ApiError::not_found(path)),
     }
+}
+
+/// Why an upload did not go in: the plugin, or the shared store.
+enum Stored {
+    Load(crate::plugins::LoadError),
+    Not(crate::cluster::StoreError),
+}
+
+impl From<crate::plugins::LoadError> for Stored {
+    fn from(e: crate::plugins::LoadError) -> Self {
+        Stored::Load(e)
+    }
+}
+
+/// Removes the plugin here and, when replicas share plugins, on every one (stored first).
+async fn delete_plugin(
+    state: &Arc<AppState>,
+    tenant: &str,
+    name: &str,
+) -> Result<Result<bool, crate::plugins::LoadError>, ApiError> {
+    if let (Some(cluster), true) = (&state.cluster, state.plugins.get(tenant, name).is_some()) {
+        let (c, t, n) = (cluster.clone(), tenant.to_string(), name.to_string());
+        super::blocking("plugin store", move || c.delete_plugin(&t, &n))
+            .await?
+            .map_err(|e| ApiError::store_unavailable(&e))?;
+    }
+    Ok(state.plugins.remove(tenant, name))
 }
 
 fn describe(p: &Plugin) -> Value {

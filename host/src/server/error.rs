@@ -150,6 +150,21 @@ impl ApiError {
         }
     }
 
+    /// The shared store (PostgreSQL) did not take an admin change; nothing changed anywhere.
+    pub fn store_unavailable(e: &crate::cluster::StoreError) -> Self {
+        Self {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            kind: "server_error",
+            message: format!(
+                "The change could not be stored for the other replicas, so it was not made: {e}"
+            ),
+            param: None,
+            code: Some("store_unavailable"),
+            retry_after: Some(1),
+            debug: None,
+        }
+    }
+
     pub fn internal(message: impl Into<String>) -> Self {
         Self {
             status: StatusCode::INTERNAL_SERVER_ERROR,

@@ -71,6 +71,8 @@ pub struct AppState {
     pub upstreams: crate::upstream::Upstreams,
     /// Local models' fallback chains.
     pub fallbacks: BTreeMap<String, Fallback>,
+    /// Where admin-API changes to plugins and policies are stored for the other replicas.
+    pub cluster: Option<Arc<crate::cluster::Replication>>,
 }
 
 /// Where a local model's requests go when its queue is long.

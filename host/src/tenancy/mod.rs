@@ -28,7 +28,7 @@ use crate::metrics::Metrics;
 use ledger::{Ledger, Record};
 use limits::{Rates, Rejection, Slot, Usage};
 use policy::{Policies, PolicyError, TenantPolicy};
-use shared::Shared;
+use shared::{Reserved, Shared};
 
 /// The tenant of requests when no policy file is configured: no key needed, no limits.
 pub const OPEN_TENANT: &str = "default";
@@ -186,6 +186,11 @@ impl Tenancy {
             }
         }
         problems
+    }
+
+    /// Whether `replace(text)` would take `text`.
+    pub fn check(&self, text: &str) -> Result<(), PolicyError> {
+        self.parse(text).map(drop)
     }
 
     /// Parses and validates a policy text, bindings included.
@@ -413,15 +418,31 @@ impl Tenancy {
         };
         let now = unix_now();
         let budget = p.token_budget.map(|b| {
-            let (start, end, _) = fallback_period(b.period, now);
+            let (start, end) = b.period.bounds(now);
             (b, start, end)
         });
-        match shared.reserve(p, tokens, budget).await {
-            Ok(Ok(r)) => {
+        let mut reserved = shared.reserve(p, tokens, budget, None).await;
+        if let (Ok(Reserved::Unseeded), Some((b, ..))) = (&reserved, budget) {
+            // Redis has no count for this period (its first request, or Redis lost its
+            // data): it starts from what the ledger (shared, with PostgreSQL) recorded.
+            let used = match &self.ledger {
+                Some(l) => off_runtime(|| l.period_usage(&p.name, b.period, now))
+                    .map(|(_, _, used)| used)
+                    .unwrap_or_else(|e| {
+                        tracing::error!(error = %e, "cannot read the usage ledger; counting this period's budget from zero");
+                        0
+                    }),
+                None => 0,
+            };
+            reserved = shared.reserve(p, tokens, budget, Some(used)).await;
+        }
+        match reserved {
+            Ok(Reserved::Held(r)) => {
                 let held = Some((shared.clone(), r));
                 Ok(self.reservation(caller, model, endpoint, prompt_tokens, tokens, held))
             }
-            Ok(Err(r)) => Err(self.rejected(&caller.tenant, r)),
+            Ok(Reserved::Refused(r)) => Err(self.rejected(&caller.tenant, r)),
+            Ok(Reserved::Unseeded) => Err(Denied::LimitsUnavailable),
             Err(_) => match shared.failure {
                 RedisFailure::Open => {
                     self.metrics.shared.local_fallbacks.inc();
@@ -513,15 +534,8 @@ fn off_runtime<T>(f: impl FnOnce() -> T) -> T {
 }
 
 fn fallback_period(period: policy::Period, now: i64) -> (i64, i64, u64) {
-    let len = match period {
-        policy::Period::Day => 86_400,
-        policy::Period::Month => 30 * 86_400,
-    };
-    (
-        now - now.rem_euclid(len),
-        now - now.rem_euclid(len) + len,
-        0,
-    )
+    let (start, end) = period.bounds(now);
+    (start, end, 0)
 }
 
 pub fn unix_now() -> i64 {

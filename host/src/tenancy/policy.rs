@@ -84,6 +84,48 @@ pub enum Period {
     Month,
 }
 
+impl Period {
+    /// The UTC calendar day or month containing `now`, as [start, end) Unix seconds: the
+    /// ledger's periods, so a budget counted in Redis and one counted from the ledger agree.
+    pub fn bounds(self, now: i64) -> (i64, i64) {
+        let day = now.div_euclid(86_400);
+        match self {
+            Period::Day => (day * 86_400, (day + 1) * 86_400),
+            Period::Month => {
+                let (y, m, _) = civil_from_days(day);
+                let (ny, nm) = if m == 12 { (y + 1, 1) } else { (y, m + 1) };
+                (
+                    days_from_civil(y, m, 1) * 86_400,
+                    days_from_civil(ny, nm, 1) * 86_400,
+                )
+            }
+        }
+    }
+}
+
+/// Days since 1970-01-01 of a proleptic Gregorian date (H. Hinnant's algorithm).
+fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let doy = (153 * (m + if m > 2 { -3 } else { 9 }) + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+/// The date (year, month, day) of a day count since 1970-01-01.
+fn civil_from_days(z: i64) -> (i64, i64, i64) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    (yoe + era * 400 + i64::from(m <= 2), m, d)
+}
+
 fn all() -> Vec<String> {
     vec!["*".into()]
 }
@@ -226,6 +268,20 @@ pub fn allows(list: &[String], name: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn periods_are_calendar_days_and_months() {
+        // 2024-02-29 12:00 UTC: a leap day.
+        let now = 1_709_208_000;
+        assert_eq!(Period::Day.bounds(now), (1_709_164_800, 1_709_251_200));
+        // 2024-02-01 .. 2024-03-01.
+        assert_eq!(Period::Month.bounds(now), (1_706_745_600, 1_709_251_200));
+        // December rolls into January: 2023-12-31 23:59:59.
+        assert_eq!(
+            Period::Month.bounds(1_704_067_199),
+            (1_701_388_800, 1_704_067_200)
+        );
+    }
+
     use super::*;
 
     #[test]

@@ -40,6 +40,11 @@ return {'ok', 0}
 
 const RESERVE: &str = r#"
 local now, tokens, budget, tpm = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[7])
+if budget >= 0 and redis.call('EXISTS', KEYS[1]) == 0 then
+  local seed = tonumber(ARGV[8])
+  if seed < 0 then return {'unseeded', 0} end
+  redis.call('SET', KEYS[1], seed, 'PX', tonumber(ARGV[6]))
+end
 if budget >= 0 then
   local expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now)
   for _, m in ipairs(expired) do
@@ -71,10 +76,22 @@ if not redis.call('SET', KEYS[4], '1', 'NX', 'PX', tonumber(ARGV[5])) then retur
 if redis.call('ZREM', KEYS[2], ARGV[1]) == 1 then
   redis.call('DECRBY', KEYS[3], tonumber(ARGV[2]))
 end
-redis.call('INCRBY', KEYS[1], tonumber(ARGV[3]))
-redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[4]))
+-- A count Redis lost is not restarted from this one request: the next reservation seeds it
+-- from the ledger, which has this request too.
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  redis.call('INCRBY', KEYS[1], tonumber(ARGV[3]))
+  redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[4]))
+end
 return 1
 "#;
+
+/// What a token reservation came to.
+pub enum Reserved {
+    Held(SharedReservation),
+    Refused(Rejection),
+    /// Redis holds no count for the budget's period: call again with the ledger's (`seed`).
+    Unseeded,
+}
 
 /// Redis could not answer in time: the configured failure mode decides.
 #[derive(Debug)]
@@ -229,7 +246,8 @@ impl Shared {
         p: &TenantPolicy,
         tokens: u64,
         budget: Option<(Budget, i64, i64)>,
-    ) -> Result<Result<SharedReservation, Rejection>, Unavailable> {
+        seed: Option<u64>,
+    ) -> Result<Reserved, Unavailable> {
         let now = now_ms();
         let t = &p.name;
         let member = format!("{}:{tokens}", self.member_id());
@@ -251,15 +269,17 @@ impl Shared {
             .arg(self.ttl_ms)
             .arg(&member)
             .arg(period_ttl_ms)
-            .arg(limit(p.tokens_per_minute));
+            .arg(limit(p.tokens_per_minute))
+            .arg(seed.map_or(-1, |s| s as i64));
         let (verdict, n) = self.run("reserve", inv).await?;
         Ok(match verdict.as_str() {
-            "ok" => Ok(SharedReservation {
+            "ok" => Reserved::Held(SharedReservation {
                 period_key,
                 member,
                 period_ttl_ms,
             }),
-            limit => Err(rejection(limit, p, n, tokens)),
+            "unseeded" => Reserved::Unseeded,
+            limit => Reserved::Refused(rejection(limit, p, n, tokens)),
         })
     }
 

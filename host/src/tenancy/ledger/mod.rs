@@ -1,22 +1,25 @@
-//! The usage ledger: one row per request in SQLite (WAL mode), written by a thread of its own
-//! in batched transactions, read for budgets at start-up and for `/admin/usage`.
+//! The usage ledger: one row per request, in SQLite (one machine) or PostgreSQL (replicas
+//! sharing one ledger), written by a thread of its own in batched transactions, read for
+//! budgets and for `/admin/usage`.
 //!
-//! A billable row is never dropped. A batch that cannot be committed (disk full, I/O error)
-//! is appended to a spill file instead, and replayed into SQLite once it accepts writes again;
+//! A billable row is never dropped. A batch that cannot be committed (disk full, I/O error,
+//! the database unreachable) is appended to a local spill file instead, and replayed into the
+//! store once it accepts writes again;
 //! while neither works, the rows wait in memory and `accepting()` turns false, so the gateway
 //! refuses new billable requests (503) rather than serve them unbilled. Every row carries a
 //! random id, inserted with `OR IGNORE`, so a replay interrupted by a crash counts nothing
 //! twice.
 
-use std::io::{BufRead, Write};
+mod postgres;
+mod spill;
+mod sqlite;
+
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
-
-use rusqlite::{params, Connection};
 
 use super::policy::Period;
 
@@ -78,13 +81,13 @@ enum Msg {
 /// How the writer is doing, for admission and `/metrics`.
 #[derive(Default)]
 pub struct Health {
-    /// Neither SQLite nor the spill file takes writes: rows wait in memory.
+    /// Neither the store nor the spill file takes writes: rows wait in memory.
     failing: AtomicBool,
     /// Rows held in memory, not yet on disk.
     pending: AtomicUsize,
-    /// Rows in the spill file, waiting to be replayed into SQLite.
+    /// Rows in the spill file, waiting to be replayed into the store.
     spilled: AtomicUsize,
-    /// Batches that SQLite refused.
+    /// Batches that the store refused.
     write_failures: AtomicU64,
 }
 
@@ -114,6 +117,8 @@ pub struct Durability {
     /// Refuse billable requests while no row can be written (else serve them, holding up to
     /// `MAX_PENDING` rows in memory).
     pub refuse_when_failing: bool,
+    /// The spill file takes no more than this: a store away for long must not fill the disk.
+    pub spill_max_bytes: u64,
 }
 
 impl Durability {
@@ -122,6 +127,7 @@ impl Durability {
         Self {
             spill: ledger.with_extension("spill.jsonl"),
             refuse_when_failing: true,
+            spill_max_bytes: 1 << 30,
         }
     }
 }
@@ -129,77 +135,111 @@ impl Durability {
 pub struct Ledger {
     tx: Mutex<Option<mpsc::Sender<Msg>>>,
     writer: Mutex<Option<JoinHandle<()>>>,
-    reader: Mutex<Connection>,
+    reader: Mutex<Box<dyn Query>>,
     health: Arc<Health>,
     refuse_when_failing: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
-#[error("usage ledger: {0}")]
-pub struct LedgerError(#[from] rusqlite::Error);
+pub enum LedgerError {
+    #[error("usage ledger (SQLite): {0}")]
+    Sqlite(#[from] rusqlite::Error),
+    #[error("usage ledger (PostgreSQL): {0}")]
+    Postgres(#[from] ::postgres::Error),
+    #[error("usage ledger: {0}")]
+    Io(#[from] std::io::Error),
+}
 
-const SCHEMA: &str = "
-CREATE TABLE IF NOT EXISTS requests (
-    id INTEGER PRIMARY KEY,
-    ts INTEGER NOT NULL,
-    tenant TEXT NOT NULL,
-    key_id TEXT NOT NULL,
-    model TEXT NOT NULL,
-    endpoint TEXT NOT NULL,
-    prompt_tokens INTEGER NOT NULL,
-    completion_tokens INTEGER NOT NULL,
-    latency_ms REAL NOT NULL,
-    status TEXT NOT NULL,
-    plugin_ms REAL NOT NULL,
-    rid TEXT
-);
-CREATE INDEX IF NOT EXISTS requests_tenant_ts ON requests (tenant, ts);
-";
+/// Where committed rows live.
+trait Store: Send {
+    /// Commits all of `rows` or none; rows already there (same `rid`) are skipped.
+    fn commit(&mut self, rows: &[Row]) -> Result<(), LedgerError>;
+}
 
-/// Ledgers created before rows had ids gain the column; old rows keep NULL (never replayed).
-const RID_INDEX: &str = "CREATE UNIQUE INDEX IF NOT EXISTS requests_rid ON requests (rid)";
+/// Reads for budgets and `/admin/usage`.
+trait Query: Send {
+    /// The period containing `now` as [start, end) Unix seconds (UTC), and the tokens the
+    /// tenant used in it so far.
+    fn period_usage(
+        &mut self,
+        tenant: &str,
+        period: Period,
+        now: i64,
+    ) -> Result<(i64, i64, u64), LedgerError>;
+
+    fn usage(
+        &mut self,
+        tenant: Option<&str>,
+        from: i64,
+        to: i64,
+        by_model: bool,
+    ) -> Result<Vec<serde_json::Value>, LedgerError>;
+}
+
+/// One `/admin/usage` row; `counts` are requests, prompt, completion and failed requests.
+fn usage_row(
+    by_model: bool,
+    tenant: String,
+    group: String,
+    counts: [i64; 4],
+    mean_latency_ms: f64,
+    plugin_ms: f64,
+) -> serde_json::Value {
+    let [requests, prompt, completion, failed] = counts;
+    serde_json::json!({
+        "tenant": tenant,
+        if by_model { "model" } else { "day" }: group,
+        "requests": requests,
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "failed_requests": failed,
+        "mean_latency_ms": mean_latency_ms,
+        "plugin_ms": plugin_ms,
+    })
+}
 
 impl Ledger {
-    /// Opens (or creates) the ledger at `path`; `:memory:`-like use is not supported, the
-    /// ledger is meant to survive restarts.
+    /// Opens (or creates) the SQLite ledger at `path`; `:memory:`-like use is not supported,
+    /// the ledger is meant to survive restarts.
     pub fn open(path: &Path, durability: Durability) -> Result<Self, LedgerError> {
-        if let Some(dir) = path.parent() {
-            if !dir.as_os_str().is_empty() && !dir.exists() {
-                tracing::warn!(dir = %dir.display(), "creating the usage ledger's folder");
-                let _ = std::fs::create_dir_all(dir);
-            }
-        }
-        let conn = Connection::open(path)?;
-        conn.pragma_update(None, "journal_mode", "WAL")?;
-        // WAL + NORMAL: a committed batch survives a process crash; an OS crash may lose the
-        // last batch. Records are committed in batches every 20 ms (and on shutdown).
-        conn.pragma_update(None, "synchronous", "NORMAL")?;
-        conn.execute_batch(SCHEMA)?;
-        let has_rid = conn
-            .prepare("SELECT 1 FROM pragma_table_info('requests') WHERE name = 'rid'")?
-            .exists([])?;
-        if !has_rid {
-            conn.execute_batch("ALTER TABLE requests ADD COLUMN rid TEXT")?;
-        }
-        conn.execute_batch(RID_INDEX)?;
-        let reader = Connection::open(path)?;
+        let (store, reader) = sqlite::open(path)?;
+        Self::start(Box::new(store), Box::new(reader), durability)
+    }
+
+    /// The ledger in the PostgreSQL database at `url` (`postgres://…`), shared with the other
+    /// replicas. Starts even while the database is unreachable: rows spill until it answers.
+    pub fn open_postgres(url: &str, durability: Durability) -> Result<Self, LedgerError> {
+        Self::start(
+            Box::new(postgres::Postgres::new(url)),
+            Box::new(postgres::Postgres::new(url)),
+            durability,
+        )
+    }
+
+    fn start(
+        store: Box<dyn Store>,
+        reader: Box<dyn Query>,
+        durability: Durability,
+    ) -> Result<Self, LedgerError> {
         let (tx, rx) = mpsc::channel::<Msg>();
         let health = Arc::new(Health::default());
-        let mut writer = Writer {
-            conn,
+        let writer = Writer {
+            store,
             spill: durability.spill,
+            spill_max_bytes: durability.spill_max_bytes,
             health: health.clone(),
             pending: Vec::new(),
             retry_at: None,
             backoff: RETRY_MIN,
         };
-        // Rows a previous run spilled go in first.
-        writer.count_spilled();
-        writer.replay();
+        writer
+            .health
+            .spilled
+            .store(spill::count(&writer.spill), Ordering::Relaxed);
         let writer = std::thread::Builder::new()
             .name("usage-ledger".into())
-            .spawn(move || writer.run(rx))
-            .map_err(|e| LedgerError(rusqlite::Error::ToSqlConversionFailure(Box::new(e))))?;
+            .spawn(move || writer.run(rx))?;
         Ok(Self {
             tx: Mutex::new(Some(tx)),
             writer: Mutex::new(Some(writer)),
@@ -251,23 +291,8 @@ impl Ledger {
         period: Period,
         now: i64,
     ) -> Result<(i64, i64, u64), LedgerError> {
-        let unit = match period {
-            Period::Day => "'start of day', '+1 day'",
-            Period::Month => "'start of month', '+1 month'",
-        };
-        let start_of = unit.split(", ").next().expect("two parts");
-        let conn = self.reader.lock().unwrap_or_else(|e| e.into_inner());
-        let (start, end): (i64, i64) = conn.query_row(
-            &format!("SELECT CAST(strftime('%s', ?1, 'unixepoch', {start_of}) AS INTEGER), CAST(strftime('%s', ?1, 'unixepoch', {unit}) AS INTEGER)"),
-            params![now],
-            |r| Ok((r.get(0)?, r.get(1)?)),
-        )?;
-        let used: i64 = conn.query_row(
-            "SELECT COALESCE(SUM(prompt_tokens + completion_tokens), 0) FROM requests WHERE tenant = ?1 AND ts >= ?2 AND ts < ?3",
-            params![tenant, start, end],
-            |r| r.get(0),
-        )?;
-        Ok((start, end, used as u64))
+        let mut reader = self.reader.lock().unwrap_or_else(|e| e.into_inner());
+        reader.period_usage(tenant, period, now)
     }
 
     /// Usage rows between `from` and `to` (Unix seconds, `to` exclusive), optionally for one
@@ -279,32 +304,8 @@ impl Ledger {
         to: i64,
         by_model: bool,
     ) -> Result<Vec<serde_json::Value>, LedgerError> {
-        let group = if by_model {
-            "model"
-        } else {
-            "date(ts, 'unixepoch')"
-        };
-        let conn = self.reader.lock().unwrap_or_else(|e| e.into_inner());
-        let mut stmt = conn.prepare(&format!(
-            "SELECT tenant, {group}, COUNT(*), SUM(prompt_tokens), SUM(completion_tokens), \
-             SUM(status != 'ok'), AVG(latency_ms), SUM(plugin_ms) FROM requests \
-             WHERE ts >= ?1 AND ts < ?2 AND (?3 IS NULL OR tenant = ?3) \
-             GROUP BY tenant, {group} ORDER BY tenant, {group}"
-        ))?;
-        let rows = stmt.query_map(params![from, to, tenant], |r| {
-            Ok(serde_json::json!({
-                "tenant": r.get::<_, String>(0)?,
-                if by_model { "model" } else { "day" }: r.get::<_, String>(1)?,
-                "requests": r.get::<_, i64>(2)?,
-                "prompt_tokens": r.get::<_, i64>(3)?,
-                "completion_tokens": r.get::<_, i64>(4)?,
-                "total_tokens": r.get::<_, i64>(3)? + r.get::<_, i64>(4)?,
-                "failed_requests": r.get::<_, i64>(5)?,
-                "mean_latency_ms": r.get::<_, f64>(6)?,
-                "plugin_ms": r.get::<_, f64>(7)?,
-            }))
-        })?;
-        Ok(rows.collect::<Result<_, _>>()?)
+        let mut reader = self.reader.lock().unwrap_or_else(|e| e.into_inner());
+        reader.usage(tenant, from, to, by_model)
     }
 }
 
@@ -319,10 +320,11 @@ const RETRY_MAX: Duration = Duration::from_secs(2);
 const MAX_PENDING: usize = 1_000_000;
 
 struct Writer {
-    conn: Connection,
+    store: Box<dyn Store>,
     spill: PathBuf,
+    spill_max_bytes: u64,
     health: Arc<Health>,
-    /// Rows neither SQLite nor the spill file took.
+    /// Rows neither the store nor the spill file took.
     pending: Vec<Row>,
     retry_at: Option<Instant>,
     backoff: Duration,
@@ -330,6 +332,9 @@ struct Writer {
 
 impl Writer {
     fn run(mut self, rx: mpsc::Receiver<Msg>) {
+        // Rows a previous run spilled go in first. Here, not in `start`: a store's client may
+        // not block on a thread of the async runtime.
+        self.replay();
         loop {
             std::thread::sleep(BATCH_INTERVAL);
             let mut flushed = Vec::new();
@@ -357,18 +362,20 @@ impl Writer {
         }
     }
 
-    /// Writes what is pending: into SQLite when it takes writes (replaying the spill file
-    /// first), else into the spill file at once. Only SQLite retries back off: rows never wait
+    /// Writes what is pending: into the store when it takes writes (replaying the spill file
+    /// first), else into the spill file at once. Only the store's retries back off: rows never wait
     /// in memory for a retry while the spill file works.
     fn write(&mut self) {
         let due = self.retry_at.is_none_or(|t| Instant::now() >= t);
-        // While spilled rows cannot be replayed, SQLite is still refusing: new rows follow
+        // While spilled rows cannot be replayed, the store is still refusing: new rows follow
         // them to the spill file without another try.
         let replayed = due && self.replay();
         let rows = std::mem::take(&mut self.pending);
         if !rows.is_empty() {
             let committed = replayed
-                && commit(&mut self.conn, &rows)
+                && self
+                    .store
+                    .commit(&rows)
                     .map_err(|e| {
                         self.health.write_failures.fetch_add(1, Ordering::Relaxed);
                         tracing::error!(error = %e, rows = rows.len(), "usage ledger write failed; spilling the rows");
@@ -401,7 +408,7 @@ impl Writer {
     }
 
     fn spill_or_keep(&mut self, rows: Vec<Row>) {
-        match append(&self.spill, &rows) {
+        match spill::append(&self.spill, &rows, self.spill_max_bytes) {
             Ok(()) => {
                 self.health.spilled.fetch_add(rows.len(), Ordering::Relaxed);
             }
@@ -423,26 +430,19 @@ impl Writer {
         }
     }
 
-    fn count_spilled(&self) {
-        let n = std::fs::File::open(&self.spill)
-            .map(|f| std::io::BufReader::new(f).lines().count())
-            .unwrap_or(0);
-        self.health.spilled.store(n, Ordering::Relaxed);
-    }
-
-    /// Moves the spill file's rows into SQLite; true when nothing is left to replay.
+    /// Moves the spill file's rows into the store; true when nothing is left to replay.
     fn replay(&mut self) -> bool {
         if self.health.spilled_rows() == 0 {
             return true;
         }
-        let rows = match read_spill(&self.spill) {
+        let rows = match spill::read(&self.spill) {
             Ok(rows) => rows,
             Err(e) => {
                 tracing::error!(error = %e, spill = %self.spill.display(), "cannot read the usage ledger spill file");
                 return false;
             }
         };
-        if let Err(e) = commit(&mut self.conn, &rows) {
+        if let Err(e) = self.store.commit(&rows) {
             tracing::debug!(error = %e, "usage ledger still refuses writes");
             return false;
         }
@@ -453,64 +453,6 @@ impl Writer {
         self.health.spilled.store(0, Ordering::Relaxed);
         true
     }
-}
-
-/// Appends `rows` to the spill file and syncs it; on failure the file is cut back to where it
-/// was, so a half-written line never follows.
-fn append(path: &Path, rows: &[Row]) -> std::io::Result<()> {
-    let mut text = Vec::new();
-    for r in rows {
-        serde_json::to_writer(&mut text, r).map_err(std::io::Error::other)?;
-        text.push(b'\n');
-    }
-    let mut f = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(path)?;
-    let before = f.metadata()?.len();
-    let written = f.write_all(&text).and_then(|()| f.sync_data());
-    if written.is_err() {
-        let _ = f.set_len(before);
-    }
-    written
-}
-
-fn read_spill(path: &Path) -> std::io::Result<Vec<Row>> {
-    let mut rows = Vec::new();
-    for line in std::io::BufReader::new(std::fs::File::open(path)?).lines() {
-        let line = line?;
-        match serde_json::from_str(&line) {
-            Ok(r) => rows.push(r),
-            Err(e) => tracing::error!(error = %e, "skipping an unreadable usage ledger spill line"),
-        }
-    }
-    Ok(rows)
-}
-
-fn commit(conn: &mut Connection, rows: &[Row]) -> rusqlite::Result<()> {
-    let tx = conn.transaction()?;
-    {
-        let mut stmt = tx.prepare_cached(
-            "INSERT OR IGNORE INTO requests (ts, tenant, key_id, model, endpoint, prompt_tokens, completion_tokens, latency_ms, status, plugin_ms, rid) \
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
-        )?;
-        for r in rows {
-            stmt.execute(params![
-                r.ts,
-                r.tenant,
-                r.key_id,
-                r.model,
-                r.endpoint,
-                r.prompt_tokens as i64,
-                r.completion_tokens as i64,
-                r.latency_ms,
-                r.status,
-                r.plugin_ms,
-                r.rid
-            ])?;
-        }
-    }
-    tx.commit()
 }
 
 #[cfg(test)]

@@ -1,0 +1,226 @@
+//! Gateway replicas sharing one PostgreSQL (Debian's `postgresql`, started here on a loopback
+//! port in a temporary folder): one usage ledger for all, spooled and replayed when the
+//! database is away; plugin uploads, deletes and policy replacements through one replica
+//! reach the others; a token budget whose Redis count is lost is reconciled from the ledger.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use support::postgres::Postgres;
+use support::redis::redis;
+use support::wasm::component;
+use support::{key_sha256, model_path, Server, MODEL};
+
+const KEY: &str = "acme-pg-key";
+const ADMIN: &str = "pg-admin-token-of-the-test";
+
+fn policy(key: &str, limits: &str) -> String {
+    format!(
+        "[[tenants]]\nname = \"acme\"\nkeys = [{{ id = \"k\", sha256 = \"{}\" }}]\n{limits}\n",
+        key_sha256(key)
+    )
+}
+
+/// A replica of the default model sharing `cluster` (TOML lines under `[cluster]`).
+fn replica(cluster: &str, limits: &str) -> Server {
+    let dir = std::env::temp_dir().join(format!(
+        "gateway-pg-replica-{}-{}",
+        std::process::id(),
+        rand::random::<u32>()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("policies.toml"), policy(KEY, limits)).unwrap();
+    let config = format!(
+        "embeddings = []\nadmin_token = \"{ADMIN}\"\npolicies = \"{d}/policies.toml\"\n\
+         ledger = \"{d}/usage.sqlite\"\ncollections_dir = \"{d}/collections\"\n\
+         [[models]]\nname = \"{MODEL}\"\npath = \"{}\"\n[models.engine]\nthreads = 1\n\
+         [cluster]\n{cluster}\n",
+        model_path(),
+        d = dir.display()
+    );
+    let path = dir.join("gateway.toml");
+    std::fs::write(&path, config).unwrap();
+    Server::start(&["--config", path.to_str().unwrap()]).remove_on_drop(&dir)
+}
+
+fn complete(s: &Server, max_tokens: u32) -> (u16, Value) {
+    let body = json!({"model": MODEL, "prompt": "Once upon a time", "max_tokens": max_tokens,
+                      "temperature": 0, "ignore_eos": true});
+    s.post_as(KEY, "/v1/completions", &body)
+}
+
+fn admin(s: &Server, method: &str, path: &str, body: Vec<u8>) -> (u16, Value) {
+    s.request(method, path, body, Some(ADMIN))
+}
+
+/// Requests the ledger holds for tenant `acme`, as `/admin/usage` on `s` reports them.
+fn usage_requests(s: &Server) -> i64 {
+    let (st, body) = admin(s, "GET", "/admin/usage?tenant=acme&group_by=model", vec![]);
+    assert_eq!(st, 200, "{body}");
+    body["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["requests"].as_i64().unwrap())
+        .sum()
+}
+
+fn wait_for(what: &str, limit: Duration, mut ok: impl FnMut() -> bool) -> Duration {
+    let start = Instant::now();
+    while !ok() {
+        assert!(start.elapsed() < limit, "{what}: not within {limit:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    start.elapsed()
+}
+
+#[test]
+fn both_replicas_share_one_ledger_which_spools_while_postgres_is_away() {
+    let Some(mut pg) = Postgres::start() else {
+        return;
+    };
+    let cluster = format!("postgres = \"{}\"", pg.url());
+    let a = replica(&cluster, "");
+    let b = replica(&cluster, "");
+    assert_eq!(complete(&a, 4).0, 200);
+    assert_eq!(complete(&b, 4).0, 200);
+    // B's row is committed by B's writer within its batch interval; A reports it.
+    wait_for("B's request in A's usage", Duration::from_secs(10), || {
+        usage_requests(&a) == 2
+    });
+
+    // The database goes away: requests are still served and billed to the local spool, and a
+    // plugin upload (which must reach every replica) is refused rather than made locally.
+    pg.stop();
+    for _ in 0..3 {
+        let (st, body) = complete(&a, 4);
+        assert_eq!(st, 200, "{body}");
+    }
+    a.wait_until("gateway_ledger_spilled_rows", |v| v >= 3.0, ">= 3");
+    let wasm = std::fs::read(component("crm-field-reranker")).unwrap();
+    let (st, body) = admin(&a, "PUT", "/admin/plugins/acme/ranker?kind=reranker", wasm);
+    assert_eq!(st, 503, "{body}");
+    assert_eq!(body["error"]["code"], "store_unavailable");
+    assert_eq!(
+        admin(&a, "GET", "/admin/plugins", vec![]).1["data"],
+        json!([])
+    );
+
+    // Back: the spool is replayed, every row once.
+    pg.resume();
+    a.wait_until("gateway_ledger_spilled_rows", |v| v == 0.0, "= 0");
+    let row = pg
+        .client()
+        .query_one(
+            "SELECT count(*), count(DISTINCT rid) FROM gateway_requests",
+            &[],
+        )
+        .unwrap();
+    assert_eq!((row.get::<_, i64>(0), row.get::<_, i64>(1)), (5, 5));
+    assert_eq!(usage_requests(&b), 5);
+}
+
+/// The order the tenant's reranker `model` gives three documents through `s`.
+fn rerank(s: &Server, model: &str) -> Result<Vec<u64>, u16> {
+    let req = json!({"model": model, "query": "export invoices",
+                     "documents": ["export invoices", "reset", "export contacts"]});
+    let (st, body) = s.post_as(KEY, "/v1/rerank", &req);
+    if st != 200 {
+        return Err(st);
+    }
+    Ok(body["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["index"].as_u64().unwrap())
+        .collect())
+}
+
+#[test]
+fn plugins_and_policies_changed_through_one_replica_reach_the_others() {
+    let Some(pg) = Postgres::start() else { return };
+    let cluster = format!("postgres = \"{}\"", pg.url());
+    let a = replica(&cluster, "");
+    let b = replica(&cluster, "");
+    let wasm = std::fs::read(component("crm-field-reranker")).unwrap();
+
+    let (st, body) = admin(&a, "PUT", "/admin/plugins/acme/ranker?kind=reranker", wasm);
+    assert_eq!(st, 201, "{body}");
+    let took = wait_for("the upload served on B", Duration::from_secs(10), || {
+        rerank(&b, "ranker").is_ok()
+    });
+    println!("plugin uploaded through A served on B after {took:?}");
+    assert_eq!(rerank(&b, "ranker").unwrap(), [0, 2, 1]);
+    // A bad upload is refused where it is made and reaches nobody.
+    let (st, _) = admin(&a, "PUT", "/admin/plugins/acme/ranker", b"garbage".to_vec());
+    assert_eq!(st, 400);
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(rerank(&b, "ranker").unwrap(), [0, 2, 1]);
+
+    // Deleted through B: gone on A.
+    let (st, body) = admin(&b, "DELETE", "/admin/plugins/acme/ranker", vec![]);
+    assert_eq!(st, 200, "{body}");
+    wait_for("the delete on A", Duration::from_secs(10), || {
+        rerank(&a, "ranker").is_err()
+    });
+
+    // A policy replaced through A revokes the key on B.
+    assert_eq!(b.request("GET", "/v1/models", vec![], Some(KEY)).0, 200);
+    let (st, body) = admin(
+        &a,
+        "PUT",
+        "/admin/policies",
+        policy("a-new-key", "").into_bytes(),
+    );
+    assert_eq!(st, 200, "{body}");
+    let took = wait_for("the key revoked on B", Duration::from_secs(10), || {
+        b.request("GET", "/v1/models", vec![], Some(KEY)).0 == 401
+    });
+    println!("policy replaced through A in force on B after {took:?}");
+    assert_eq!(
+        b.request("GET", "/v1/models", vec![], Some("a-new-key")).0,
+        200
+    );
+    // A replica started later begins with the shared policy, not its own file's.
+    let c = replica(&cluster, "");
+    assert_eq!(c.request("GET", "/v1/models", vec![], Some(KEY)).0, 401);
+    assert_eq!(
+        c.request("GET", "/v1/models", vec![], Some("a-new-key")).0,
+        200
+    );
+}
+
+#[test]
+fn a_budget_count_redis_lost_is_restored_from_the_shared_ledger() {
+    let Some(pg) = Postgres::start() else { return };
+    let Some(redis) = redis() else { return };
+    let cluster = format!("postgres = \"{}\"\nredis = \"{}\"", pg.url(), redis.url());
+    let limits = "token_budget = { tokens = 300, period = \"day\" }";
+    let a = replica(&cluster, limits);
+    // Two requests of ~105 tokens each (prompt + 100).
+    for _ in 0..2 {
+        let (st, body) = complete(&a, 100);
+        assert_eq!(st, 200, "{body}");
+    }
+    wait_for("both rows in the ledger", Duration::from_secs(10), || {
+        usage_requests(&a) == 2
+    });
+    // Redis loses everything (a restart without persistence, a failover).
+    let mut con = redis::Client::open(redis.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    redis::cmd("FLUSHALL").exec(&mut con).unwrap();
+    // Counting from zero would admit a third; counting from the ledger refuses it.
+    let (st, body) = complete(&a, 100);
+    assert_eq!(st, 429, "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("budget"),
+        "{body}"
+    );
+}

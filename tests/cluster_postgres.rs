@@ -1,13 +1,15 @@
 //! Gateway replicas sharing one PostgreSQL (Debian's `postgresql`, started here on a loopback
 //! port in a temporary folder): one usage ledger for all, spooled and replayed when the
 //! database is away; plugin uploads, deletes and policy replacements through one replica
-//! reach the others; a token budget whose Redis count is lost is reconciled from the ledger.
+//! reach the others; collections written through one replica are searchable on the others; a
+//! token budget whose Redis count is lost is reconciled from the ledger.
 
 mod support;
 
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
+use support::collections::{ids, kb, EMBED};
 use support::postgres::Postgres;
 use support::redis::redis;
 use support::wasm::component;
@@ -25,6 +27,19 @@ fn policy(key: &str, limits: &str) -> String {
 
 /// A replica of the default model sharing `cluster` (TOML lines under `[cluster]`).
 fn replica(cluster: &str, limits: &str) -> Server {
+    replica_with(cluster, limits, "embeddings = []")
+}
+
+/// `replica`, with the embedding model collections need.
+fn search_replica(cluster: &str) -> Server {
+    let embeddings = format!(
+        "embeddings = [{{ name = \"{EMBED}\", path = \"{}/../models/all-MiniLM-L6-v2\" }}]",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    replica_with(cluster, "", &embeddings)
+}
+
+fn replica_with(cluster: &str, limits: &str, embeddings: &str) -> Server {
     let dir = std::env::temp_dir().join(format!(
         "gateway-pg-replica-{}-{}",
         std::process::id(),
@@ -33,7 +48,7 @@ fn replica(cluster: &str, limits: &str) -> Server {
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(dir.join("policies.toml"), policy(KEY, limits)).unwrap();
     let config = format!(
-        "embeddings = []\nadmin_token = \"{ADMIN}\"\npolicies = \"{d}/policies.toml\"\n\
+        "{embeddings}\nadmin_token = \"{ADMIN}\"\npolicies = \"{d}/policies.toml\"\n\
          ledger = \"{d}/usage.sqlite\"\ncollections_dir = \"{d}/collections\"\n\
          [[models]]\nname = \"{MODEL}\"\npath = \"{}\"\n[models.engine]\nthreads = 1\n\
          [cluster]\n{cluster}\n",
@@ -222,5 +237,77 @@ fn a_budget_count_redis_lost_is_restored_from_the_shared_ledger() {
             .unwrap()
             .contains("budget"),
         "{body}"
+    );
+}
+
+#[test]
+fn collections_written_through_one_replica_are_searchable_on_the_others() {
+    let Some(mut pg) = Postgres::start() else {
+        return;
+    };
+    let cluster = format!("postgres = \"{}\"", pg.url());
+    let (a, b) = (search_replica(&cluster), search_replica(&cluster));
+    let search = |s: &Server, query: &str| {
+        let body = json!({"query": query, "mode": "hybrid", "top_k": 1});
+        let (st, body) = s.post_as(KEY, "/v1/collections/kb/search", &body);
+        (st, ids(&body))
+    };
+    let (st, body) = a.post_as(KEY, "/v1/collections", &json!({"name": "kb"}));
+    assert_eq!(st, 201, "{body}");
+    // The name is taken on every replica.
+    let took = wait_for("the collection on B", Duration::from_secs(10), || {
+        b.post_as(KEY, "/v1/collections", &json!({"name": "kb"})).0 == 409
+    });
+    println!("collection created through A exists on B after {took:?}");
+    let (st, body) = a.post_as(KEY, "/v1/collections/kb/documents", &kb());
+    assert_eq!(st, 200, "{body}");
+    // Read-your-writes on A; B converges.
+    assert_eq!(search(&a, "export invoices as CSV").1, ["invoice-export"]);
+    let took = wait_for("the documents on B", Duration::from_secs(10), || {
+        search(&b, "export invoices as CSV").1 == ["invoice-export"]
+    });
+    println!("documents upserted through A searchable on B after {took:?}");
+    // A delete through B reaches A.
+    let (st, body) = b.post_as(
+        KEY,
+        "/v1/collections/kb/documents/delete",
+        &json!({"ids": ["invoice-export"]}),
+    );
+    assert_eq!(st, 200, "{body}");
+    wait_for("the delete on A", Duration::from_secs(10), || {
+        search(&a, "export invoices as CSV").1 != ["invoice-export"]
+    });
+    // A replica started later builds its indexes from PostgreSQL.
+    let c = search_replica(&cluster);
+    assert_eq!(
+        search(&c, "reset a forgotten password").1,
+        ["password-reset"]
+    );
+    // PostgreSQL away: a write is refused, not made on one replica only; searches go on.
+    pg.stop();
+    let (st, body) = a.post_as(KEY, "/v1/collections/kb/documents", &kb());
+    assert_eq!(st, 503, "{body}");
+    assert_eq!(body["error"]["code"], "store_unavailable");
+    assert_eq!(
+        search(&b, "reset a forgotten password").1,
+        ["password-reset"]
+    );
+    pg.resume();
+    // The collection deleted through C (after the restart) is gone on A and B, and the name
+    // can be taken again.
+    let (st, body) = c.request("DELETE", "/v1/collections/kb", vec![], Some(KEY));
+    assert_eq!(st, 200, "{body}");
+    wait_for("the collection gone on B", Duration::from_secs(10), || {
+        search(&b, "reset").0 == 404
+    });
+    let (st, body) = b.post_as(KEY, "/v1/collections", &json!({"name": "kb"}));
+    assert_eq!(st, 201, "{body}");
+    wait_for(
+        "the new collection, empty, on A",
+        Duration::from_secs(10),
+        || {
+            let (st, hits) = search(&a, "reset a forgotten password");
+            st == 200 && hits.is_empty()
+        },
     );
 }

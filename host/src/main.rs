@@ -314,9 +314,9 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let upstreams = gateway::upstream::Upstreams::new(&cfg.upstreams, &metrics)?;
     let (plugins, _plugin_watch) = load_plugins(&cfg)?;
     let embedders = load_embedders(&cfg)?;
-    let collections = tokio::task::block_in_place(|| {
+    let collections = Arc::new(tokio::task::block_in_place(|| {
         gateway::search::Collections::open(cfg.collections_dir.clone(), embedders.clone())
-    });
+    }));
     let (tenancy, _policy_watch) = open_tenancy(&cfg, &metrics)?;
     let registry = plugins.clone();
     let wrong = tenancy.check_plugin_kinds(Box::new(move |tenant, name| {
@@ -325,7 +325,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     for problem in wrong {
         tracing::warn!(%problem, "policy binds a plugin of the wrong kind; its requests will fail");
     }
-    let cluster = gateway::cluster::join(&cfg.cluster, &tenancy, &plugins, &metrics)?;
+    let cluster = gateway::cluster::join(&cfg.cluster, &tenancy, &plugins, &collections, &metrics)?;
     let (listeners, tls_watches) = bind_listeners(&cfg).await?;
     let started = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)?
@@ -333,7 +333,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let state = Arc::new(AppState {
         engines,
         embedders,
-        collections: Arc::new(collections),
+        collections,
         metrics,
         max_body_bytes: cfg.max_body_bytes,
         started,

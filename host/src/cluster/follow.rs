@@ -9,6 +9,8 @@ use postgres::Client;
 
 use super::{Replication, CHANNEL};
 use crate::plugins::{PluginKind, Registry};
+use crate::search::collection::Settings;
+use crate::search::Collections;
 use crate::tenancy::Tenancy;
 
 /// The longest a change waits when its `NOTIFY` was lost (a reconnect, a busy database).
@@ -21,10 +23,12 @@ struct Follower {
     rep: Arc<Replication>,
     registry: Arc<Registry>,
     tenancy: Arc<Tenancy>,
+    collections: Arc<Collections>,
     client: Option<Client>,
     /// The last change applied from each table.
     plugins_seq: i64,
     policy_seq: i64,
+    collections_seq: i64,
 }
 
 /// Applies what the tables hold now (bounded by the connect timeout), then follows them on a
@@ -33,14 +37,17 @@ pub(super) fn spawn(
     rep: Arc<Replication>,
     registry: Arc<Registry>,
     tenancy: Arc<Tenancy>,
+    collections: Arc<Collections>,
 ) -> std::io::Result<()> {
     let mut f = Follower {
         rep,
         registry,
         tenancy,
+        collections,
         client: None,
         plugins_seq: 0,
         policy_seq: 0,
+        collections_seq: 0,
     };
     let (synced, first) = std::sync::mpsc::channel();
     std::thread::Builder::new()
@@ -122,6 +129,67 @@ impl Follower {
         if let Some(row) = policy {
             self.put_policy(row.get(0));
             self.policy_seq = row.get(1);
+        }
+        self.sync_collections()
+    }
+
+    /// Collections created or deleted elsewhere, then documents written elsewhere.
+    fn sync_collections(&mut self) -> Result<(), postgres::Error> {
+        let after = self.collections_seq;
+        let c = self.client()?;
+        let changed = c.query(
+            "SELECT tenant, name, incarnation, settings, deleted, seq FROM gateway_collections WHERE seq > $1 ORDER BY seq",
+            &[&after],
+        )?;
+        let heads: std::collections::HashMap<String, i64> = c
+            .query(
+                "SELECT incarnation, doc_seq FROM gateway_collections WHERE NOT deleted",
+                &[],
+            )?
+            .iter()
+            .map(|r| (r.get(0), r.get(1)))
+            .collect();
+        for row in changed {
+            let (tenant, name, incarnation): (&str, &str, &str) =
+                (row.get(0), row.get(1), row.get(2));
+            let settings = match row.get::<_, bool>(4) {
+                true => None,
+                false => match serde_json::from_str::<Settings>(row.get(3)) {
+                    Ok(s) => Some(s),
+                    Err(e) => {
+                        tracing::warn!(tenant, collection = name, error = %e, "unreadable collection settings in PostgreSQL; skipped");
+                        self.collections_seq = row.get(5);
+                        continue;
+                    }
+                },
+            };
+            let created = settings.is_some();
+            match self.collections.follow(tenant, name, incarnation, settings) {
+                Ok(()) => self.applied(if created {
+                    "collection"
+                } else {
+                    "collection_delete"
+                }),
+                Err(e) => {
+                    tracing::warn!(tenant, collection = name, error = %e, "cannot follow a collection changed through another replica")
+                }
+            }
+            self.collections_seq = row.get(5);
+        }
+        for col in self.collections.all() {
+            let incarnation = col.incarnation();
+            match heads.get(&incarnation) {
+                Some(&head) if head > col.applied() => {
+                    if let Err(e) = col.catch_up() {
+                        tracing::warn!(collection = %col.name, error = %e, "cannot apply documents written through another replica");
+                    }
+                }
+                Some(_) => {}
+                None if after == 0 => {
+                    tracing::warn!(collection = %col.name, %incarnation, "collection not in the shared store (made before [cluster] postgres was set?); it serves here only, and writes to it fail")
+                }
+                None => {}
+            }
         }
         Ok(())
     }

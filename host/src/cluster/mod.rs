@@ -1,4 +1,5 @@
-//! Plugins and policies shared by replicas through PostgreSQL (`[cluster] postgres`).
+//! Plugins, policies and search collections shared by replicas through PostgreSQL
+//! (`[cluster] postgres`); collections are in `collections.rs`.
 //!
 //! An upload, delete or policy replacement through any replica's admin API is checked there
 //! first (compiled, validated), then committed to PostgreSQL, then served there; every other
@@ -8,6 +9,7 @@
 //! and a follower reading `seq > last` never skips one. The tables hold each plugin's latest
 //! state (a delete is a tombstone), not a log: a replica that was away catches up in one read.
 
+mod collections;
 mod follow;
 
 use std::sync::{Arc, Mutex};
@@ -19,6 +21,7 @@ use anyhow::Context;
 use crate::config::ClusterConfig;
 use crate::metrics::Metrics;
 use crate::plugins::{PluginKind, Registry};
+use crate::search::Collections;
 use crate::tenancy::Tenancy;
 
 const SCHEMA: &str = "
@@ -40,6 +43,27 @@ CREATE TABLE IF NOT EXISTS gateway_policy (
     text TEXT NOT NULL,
     seq BIGINT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS gateway_collections (
+    tenant TEXT NOT NULL,
+    name TEXT NOT NULL,
+    incarnation TEXT NOT NULL UNIQUE,
+    settings TEXT NOT NULL,
+    deleted BOOLEAN NOT NULL DEFAULT false,
+    seq BIGINT NOT NULL,
+    doc_seq BIGINT NOT NULL DEFAULT 0,
+    PRIMARY KEY (tenant, name)
+);
+CREATE TABLE IF NOT EXISTS gateway_collection_docs (
+    incarnation TEXT NOT NULL,
+    doc TEXT NOT NULL,
+    seq BIGINT NOT NULL,
+    deleted BOOLEAN NOT NULL,
+    metadata TEXT,
+    chunks TEXT,
+    vectors BYTEA,
+    PRIMARY KEY (incarnation, doc)
+);
+CREATE INDEX IF NOT EXISTS gateway_collection_docs_seq ON gateway_collection_docs (incarnation, seq);
 COMMIT;
 ";
 
@@ -54,6 +78,7 @@ pub fn join(
     cfg: &ClusterConfig,
     tenancy: &Arc<Tenancy>,
     registry: &Arc<Registry>,
+    collections: &Arc<Collections>,
     metrics: &Arc<Metrics>,
 ) -> anyhow::Result<Option<Arc<Replication>>> {
     if let Some(url) = &cfg.redis {
@@ -65,21 +90,37 @@ pub fn join(
     let Some(url) = &cfg.postgres else {
         return Ok(None);
     };
-    let rep = Replication::start(url, registry.clone(), tenancy.clone(), metrics.clone())
-        .context("[cluster] postgres")?;
-    tracing::info!("usage ledger, plugins and policies shared through PostgreSQL");
+    let rep = Replication::start(
+        url,
+        registry.clone(),
+        tenancy.clone(),
+        collections.clone(),
+        metrics.clone(),
+    )
+    .context("[cluster] postgres")?;
+    tracing::info!("usage ledger, plugins, policies and collections shared through PostgreSQL");
     Ok(Some(rep))
 }
 
 #[derive(Debug, thiserror::Error)]
-#[error("PostgreSQL: {0}")]
+#[error("PostgreSQL: {}", .0.as_db_error().map_or_else(|| .0.to_string(), |d| d.message().to_string()))]
 pub struct StoreError(#[from] postgres::Error);
+
+/// The connection, not the statement, failed: the server restarted (it ends every session
+/// with `admin_shutdown`) or the socket broke. Worth one more try on a new connection.
+fn connection_lost(e: &postgres::Error) -> bool {
+    e.is_closed()
+        || e.as_db_error()
+            .is_none_or(|d| matches!(&d.code().code()[..2], "57" | "08"))
+}
 
 /// This replica's link to the shared plugin and policy tables.
 pub struct Replication {
     url: String,
-    /// The admin API's writes, one at a time; (re)connected on demand.
+    /// Writes, one at a time; (re)connected on demand.
     writer: Mutex<Option<Client>>,
+    /// Reads of collection changes for request paths.
+    reader: Mutex<Option<Client>>,
     metrics: Arc<Metrics>,
 }
 
@@ -92,14 +133,17 @@ impl Replication {
         url: &str,
         registry: Arc<Registry>,
         tenancy: Arc<Tenancy>,
+        collections: Arc<Collections>,
         metrics: Arc<Metrics>,
     ) -> std::io::Result<Arc<Self>> {
         let me = Arc::new(Self {
             url: url.to_string(),
             writer: Mutex::default(),
+            reader: Mutex::default(),
             metrics,
         });
-        follow::spawn(me.clone(), registry, tenancy)?;
+        collections.share(Arc::new(collections::Shared(me.clone())));
+        follow::spawn(me.clone(), registry, tenancy, collections)?;
         Ok(me)
     }
 
@@ -110,23 +154,58 @@ impl Replication {
     }
 
     /// One write transaction under the write lock, with a `NOTIFY` for the followers.
-    fn write(
+    fn write<T>(
         &self,
         op: &str,
-        f: impl FnOnce(&mut postgres::Transaction<'_>) -> Result<(), postgres::Error>,
-    ) -> Result<(), StoreError> {
-        let mut slot = self.writer.lock().unwrap_or_else(|e| e.into_inner());
-        let result = (|| {
-            let client = match &mut *slot {
+        f: impl FnMut(&mut postgres::Transaction<'_>) -> Result<T, postgres::Error>,
+    ) -> Result<T, StoreError> {
+        self.transaction(op, true, f)
+    }
+
+    /// One transaction on the writer's connection, under the write lock when `ordered` (its
+    /// change numbers then commit in order), with a `NOTIFY` for the followers.
+    fn transaction<T>(
+        &self,
+        op: &str,
+        ordered: bool,
+        mut f: impl FnMut(&mut postgres::Transaction<'_>) -> Result<T, postgres::Error>,
+    ) -> Result<T, StoreError> {
+        self.on(&self.writer, op, |client| {
+            let mut tx = client.transaction()?;
+            if ordered {
+                tx.execute("SELECT pg_advisory_xact_lock($1)", &[&WRITE_LOCK])?;
+            }
+            let out = f(&mut tx)?;
+            tx.batch_execute(&format!("NOTIFY {CHANNEL}"))?;
+            tx.commit()?;
+            Ok(out)
+        })
+    }
+
+    /// Runs `f` on the connection in `slot`, (re)connecting first; a failure drops it.
+    fn on<T>(
+        &self,
+        slot: &Mutex<Option<Client>>,
+        op: &str,
+        mut f: impl FnMut(&mut Client) -> Result<T, postgres::Error>,
+    ) -> Result<T, StoreError> {
+        let mut slot = slot.lock().unwrap_or_else(|e| e.into_inner());
+        let reused = slot.as_ref().is_some_and(|c| !c.is_closed());
+        let mut attempt = |slot: &mut Option<Client>| {
+            let client = match slot {
                 Some(c) if !c.is_closed() => c,
                 _ => slot.insert(self.connect()?),
             };
-            let mut tx = client.transaction()?;
-            tx.execute("SELECT pg_advisory_xact_lock($1)", &[&WRITE_LOCK])?;
-            f(&mut tx)?;
-            tx.batch_execute(&format!("NOTIFY {CHANNEL}"))?;
-            tx.commit()
-        })();
+            f(client)
+        };
+        let result = match attempt(&mut slot) {
+            // A statement that failed on its own is not retried (it would fail again).
+            Err(e) if reused && connection_lost(&e) => {
+                *slot = None;
+                attempt(&mut slot)
+            }
+            other => other,
+        };
         result.map_err(|e| {
             *slot = None;
             self.error(op);

@@ -21,6 +21,7 @@ use super::chunk;
 use super::embedder::Embedder;
 use super::filter::{check_metadata, Filter};
 use super::fusion;
+pub use super::query::{Fusion, Hit, Mode, Query, StageScores};
 use super::store::{NewChunk, NewDoc, Reader, Store};
 use super::vectors::Vectors;
 use super::SearchError;
@@ -62,59 +63,6 @@ struct Catalog {
     chunks: HashMap<u64, ChunkEntry>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, Default)]
-#[serde(rename_all = "lowercase")]
-pub enum Mode {
-    Bm25,
-    Vector,
-    #[default]
-    Hybrid,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
-pub enum Fusion {
-    Rrf { k: f32 },
-    Weighted { alpha: f32 },
-}
-
-pub struct Query<'a> {
-    pub text: &'a str,
-    pub top_k: usize,
-    pub mode: Mode,
-    pub fusion: Fusion,
-    pub filter: Option<&'a Filter>,
-    /// How many candidates each first stage contributes (at least `top_k`).
-    pub candidates: usize,
-    /// The query's tokens from `query_tokens`, when the caller already has them (to charge the
-    /// tenant before embedding); otherwise they are made here.
-    pub tokens: Option<&'a [u32]>,
-}
-
-#[derive(Debug, Clone, Serialize)]
-pub struct Hit {
-    pub id: String,
-    pub chunk_id: u64,
-    /// Character offsets of the chunk in its document's text.
-    pub start: usize,
-    pub end: usize,
-    pub text: String,
-    pub metadata: Arc<Map<String, Value>>,
-    pub score: f32,
-    pub scores: StageScores,
-}
-
-#[derive(Debug, Clone, Default, Serialize)]
-pub struct StageScores {
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub bm25: Option<f32>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub vector: Option<f32>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub fused: Option<f32>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub rerank: Option<f32>,
-}
-
 /// Documents chunked and tokenized, not yet embedded or stored.
 pub struct Prepared {
     docs: Vec<NewDoc>,
@@ -145,6 +93,10 @@ pub struct Collection {
     vectors: Vectors,
     catalog: RwLock<Catalog>,
     writes: Mutex<()>,
+    /// The store shared with other replicas, when there is one (`replica.rs`).
+    pub(super) shared: std::sync::OnceLock<std::sync::Arc<dyn super::replica::Replica>>,
+    /// The last shared change applied here; held while applying.
+    pub(super) applied: Mutex<i64>,
 }
 
 fn internal(what: &str) -> impl Fn(&dyn std::fmt::Display) -> SearchError + '_ {
@@ -184,6 +136,11 @@ impl Collection {
             )));
         }
         let (docs, chunks) = store.load().map_err(|e| db(&e))?;
+        let applied = store
+            .meta(super::replica::APPLIED)
+            .map_err(|e| db(&e))?
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
         let readers = (0..4)
             .map(|_| Reader::open(&dir.join("store.sqlite")).map(Mutex::new))
             .collect::<Result<Vec<_>, _>>()
@@ -267,6 +224,8 @@ impl Collection {
             vectors: Vectors::build(vectors),
             catalog: RwLock::new(catalog),
             writes: Mutex::new(()),
+            shared: Default::default(),
+            applied: Mutex::new(applied),
         })
     }
 
@@ -418,8 +377,27 @@ impl Collection {
     }
 
     fn write(&self, docs: Vec<NewDoc>, deletes: Vec<String>) -> Result<(), SearchError> {
+        match self.shared.get() {
+            Some(shared) => self.write_shared(&**shared, docs, deletes),
+            None => self.apply(docs, deletes),
+        }
+    }
+
+    pub(super) fn is_closed(&self) -> bool {
+        self.closed.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    pub(super) fn save_applied(&self, seq: i64) -> Result<(), SearchError> {
+        let store = self.store.lock();
+        store
+            .set_meta(super::replica::APPLIED, &seq.to_string())
+            .map_err(|e| internal("collection store")(&e))
+    }
+
+    /// Writes to this replica's store and indexes.
+    pub(super) fn apply(&self, docs: Vec<NewDoc>, deletes: Vec<String>) -> Result<(), SearchError> {
         let _serial = self.writes.lock();
-        if self.closed.load(std::sync::atomic::Ordering::SeqCst) {
+        if self.is_closed() {
             return Err(SearchError::NotFound(format!(
                 "Collection `{}` was deleted.",
                 self.name

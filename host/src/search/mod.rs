@@ -10,6 +10,8 @@ pub mod embedder;
 pub mod eval;
 pub mod filter;
 pub mod fusion;
+mod query;
+pub mod replica;
 pub mod request;
 mod store;
 pub mod vectors;
@@ -22,6 +24,8 @@ use parking_lot::{Mutex, RwLock};
 
 use collection::{Collection, Settings};
 use embedder::{EmbedError, Embedder};
+pub use replica::{DocChange, Replica};
+pub use store::{NewChunk, NewDoc};
 
 #[derive(Debug, thiserror::Error)]
 pub enum SearchError {
@@ -33,6 +37,9 @@ pub enum SearchError {
     Conflict(String),
     #[error("{0}")]
     Internal(String),
+    /// The store shared with other replicas did not answer.
+    #[error("{0}")]
+    Unavailable(String),
 }
 
 impl SearchError {
@@ -65,6 +72,8 @@ pub struct Collections {
     open: RwLock<HashMap<(String, String), Arc<Collection>>>,
     /// Names being created (their files are written outside the `open` lock).
     creating: Mutex<HashSet<(String, String)>>,
+    /// The durable store shared with other replicas, when there is one.
+    shared: std::sync::OnceLock<Arc<dyn Replica>>,
 }
 
 /// Written into a collection's folder before its files are removed: a folder left half-deleted
@@ -99,6 +108,7 @@ impl Collections {
             default_embedder,
             open: RwLock::new(HashMap::new()),
             creating: Mutex::new(HashSet::new()),
+            shared: Default::default(),
         };
         let tenants = std::fs::read_dir(&this.root)
             .into_iter()
@@ -243,12 +253,19 @@ impl Collections {
             .root
             .join(tenant)
             .join(format!("{name}@{:016x}", rand::random::<u64>()));
+        if let Some(shared) = self.shared.get() {
+            let incarnation = dir.file_name().expect("named").to_string_lossy();
+            if let Err(e) = shared.create(tenant, name, &incarnation, &settings) {
+                self.creating.lock().remove(&key);
+                return Err(e);
+            }
+        }
         let made = Collection::open(name, &dir, |_| Ok(embedder.clone()), Some(&settings))
             .inspect_err(|_| {
                 let _ = std::fs::remove_dir_all(&dir);
             });
         let result = made.map(|c| {
-            let c = Arc::new(c);
+            let c = self.attach(c);
             self.open.write().insert(key.clone(), c.clone());
             c
         });
@@ -260,15 +277,98 @@ impl Collections {
     /// writes still running finish first, and later writes through an old handle are refused.
     pub fn delete(&self, tenant: &str, name: &str) -> Result<(), SearchError> {
         let key = (tenant.to_string(), name.to_string());
+        if let Some(shared) = self.shared.get() {
+            shared.delete(tenant, name)?;
+            // The follower may have removed it here already.
+            return match self.open.write().remove(&key) {
+                Some(col) => Self::remove_files(&col),
+                None => Ok(()),
+            };
+        }
         let Some(col) = self.open.write().remove(&key) else {
             return Err(SearchError::NotFound(format!(
                 "No collection named `{name}`."
             )));
         };
+        Self::remove_files(&col)
+    }
+
+    fn remove_files(col: &Collection) -> Result<(), SearchError> {
         col.close();
         let dir = col.dir.clone();
         std::fs::write(dir.join(DELETED), b"")
             .and_then(|()| std::fs::remove_dir_all(&dir))
             .map_err(|e| SearchError::Internal(format!("removing the collection's files: {e}")))
+    }
+
+    /// From now on collections are created, deleted and written through `shared`, and the
+    /// ones open here follow it.
+    pub fn share(&self, shared: Arc<dyn Replica>) {
+        for c in self.open.read().values() {
+            let _ = c.shared.set(shared.clone());
+        }
+        let _ = self.shared.set(shared);
+    }
+
+    fn attach(&self, c: Collection) -> Arc<Collection> {
+        if let Some(s) = self.shared.get() {
+            let _ = c.shared.set(s.clone());
+        }
+        Arc::new(c)
+    }
+
+    /// Every open collection, of every tenant.
+    pub fn all(&self) -> Vec<Arc<Collection>> {
+        self.open.read().values().cloned().collect()
+    }
+
+    /// Brings this replica in line with the shared store's view of one collection name:
+    /// `settings` for its live incarnation (opened here, its files made if new), `None` when
+    /// it has none (an incarnation open here is removed).
+    pub fn follow(
+        &self,
+        tenant: &str,
+        name: &str,
+        incarnation: &str,
+        settings: Option<Settings>,
+    ) -> Result<(), SearchError> {
+        let key = (tenant.to_string(), name.to_string());
+        if self.creating.lock().contains(&key) {
+            // Being created here: `create` opens it.
+            return Ok(());
+        }
+        let current = self.open.read().get(&key).cloned();
+        let same = current
+            .as_ref()
+            .is_some_and(|c| c.incarnation() == incarnation);
+        let Some(settings) = settings else {
+            if let (true, Some(c)) = (same, current) {
+                self.open.write().remove(&key);
+                return Self::remove_files(&c);
+            }
+            return Ok(());
+        };
+        if same {
+            return Ok(());
+        }
+        valid_name(name).map_err(SearchError::Invalid)?;
+        let embedder = self
+            .embedders
+            .get(&settings.embedding_model)
+            .cloned()
+            .ok_or_else(|| {
+                SearchError::Internal(format!(
+                    "embedding model `{}` is not loaded",
+                    settings.embedding_model
+                ))
+            })?;
+        let dir = self.root.join(tenant).join(incarnation);
+        let create = (!dir.join("store.sqlite").exists()).then_some(&settings);
+        let col = self.attach(Collection::open(name, &dir, |_| Ok(embedder), create)?);
+        let old = self.open.write().insert(key, col);
+        match old {
+            Some(old) => Self::remove_files(&old),
+            None => Ok(()),
+        }
     }
 }

@@ -327,6 +327,11 @@ impl From<crate::search::SearchError> for ApiError {
                 Some("collection_exists"),
             ),
             SearchError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "server_error", None),
+            SearchError::Unavailable(_) => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "server_error",
+                Some("store_unavailable"),
+            ),
         };
         Self {
             status,

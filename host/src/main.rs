@@ -360,7 +360,9 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     });
     state.upstreams.start_probes().await;
     let drain = std::time::Duration::from_secs(cfg.drain_seconds);
+    let collections = state.collections.clone();
     server::serve(listeners, state, drain).await?;
+    tokio::task::block_in_place(|| collections.save_graphs());
     drop(tls_watches);
     if let Some(l) = &tenancy.ledger {
         l.close();

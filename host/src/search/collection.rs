@@ -26,6 +26,9 @@ use super::store::{NewChunk, NewDoc, Reader, Store};
 use super::vectors::Vectors;
 use super::SearchError;
 
+/// The vector graph's snapshot folder.
+const GRAPH: &str = "hnsw";
+
 /// Longest document id, in bytes.
 const MAX_ID_BYTES: usize = 512;
 
@@ -221,12 +224,19 @@ impl Collection {
             store: Mutex::new(store),
             readers,
             bm25,
-            vectors: Vectors::build(vectors),
+            vectors: Vectors::load(&dir.join(GRAPH), &vectors)
+                .unwrap_or_else(|| Vectors::build(vectors)),
             catalog: RwLock::new(catalog),
             writes: Mutex::new(()),
             shared: Default::default(),
             applied: Mutex::new(applied),
         })
+    }
+
+    /// Saves a snapshot of the vector graph, so the next open need not rebuild it.
+    pub fn save_graph(&self) -> std::io::Result<()> {
+        let _serial = self.writes.lock();
+        self.vectors.save(&self.dir.join(GRAPH))
     }
 
     /// Refuses further writes and waits for one in progress to finish.

@@ -317,6 +317,22 @@ impl Collections {
         Arc::new(c)
     }
 
+    /// Snapshots every collection's vector graph (at shutdown), so the next start loads the
+    /// graphs instead of rebuilding them.
+    pub fn save_graphs(&self) {
+        for c in self.all() {
+            let started = std::time::Instant::now();
+            match c.save_graph() {
+                Ok(()) => {
+                    tracing::info!(collection = %c.name, chunks = c.chunks(), seconds = started.elapsed().as_secs_f32(), "vector graph saved")
+                }
+                Err(e) => {
+                    tracing::warn!(collection = %c.name, error = %e, "cannot save the vector graph; it is rebuilt at the next start")
+                }
+            }
+        }
+    }
+
     /// Every open collection, of every tenant.
     pub fn all(&self) -> Vec<Arc<Collection>> {
         self.open.read().values().cloned().collect()

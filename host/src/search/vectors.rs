@@ -1,16 +1,22 @@
 //! The semantic side: an HNSW graph (hnsw_rs) over unit-length chunk embeddings, scored by
 //! cosine similarity (a dot product, since vectors are normalised). hnsw_rs cannot delete, so
 //! removed chunks stay in the graph as tombstones that searches skip, and the graph is rebuilt
-//! from the live vectors once tombstones outnumber them. The graph itself is not persisted: the
-//! store holds every vector, and `Vectors::build` recreates it on open.
+//! from the live vectors once tombstones outnumber them. The store holds every vector, so the
+//! graph is derived data; a snapshot of it (`save`, at open and at shutdown) spares a large
+//! collection the rebuild when it opens again: `load` takes the snapshot and brings it up to
+//! the store (points it lacks are inserted, points no longer live become tombstones; a chunk
+//! id never names two vectors, so no point can be stale).
 //!
 //! Filtered searches follow the query planning of dedicated vector databases: when the filter
 //! leaves few chunks, an exact scan over them beats walking a graph whose neighbours are
 //! mostly filtered out (and has perfect recall).
 
 use std::collections::{HashMap, HashSet};
+use std::path::Path;
 use std::sync::Arc;
 
+use hnsw_rs::api::AnnT;
+use hnsw_rs::hnswio::HnswIo;
 use hnsw_rs::prelude::{Distance, FilterT, Hnsw};
 use parking_lot::RwLock;
 
@@ -18,6 +24,8 @@ use parking_lot::RwLock;
 const EXACT_SCAN_MAX: usize = 20_000;
 const M: usize = 16;
 const EF_CONSTRUCTION: usize = 100;
+/// The snapshot's file names' stem.
+const SNAPSHOT: &str = "graph";
 
 /// `1 - cosine` of unit vectors, in eight lanes so the compiler vectorises it.
 #[derive(Clone, Copy, Default)]
@@ -72,6 +80,68 @@ impl Vectors {
             live: RwLock::new(live),
             dead: RwLock::new(0),
         }
+    }
+
+    /// The graph in the snapshot folder `dir` brought up to `vectors` (the store's live
+    /// chunks); `None` when there is no usable snapshot, or it holds more dead points than
+    /// live ones (a rebuild is then better).
+    pub fn load(dir: &Path, vectors: &[(u64, Vec<f32>)]) -> Option<Self> {
+        if !dir.join(format!("{SNAPSHOT}.hnsw.graph")).exists() {
+            return None;
+        }
+        // The loaded graph borrows its loader for its whole life; one small loader per open.
+        let io: &'static mut HnswIo = Box::leak(Box::new(HnswIo::new(dir, SNAPSHOT)));
+        // hnsw_rs panics on some damaged files rather than returning an error.
+        let graph: Graph = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
+            let io = io;
+            io.load_hnsw::<f32, Dot>()
+        }))
+        .ok()?
+        .ok()?;
+        let have: HashSet<u64> = graph
+            .get_point_indexation()
+            .into_iter()
+            .map(|p| p.get_origin_id() as u64)
+            .collect();
+        let live: HashMap<u64, Arc<[f32]>> = vectors
+            .iter()
+            .map(|(id, v)| (*id, Arc::from(&v[..])))
+            .collect();
+        let dead = have.iter().filter(|id| !live.contains_key(id)).count();
+        if dead > 1024 && dead > live.len() {
+            return None;
+        }
+        let missing: HashMap<u64, Arc<[f32]>> = live
+            .iter()
+            .filter(|(id, _)| !have.contains(id))
+            .map(|(id, v)| (*id, v.clone()))
+            .collect();
+        insert_all(&graph, &missing);
+        Some(Self {
+            graph: RwLock::new(Arc::new(graph)),
+            live: RwLock::new(live),
+            dead: RwLock::new(dead),
+        })
+    }
+
+    /// Writes a snapshot of the graph to the folder `dir`, replacing the last one only once
+    /// it is complete.
+    pub fn save(&self, dir: &Path) -> std::io::Result<()> {
+        let tmp = dir.with_extension("tmp");
+        let _ = std::fs::remove_dir_all(&tmp);
+        std::fs::create_dir_all(&tmp)?;
+        let graph = self.graph.read().clone();
+        graph
+            .file_dump(&tmp, SNAPSHOT)
+            .map_err(std::io::Error::other)?;
+        let old = dir.with_extension("old");
+        let _ = std::fs::remove_dir_all(&old);
+        if dir.exists() {
+            std::fs::rename(dir, &old)?;
+        }
+        std::fs::rename(&tmp, dir)?;
+        let _ = std::fs::remove_dir_all(&old);
+        Ok(())
     }
 
     /// Removes `removed` and adds `added`. Callers serialise writes.
@@ -198,6 +268,28 @@ mod tests {
         assert_eq!(hits.len(), 10);
         assert!(hits.iter().all(|h| allowed.contains(&h.0)));
         assert!(hits.windows(2).all(|w| w[0].1 >= w[1].1));
+    }
+
+    #[test]
+    fn a_snapshot_reloads_and_catches_up_with_the_store() {
+        let dir = std::env::temp_dir().join(format!("hnsw-snap-{}", rand::random::<u64>()));
+        let data: Vec<(u64, Vec<f32>)> = (0..1500).map(|i| (i, unit(i, 32))).collect();
+        Vectors::build(data.clone()).save(&dir).unwrap();
+        // Since the snapshot: 0..100 deleted, 5000..5100 added.
+        let now: Vec<(u64, Vec<f32>)> = data[100..]
+            .iter()
+            .cloned()
+            .chain((5000..5100).map(|i| (i, unit(i, 32))))
+            .collect();
+        let v = Vectors::load(&dir, &now).expect("snapshot loads");
+        assert_eq!(*v.dead.read(), 100);
+        assert_eq!(v.search(&unit(5050, 32), 1, None)[0].0, 5050);
+        assert_eq!(v.search(&unit(700, 32), 1, None)[0].0, 700);
+        assert!(v.search(&unit(50, 32), 5, None).iter().all(|h| h.0 >= 100));
+        // A damaged snapshot is no snapshot.
+        std::fs::write(dir.join("graph.hnsw.graph"), b"garbage").unwrap();
+        assert!(Vectors::load(&dir, &now).is_none());
+        let _ = std::fs::remove_dir_all(dir);
     }
 
     #[test]

@@ -311,3 +311,32 @@ fn collections_written_through_one_replica_are_searchable_on_the_others() {
         },
     );
 }
+
+#[test]
+fn postgres_over_tls_is_verified() {
+    let Some((pg, ca)) = Postgres::start_tls() else {
+        return;
+    };
+    let url = format!("{}?sslmode=require&sslrootcert={}", pg.url(), ca.display());
+    let a = replica(&format!("postgres = \"{url}\""), "");
+    assert_eq!(complete(&a, 4).0, 200);
+    wait_for("the row, over TLS", Duration::from_secs(10), || {
+        usage_requests(&a) == 1
+    });
+    let row = pg
+        .client()
+        .query_one(
+            "SELECT count(*), count(*) FILTER (WHERE s.ssl) FROM pg_stat_activity a \
+             JOIN pg_stat_ssl s USING (pid) WHERE a.application_name = 'gateway'",
+            &[],
+        )
+        .unwrap();
+    let (all, tls): (i64, i64) = (row.get(0), row.get(1));
+    assert!(all >= 2, "{all} gateway connections");
+    assert_eq!(tls, all, "every gateway connection uses TLS");
+    // Without the CA the server's certificate is not trusted: nothing is stored there.
+    let plain = pg.url() + "?sslmode=require";
+    let b = replica(&format!("postgres = \"{plain}\""), "");
+    assert_eq!(complete(&b, 4).0, 200);
+    b.wait_until("gateway_ledger_spilled_rows", |v| v >= 1.0, ">= 1");
+}

@@ -91,16 +91,93 @@ pub fn parent_dir(path: &std::path::Path) -> std::path::PathBuf {
         .to_path_buf()
 }
 
-/// A connection to PostgreSQL for the state replicas share (`[cluster] postgres`). Plain TCP:
-/// the database is expected on a private network or loopback. Bounded waits everywhere, so a
-/// database that is away costs a request at most a few seconds, never a hang.
+/// A connection to PostgreSQL for the state replicas share (`[cluster] postgres`). Bounded
+/// waits everywhere, so a database that is away costs a request at most a few seconds, never
+/// a hang. TLS is rustls: `sslmode=require` in the URL insists on it (the certificate is
+/// verified, against the Mozilla roots or the PEM file named by `sslrootcert=`, as libpq's
+/// `verify-full`); the default `prefer` uses it when the server offers it.
 pub fn postgres_connect(url: &str) -> Result<postgres::Client, postgres::Error> {
     use std::time::Duration;
+    let (url, root) = take_param(url, "sslrootcert");
     let mut cfg: postgres::Config = url.parse()?;
     cfg.connect_timeout(Duration::from_secs(3))
         .tcp_user_timeout(Duration::from_secs(10))
         .keepalives_idle(Duration::from_secs(30))
         .options("-c statement_timeout=10000 -c lock_timeout=5000")
         .application_name("gateway");
-    cfg.connect(postgres::NoTls)
+    cfg.connect(postgres_tls(root.as_deref()))
+}
+
+/// `url` without the query parameter `key`, and its value: parameters libpq knows that the
+/// driver's parser does not.
+fn take_param(url: &str, key: &str) -> (String, Option<String>) {
+    let Some((base, query)) = url.split_once('?') else {
+        return (url.to_string(), None);
+    };
+    let mut value = None;
+    let kept: Vec<&str> = query
+        .split('&')
+        .filter(
+            |kv| match kv.strip_prefix(key).and_then(|r| r.strip_prefix('=')) {
+                Some(v) => {
+                    value = Some(v.to_string());
+                    false
+                }
+                None => true,
+            },
+        )
+        .collect();
+    match kept.is_empty() {
+        true => (base.to_string(), value),
+        false => (format!("{base}?{}", kept.join("&")), value),
+    }
+}
+
+fn postgres_tls(root: Option<&str>) -> tokio_postgres_rustls::MakeRustlsConnect {
+    let mut roots = rustls::RootCertStore::empty();
+    match root {
+        Some(path) => {
+            use rustls::pki_types::{pem::PemObject, CertificateDer};
+            let certs: Result<Vec<_>, _> =
+                CertificateDer::pem_file_iter(path).and_then(|it| it.collect());
+            match certs {
+                Ok(certs) => {
+                    roots.add_parsable_certificates(certs);
+                }
+                // The connection then fails verification, with the server's certificate named.
+                Err(e) => tracing::error!(path, error = %e, "cannot read sslrootcert"),
+            }
+        }
+        None => roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned()),
+    }
+    let config = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .expect("ring supports the default versions")
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    tokio_postgres_rustls::MakeRustlsConnect::new(config)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::take_param;
+
+    #[test]
+    fn libpq_parameters_the_driver_lacks_are_taken_out() {
+        let (url, root) = take_param(
+            "postgres://u@h/db?sslmode=require&sslrootcert=/ca.pem&connect_timeout=5",
+            "sslrootcert",
+        );
+        assert_eq!(url, "postgres://u@h/db?sslmode=require&connect_timeout=5");
+        assert_eq!(root.as_deref(), Some("/ca.pem"));
+        let (url, root) = take_param("postgres://u@h/db?sslrootcert=/ca.pem", "sslrootcert");
+        assert_eq!(
+            (url.as_str(), root.as_deref()),
+            ("postgres://u@h/db", Some("/ca.pem"))
+        );
+        let (url, root) = take_param("postgres://u@h/db", "sslrootcert");
+        assert_eq!((url.as_str(), root), ("postgres://u@h/db", None));
+    }
 }

@@ -11,6 +11,8 @@ pub struct Postgres {
     pub port: u16,
     dir: PathBuf,
     bin: PathBuf,
+    /// Server settings (`-c name=value`) beyond the defaults.
+    settings: Vec<String>,
 }
 
 /// The newest installed server's binaries.
@@ -39,6 +41,56 @@ impl Postgres {
     /// None (with a SKIPPED line) when PostgreSQL is not installed, unless the test command
     /// requires it (`GATEWAY_TEST_SERVICES=required`, as `host/scripts/test.sh` sets).
     pub fn start() -> Option<Self> {
+        Self::start_with(|_| Vec::new())
+    }
+
+    /// Like `start`, serving TLS only (`hostssl`) with a certificate for 127.0.0.1 from a CA of
+    /// its own, whose PEM file is returned.
+    pub fn start_tls() -> Option<(Self, PathBuf)> {
+        let mut ca_file = PathBuf::new();
+        let pg = Self::start_with(|dir| {
+            let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+            params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+            let ca =
+                rcgen::CertifiedIssuer::self_signed(params, rcgen::KeyPair::generate().unwrap())
+                    .unwrap();
+            let key = rcgen::KeyPair::generate().unwrap();
+            let cert = rcgen::CertificateParams::new(vec!["127.0.0.1".to_string()])
+                .unwrap()
+                .signed_by(&key, &ca)
+                .unwrap();
+            ca_file = dir.join("ca.pem");
+            std::fs::write(&ca_file, ca.pem()).unwrap();
+            std::fs::write(dir.join("server.pem"), cert.pem()).unwrap();
+            let key_file = dir.join("server.key");
+            std::fs::write(&key_file, key.serialize_pem()).unwrap();
+            // The server refuses a key others can read.
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&key_file, std::fs::Permissions::from_mode(0o600)).unwrap();
+            vec![
+                "ssl=on".into(),
+                format!("ssl_cert_file={}", dir.join("server.pem").display()),
+                format!("ssl_key_file={}", dir.join("server.key").display()),
+            ]
+        })?;
+        // Plain connections refused: only TLS gets in.
+        let hba = pg.dir.join("data/pg_hba.conf");
+        std::fs::write(
+            &hba,
+            "hostssl all all 127.0.0.1/32 trust\nlocal all all trust\n",
+        )
+        .unwrap();
+        pg.command("pg_ctl")
+            .arg("-D")
+            .arg(pg.dir.join("data"))
+            .arg("reload")
+            .stdout(Stdio::null())
+            .status()
+            .unwrap();
+        Some((pg, ca_file))
+    }
+
+    fn start_with(files: impl FnOnce(&std::path::Path) -> Vec<String>) -> Option<Self> {
         let Some(bin) = bin_dir() else {
             assert!(
                 std::env::var("GATEWAY_TEST_SERVICES").as_deref() != Ok("required"),
@@ -58,11 +110,13 @@ impl Postgres {
             rand::random::<u32>()
         ));
         std::fs::create_dir_all(&dir).unwrap();
+        let settings = files(&dir);
         let mut pg = Self {
             child: None,
             port,
             dir,
             bin,
+            settings,
         };
         if is_root() {
             let ok = Command::new("chown")
@@ -140,20 +194,30 @@ impl Postgres {
             .arg(&self.dir)
             // Tests need no crash safety of the database itself; they need it fast.
             .args(["-c", "fsync=off", "-c", "full_page_writes=off"])
+            .args(self.settings.iter().flat_map(|s| ["-c", s.as_str()]))
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
             .unwrap();
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(30);
-        while postgres::Client::connect(&self.url(), postgres::NoTls).is_err() {
+        while postgres::Client::connect(&self.socket(), postgres::NoTls).is_err() {
             assert!(Instant::now() < deadline, "postgres did not start");
             std::thread::sleep(Duration::from_millis(100));
         }
     }
 
+    /// A connection of the test's own, through the server's Unix socket.
     pub fn client(&self) -> postgres::Client {
-        postgres::Client::connect(&self.url(), postgres::NoTls).unwrap()
+        postgres::Client::connect(&self.socket(), postgres::NoTls).unwrap()
+    }
+
+    fn socket(&self) -> String {
+        format!(
+            "host={} port={} user=gateway dbname=postgres",
+            self.dir.display(),
+            self.port
+        )
     }
 }
 

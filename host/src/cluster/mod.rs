@@ -72,8 +72,9 @@ const WRITE_LOCK: i64 = 7303;
 /// The channel followers listen on.
 const CHANNEL: &str = "gateway_changes";
 
-/// Shares this replica's limits (Redis) and its plugins and policies (PostgreSQL) with the
-/// others, as `[cluster]` says. The ledger's own PostgreSQL link is made with the ledger.
+/// Shares this replica's limits (Redis) and its plugins, policies and collections
+/// (PostgreSQL) with the others, as `[cluster]` says. The ledger's own PostgreSQL link is made
+/// with the ledger.
 pub fn join(
     cfg: &ClusterConfig,
     tenancy: &Arc<Tenancy>,
@@ -107,14 +108,17 @@ pub fn join(
 pub struct StoreError(#[from] postgres::Error);
 
 /// The connection, not the statement, failed: the server restarted (it ends every session
-/// with `admin_shutdown`) or the socket broke. Worth one more try on a new connection.
+/// with `admin_shutdown`) or the socket broke. Worth one more try on a new connection; a
+/// statement that failed on its own (a timeout included) is not.
 fn connection_lost(e: &postgres::Error) -> bool {
     e.is_closed()
-        || e.as_db_error()
-            .is_none_or(|d| matches!(&d.code().code()[..2], "57" | "08"))
+        || e.as_db_error().is_none_or(|d| {
+            let code = d.code().code();
+            matches!(code, "57P01" | "57P02" | "57P03") || code.starts_with("08")
+        })
 }
 
-/// This replica's link to the shared plugin and policy tables.
+/// This replica's link to the shared plugin, policy and collection tables.
 pub struct Replication {
     url: String,
     /// Writes, one at a time; (re)connected on demand.

@@ -144,18 +144,24 @@ pub(super) fn dot_row(format: Format, row: &[u8], a: &KActs, i: usize) -> f32 {
     for (b, blk) in row.chunks_exact(bb).enumerate() {
         let x = &a.q[i * k + b * QK..i * k + (b + 1) * QK];
         let xs = a.scale[i * nb + b];
-        let dot =
-            |q: &[i32], x: &[i16]| -> i32 { q.iter().zip(x).map(|(&q, &x)| q * x as i32).sum() };
+        // i64: 16-bit activations times 6-bit weights times 8-bit scales, summed over a
+        // super-block, pass i32's range (debug builds panicked, release wrapped).
+        let dot = |q: &[i32], x: &[i16]| -> i64 {
+            q.iter()
+                .zip(x)
+                .map(|(&q, &x)| i64::from(q * x as i32))
+                .sum()
+        };
         match format {
             Format::Q4K | Format::Q5K => {
                 let (d, dmin) = (f16_at(blk, 0), f16_at(blk, 2));
                 let (sc, mn) = k4_scales_mins(&blk[4..16]);
                 let q = k45_values(format, blk).map(i32::from);
                 let sums = &a.sums[(i * nb + b) * SUMS..];
-                let mut isum = 0i32;
+                let mut isum = 0i64;
                 let mut msum = 0f32;
                 for j in 0..8 {
-                    isum += sc[j] as i32 * dot(&q[32 * j..32 * j + 32], &x[32 * j..32 * j + 32]);
+                    isum += sc[j] as i64 * dot(&q[32 * j..32 * j + 32], &x[32 * j..32 * j + 32]);
                     msum += mn[j] as f32 * sums[j];
                 }
                 total += d * xs * isum as f32 - dmin * msum;
@@ -163,9 +169,9 @@ pub(super) fn dot_row(format: Format, row: &[u8], a: &KActs, i: usize) -> f32 {
             Format::Q6K => {
                 let d = f16_at(blk, 208);
                 let q = q6k_values(blk).map(i32::from);
-                let isum: i32 = (0..16)
+                let isum: i64 = (0..16)
                     .map(|j| {
-                        (blk[192 + j] as i8) as i32
+                        (blk[192 + j] as i8) as i64
                             * dot(&q[16 * j..16 * j + 16], &x[16 * j..16 * j + 16])
                     })
                     .sum();

@@ -224,7 +224,7 @@ impl Ledger {
     ) -> Result<Self, LedgerError> {
         let (tx, rx) = mpsc::channel::<Msg>();
         let health = Arc::new(Health::default());
-        let writer = Writer {
+        let mut writer = Writer {
             store,
             spill: durability.spill,
             spill_max_bytes: durability.spill_max_bytes,
@@ -237,6 +237,11 @@ impl Ledger {
             .health
             .spilled
             .store(spill::count(&writer.spill), Ordering::Relaxed);
+        // Rows a previous run spilled go in before anything is served. On a thread of its own:
+        // a store's blocking client may not run on a thread of the async runtime.
+        std::thread::scope(|s| {
+            let _ = s.spawn(|| writer.replay()).join();
+        });
         let writer = std::thread::Builder::new()
             .name("usage-ledger".into())
             .spawn(move || writer.run(rx))?;
@@ -332,9 +337,6 @@ struct Writer {
 
 impl Writer {
     fn run(mut self, rx: mpsc::Receiver<Msg>) {
-        // Rows a previous run spilled go in first. Here, not in `start`: a store's client may
-        // not block on a thread of the async runtime.
-        self.replay();
         loop {
             std::thread::sleep(BATCH_INTERVAL);
             let mut flushed = Vec::new();

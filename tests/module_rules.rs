@@ -20,7 +20,9 @@ const RULES: &[(&str, &[&str])] = &[
     ("cli", &["search"]),
     (
         "cluster",
-        &["common", "config", "metrics", "plugins", "tenancy"],
+        &[
+            "common", "config", "metrics", "plugins", "search", "tenancy",
+        ],
     ),
     ("upstream", &["config", "metrics"]),
     ("server", &["*"]),

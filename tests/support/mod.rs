@@ -10,6 +10,7 @@ use serde_json::Value;
 
 pub mod collections;
 mod model;
+pub mod plugin_gateway;
 pub mod postgres;
 pub mod redis;
 pub mod upstream;

@@ -271,6 +271,9 @@ async fn delete_plugin(
         super::blocking("plugin store", move || c.delete_plugin(&t, &n))
             .await?
             .map_err(|e| ApiError::store_unavailable(&e))?;
+        // Stored, so deleted: this replica's own follower may have seen the stored delete and
+        // removed the plugin before the line below runs.
+        return Ok(state.plugins.remove(tenant, name).map(|_| true));
     }
     Ok(state.plugins.remove(tenant, name))
 }

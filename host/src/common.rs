@@ -14,7 +14,11 @@ pub fn write_atomically(path: &std::path::Path, bytes: &[u8]) -> std::io::Result
     if let Some(parent) = path.parent() {
         std::fs::create_dir_all(parent)?;
     }
-    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    // A name of its own per write: two writers of one path in this process (an admin request
+    // and the cluster follower applying the same change) must not rename each other's file.
+    static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = path.with_extension(format!("tmp{}-{n}", std::process::id()));
     std::fs::write(&tmp, bytes)?;
     std::fs::rename(&tmp, path)
 }
@@ -162,7 +166,26 @@ fn postgres_tls(root: Option<&str>) -> tokio_postgres_rustls::MakeRustlsConnect 
 
 #[cfg(test)]
 mod tests {
-    use super::take_param;
+    use super::{take_param, write_atomically};
+
+    #[test]
+    fn concurrent_atomic_writes_of_one_path_all_succeed() {
+        let dir = std::env::temp_dir().join(format!("gateway-atomic-{}", std::process::id()));
+        let path = dir.join("policies.toml");
+        std::thread::scope(|s| {
+            for t in 0..4u8 {
+                let path = &path;
+                s.spawn(move || {
+                    for _ in 0..50 {
+                        write_atomically(path, &[t; 64]).expect("every write lands");
+                    }
+                });
+            }
+        });
+        let last = std::fs::read(&path).unwrap();
+        assert!(last.len() == 64 && last.iter().all(|&b| b == last[0]));
+        std::fs::remove_dir_all(dir).unwrap();
+    }
 
     #[test]
     fn libpq_parameters_the_driver_lacks_are_taken_out() {

@@ -124,6 +124,9 @@ pub struct Tenancy {
     plugin_kinds: std::sync::OnceLock<KindOf>,
     /// Limits shared with the other replicas (Redis), when configured.
     shared: std::sync::OnceLock<Arc<Shared>>,
+    /// Serialises replacements (admin API, cluster follower), so the file and the policy in
+    /// force are always the same version.
+    replacing: Mutex<()>,
 }
 
 /// Looks up the kind of the tenant's installed plugin, if it is installed.
@@ -155,6 +158,7 @@ impl Tenancy {
             metrics,
             plugin_kinds: std::sync::OnceLock::new(),
             shared: std::sync::OnceLock::new(),
+            replacing: Mutex::default(),
         };
         t.install(parsed, text);
         Ok(t)
@@ -215,6 +219,7 @@ impl Tenancy {
     /// Validates `text` and makes it the policy; with a policy file, writes it there first.
     /// On error nothing changes.
     pub fn replace(&self, text: &str) -> Result<(), PolicyError> {
+        let _one = self.replacing.lock().unwrap_or_else(|e| e.into_inner());
         let parsed = self.parse(text)?;
         if let Some(path) = &self.path {
             crate::common::write_atomically(path, text.as_bytes())

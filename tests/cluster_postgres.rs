@@ -13,7 +13,7 @@ use support::collections::{ids, kb, EMBED};
 use support::postgres::Postgres;
 use support::redis::redis;
 use support::wasm::component;
-use support::{key_sha256, model_path, Server, MODEL};
+use support::{key_sha256, model_path, rerank_order, Server, MODEL};
 
 const KEY: &str = "acme-pg-key";
 const ADMIN: &str = "pg-admin-token-of-the-test";
@@ -145,12 +145,7 @@ fn rerank(s: &Server, model: &str) -> Result<Vec<u64>, u16> {
     if st != 200 {
         return Err(st);
     }
-    Ok(body["results"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| r["index"].as_u64().unwrap())
-        .collect())
+    Ok(rerank_order(&body))
 }
 
 #[test]

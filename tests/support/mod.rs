@@ -34,6 +34,16 @@ pub fn assert_same_prompt(a: &Value, b: &Value) {
     assert_eq!(a["choices"][0]["message"], b["choices"][0]["message"]);
 }
 
+/// The document indexes of a `/v1/rerank` response, best first.
+pub fn rerank_order(body: &Value) -> Vec<u64> {
+    body["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["index"].as_u64().unwrap())
+        .collect()
+}
+
 /// An HTTP client that waits as long as the test server's own (300 s): generations share two
 /// cores with the other tests of a binary, and reqwest's default 30 s has run out in CI.
 pub fn patient_client() -> reqwest::blocking::Client {

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use super::wasm::component;
-use super::{key_sha256, model_path, Server, MODEL};
+use super::{key_sha256, model_path, rerank_order, Server, MODEL};
 
 pub const ADMIN: &str = "admin-token-for-tests-0123";
 pub const PERSONA: &str = "You are Ava, the support assistant of Acme CRM.";
@@ -123,12 +123,7 @@ pub fn acme_order(s: &Server, model: Option<&str>) -> Result<Vec<u64>, (u16, Val
     if st != 200 {
         return Err((st, body));
     }
-    Ok(body["results"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| r["index"].as_u64().unwrap())
-        .collect())
+    Ok(rerank_order(&body))
 }
 
 pub fn wait_for(what: &str, mut f: impl FnMut() -> bool) -> Duration {

@@ -353,8 +353,7 @@ fn a_refused_connection_is_retried_on_another_replica() {
     // must outlast the test: a loaded CI machine can take more than the usual 1 s per request,
     // and the second request would then retry the dead replica once more.
     let urls = format!("\"http://{dead}/v1\", \"{}/v1\"", a.base);
-    let config = pool_of("flaky", &urls, "", "").replace("eject_ms = 1000", "eject_ms = 600000");
-    let front = front(&config);
+    let front = front(&pool_ejecting("flaky", &urls, "", 600_000, ""));
     for i in 0..2 {
         let (st, replica, _, body) = chat(&front, &ask("flaky", &format!("Hi {i}."), 2));
         assert_eq!((st, replica.as_str()), (200, "1"), "{body}");

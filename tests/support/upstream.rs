@@ -71,9 +71,14 @@ pub fn pool(name: &str, replicas: &[&Server], extra: &str) -> String {
 }
 
 pub fn pool_of(name: &str, urls: &str, health: &str, extra: &str) -> String {
+    pool_ejecting(name, urls, health, 1000, extra)
+}
+
+/// Like `pool_of`, with a replica's first cool-down after a failure of `eject_ms`.
+pub fn pool_ejecting(name: &str, urls: &str, health: &str, eject_ms: u64, extra: &str) -> String {
     format!(
         "[[upstreams]]\nname = \"{name}\"\nmodel = \"{MODEL}\"\nreplicas = [{urls}]\n\
-         health_path = \"{health}\"\nprobe_ms = 200\neject_ms = 1000\n{extra}\n"
+         health_path = \"{health}\"\nprobe_ms = 200\neject_ms = {eject_ms}\n{extra}\n"
     )
 }
 

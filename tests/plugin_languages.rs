@@ -27,12 +27,13 @@ fn start() -> (Server, PathBuf) {
         std::fs::create_dir_all(dir.join(tenant)).unwrap();
         std::fs::copy(wasm, dir.join(tenant).join(format!("{name}.wasm"))).unwrap();
     }
-    let ranker_config = "[tenants.config]\nboosts = \"tier=enterprise:2\"\nrecency_field = \"updated\"\nrecency_half_life_days = \"10\"";
+    // Typed values (gateway:plugins@0.2.0): a list of rules, a number.
+    let ranker_config = "[tenants.config]\nboosts = [\"tier=enterprise:2\", \"tags=vip:1.5\"]\nrecency_field = \"updated\"\nrecency_half_life_days = 10";
     let policies = format!(
         "[[tenants]]\nname = \"ts\"\nkeys = [{{ id = \"ts\", sha256 = \"{ts}\" }}]\nreranker = \"ranker\"\n{ranker_config}\n\
          [[tenants]]\nname = \"rs\"\nkeys = [{{ id = \"rs\", sha256 = \"{rs}\" }}]\nreranker = \"ranker\"\n{ranker_config}\n\
          [[tenants]]\nname = \"py\"\nkeys = [{{ id = \"py\", sha256 = \"{py}\" }}]\noutput_parser = \"intent\"\nparse_output = true\nplugin_debug = true\n\
-         [tenants.config]\nintents = \"cancellation=cancel|terminate,billing=refund|invoice\"\nfallback = \"other\"\n",
+         [tenants.config]\nintents = [\"cancellation=cancel|terminate\", \"billing=refund|invoice\"]\nfallback = \"other\"\n",
         ts = key_sha256("sk-ts"),
         rs = key_sha256("sk-rs"),
         py = key_sha256("sk-py"),
@@ -56,7 +57,7 @@ fn the_typescript_reranker_ranks_as_the_rust_one_does() {
     let documents = json!([
         {"text": "Export invoices as PDF from the billing tab", "tier": "free", "updated": "2026-10-01"},
         "Reset a password",
-        {"text": "Exporting invoices to CSV", "tier": "enterprise", "updated": "2026-11-20"},
+        {"text": "Exporting invoices to CSV", "tier": "enterprise", "updated": "2026-11-20", "tags": ["vip", "emea"]},
         {"text": "Invoices: export, print and e-mail", "tier": "enterprise", "updated": "2026-11-28"},
     ]);
     let body = json!({"query": "How do I export invoices?", "documents": documents});
@@ -80,6 +81,13 @@ fn the_typescript_reranker_ranks_as_the_rust_one_does() {
     let (ts, rs) = (ranking(&ts), ranking(&rs));
     assert_eq!(ts.len(), 4);
     assert_eq!(ts[0].0, 3, "the newest enterprise record first: {ts:?}");
+    // Document 2: half the terms, ×2 for the tier, ×0.5^(8/10) for its age, ×1.5 for the `vip`
+    // item of its `tags` list: the list reached both plugins as a list.
+    let two = ts.iter().find(|(i, _)| *i == 2).unwrap().1;
+    assert!(
+        (two - 0.5 * 2.0 * 0.5f64.powf(0.8) * 1.5).abs() < 1e-4,
+        "{ts:?}"
+    );
     for ((ti, tscore), (ri, rscore)) in ts.iter().zip(&rs) {
         assert_eq!(ti, ri, "same order: {ts:?} vs {rs:?}");
         assert!(
@@ -346,8 +354,8 @@ fn a_component_built_for_another_contract_version_is_named_as_such() {
     let dir = std::env::temp_dir().join(format!("gateway-wit-skew-{}", rand::random::<u64>()));
     std::fs::create_dir_all(dir.join("wit")).unwrap();
     let wit = include_str!("../wit/plugins.wit").replace(
-        "package gateway:plugins@0.1.0;",
         "package gateway:plugins@0.2.0;",
+        "package gateway:plugins@0.3.0;",
     );
     std::fs::write(dir.join("wit/plugins.wit"), wit).unwrap();
     std::fs::write(
@@ -383,7 +391,7 @@ fn a_component_built_for_another_contract_version_is_named_as_such() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         err.contains(
-            "built against gateway:plugins@0.2.0; this gateway speaks gateway:plugins 0.1.0"
+            "built against gateway:plugins@0.3.0; this gateway speaks gateway:plugins 0.1.0, 0.2.0"
         ),
         "{err}"
     );

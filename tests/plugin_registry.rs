@@ -33,6 +33,7 @@ fn candidates() -> Vec<Candidate> {
     .enumerate()
     .map(|(i, t)| Candidate {
         id: i.to_string(),
+        document_id: None,
         text: t.to_string(),
         metadata: vec![],
         score: 0.0,
@@ -304,7 +305,7 @@ fn compiled_components_are_cached_by_hash() {
     let p = reg.install("acme", "persona", &wasm, None).unwrap();
     let values: TenantValues = Arc::new(BTreeMap::from([(
         "persona".to_string(),
-        "You are Ava.".to_string(),
+        gateway::plugins::ConfigValue::Text("You are Ava.".to_string()),
     )]));
     let req = gateway::plugins::ChatRequest {
         model: "m".into(),

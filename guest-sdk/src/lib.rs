@@ -21,7 +21,7 @@
 //!
 //! impl Guest for Persona {
 //!     fn render(request: ChatRequest) -> Result<RenderedPrompt, PluginError> {
-//!         let persona = guest_sdk::prompt_template::config("persona")
+//!         let persona = guest_sdk::prompt_template::config_text("persona")
 //!             .unwrap_or_else(|| "You are a helpful CRM assistant.".into());
 //!         let mut messages = vec![Message { role: "system".into(), content: persona, name: None }];
 //!         messages.extend(request.messages.into_iter().filter(|m| m.role != "system"));
@@ -36,19 +36,24 @@
 //! ```no_run
 //! use guest_sdk::reranker::{Candidate, Guest, PluginError, Scored};
 //!
-//! struct ByLength;
+//! struct ShortAndVip;
 //!
-//! impl Guest for ByLength {
+//! impl Guest for ShortAndVip {
 //!     fn rerank(_query: String, candidates: Vec<Candidate>) -> Result<Vec<Scored>, PluginError> {
-//!         // Shorter passages first: a toy policy to show the shape.
+//!         // Shorter passages first, doubled for documents tagged `vip` (metadata values keep
+//!         // their type: `tags` is a list, `priority` a number).
 //!         Ok(candidates
 //!             .into_iter()
-//!             .map(|c| Scored { score: 1.0 / (1.0 + c.text.len() as f32), id: c.id })
+//!             .map(|c| {
+//!                 let vip = c.field("tags").and_then(|t| t.as_list()).is_some_and(|t| t.iter().any(|t| t == "vip"));
+//!                 let boost = if vip { 2.0 } else { 1.0 };
+//!                 Scored { score: boost / (1.0 + c.text.len() as f32), id: c.id }
+//!             })
 //!             .collect())
 //!     }
 //! }
 //!
-//! guest_sdk::export_reranker!(ByLength);
+//! guest_sdk::export_reranker!(ShortAndVip);
 //! ```
 //!
 //! # An output parser
@@ -93,14 +98,76 @@
 /// [`testing`]'s fake host instead, so a `Guest` impl runs natively.
 macro_rules! helpers {
     () => {
+        pub use self::gateway::plugins::types::Value;
+        helpers!(with_value);
+    };
+    // A world that names `value` itself (the reranker) already has it in scope.
+    (with_value) => {
         pub use self::gateway::plugins::host::LogLevel;
 
-        /// The tenant's configuration value for `key`, as set by the platform admin.
-        pub fn config(key: &str) -> Option<String> {
+        /// The tenant's configuration value for `key`, as set by the platform admin, with the
+        /// type the policy gave it (`factor = 1.5` is a number, `tags = ["a"]` a text list).
+        pub fn config(key: &str) -> Option<Value> {
             #[cfg(target_arch = "wasm32")]
             return self::gateway::plugins::host::config_get(key);
             #[cfg(not(target_arch = "wasm32"))]
-            return $crate::testing::config(key);
+            return $crate::testing::config(key).map(|v| match v {
+                $crate::testing::Value::Text(t) => Value::Text(t),
+                $crate::testing::Value::Number(n) => Value::Number(n),
+                $crate::testing::Value::Boolean(b) => Value::Boolean(b),
+                $crate::testing::Value::TextList(l) => Value::TextList(l),
+            });
+        }
+
+        /// The tenant's configuration value for `key` as text, whatever its type
+        /// ([`Value::to_text`]): for values that are text in every sensible policy.
+        pub fn config_text(key: &str) -> Option<String> {
+            config(key).map(|v| v.to_text())
+        }
+
+        impl Value {
+            /// The text, if this is a `text` value.
+            pub fn as_str(&self) -> Option<&str> {
+                match self {
+                    Value::Text(t) => Some(t),
+                    _ => None,
+                }
+            }
+
+            /// The number, if this is a `number` value.
+            pub fn as_number(&self) -> Option<f64> {
+                match self {
+                    Value::Number(n) => Some(*n),
+                    _ => None,
+                }
+            }
+
+            /// The flag, if this is a `boolean` value.
+            pub fn as_bool(&self) -> Option<bool> {
+                match self {
+                    Value::Boolean(b) => Some(*b),
+                    _ => None,
+                }
+            }
+
+            /// The items, if this is a `text-list` value.
+            pub fn as_list(&self) -> Option<&[String]> {
+                match self {
+                    Value::TextList(l) => Some(l),
+                    _ => None,
+                }
+            }
+
+            /// The value as text: text as is, numbers and booleans as their shortest text
+            /// (`3`, `1.5`, `true`), lists joined with commas (what 0.1.0 plugins were given).
+            pub fn to_text(&self) -> String {
+                match self {
+                    Value::Text(t) => t.clone(),
+                    Value::Number(n) => n.to_string(),
+                    Value::Boolean(b) => b.to_string(),
+                    Value::TextList(l) => l.join(","),
+                }
+            }
         }
 
         /// Writes `message` to the gateway log, tagged with tenant and plugin.
@@ -133,8 +200,11 @@ macro_rules! helpers {
 /// values, captured log lines and (for logits processors) a vocabulary, per test thread.
 ///
 /// ```
+/// use guest_sdk::prompt_template::{config, config_text, Value};
 /// guest_sdk::testing::set_config("persona", "You are Ava.");
-/// assert_eq!(guest_sdk::prompt_template::config("persona").as_deref(), Some("You are Ava."));
+/// guest_sdk::testing::set_config("max_facts", 3);
+/// assert_eq!(config_text("persona").as_deref(), Some("You are Ava."));
+/// assert_eq!(config("max_facts"), Some(Value::Number(3.0)));
 /// guest_sdk::prompt_template::log(guest_sdk::prompt_template::LogLevel::Info, "hello");
 /// assert_eq!(guest_sdk::testing::logs(), ["Info: hello"]);
 /// ```
@@ -142,14 +212,66 @@ pub mod testing {
     use std::cell::RefCell;
     use std::collections::BTreeMap;
 
+    /// A configuration value, as a policy gives it; converted to the world's own `Value`.
+    #[derive(Debug, Clone, PartialEq)]
+    pub enum Value {
+        Text(String),
+        Number(f64),
+        Boolean(bool),
+        TextList(Vec<String>),
+    }
+
+    impl From<&str> for Value {
+        fn from(t: &str) -> Self {
+            Value::Text(t.into())
+        }
+    }
+
+    impl From<String> for Value {
+        fn from(t: String) -> Self {
+            Value::Text(t)
+        }
+    }
+
+    impl From<f64> for Value {
+        fn from(n: f64) -> Self {
+            Value::Number(n)
+        }
+    }
+
+    impl From<i32> for Value {
+        fn from(n: i32) -> Self {
+            Value::Number(n.into())
+        }
+    }
+
+    impl From<bool> for Value {
+        fn from(b: bool) -> Self {
+            Value::Boolean(b)
+        }
+    }
+
+    impl From<&[&str]> for Value {
+        fn from(items: &[&str]) -> Self {
+            Value::TextList(items.iter().map(|i| i.to_string()).collect())
+        }
+    }
+
+    impl<const N: usize> From<[&str; N]> for Value {
+        fn from(items: [&str; N]) -> Self {
+            Value::from(&items[..])
+        }
+    }
+
     thread_local! {
-        static CONFIG: RefCell<BTreeMap<String, String>> = RefCell::default();
+        static CONFIG: RefCell<BTreeMap<String, Value>> = RefCell::default();
         static LOGS: RefCell<Vec<String>> = RefCell::default();
         static VOCAB: RefCell<Vec<String>> = RefCell::default();
     }
 
-    /// Sets a configuration value the plugin reads with `config`.
-    pub fn set_config(key: &str, value: &str) {
+    /// Sets a configuration value the plugin reads with `config`: text, a number, a boolean
+    /// or a list of texts (`set_config("tags", ["vip", "emea"])`).
+    pub fn set_config(key: &str, value: impl Into<Value>) {
         CONFIG.with(|c| c.borrow_mut().insert(key.into(), value.into()));
     }
 
@@ -172,7 +294,7 @@ pub mod testing {
     }
 
     #[doc(hidden)]
-    pub fn config(key: &str) -> Option<String> {
+    pub fn config(key: &str) -> Option<Value> {
         CONFIG.with(|c| c.borrow().get(key).cloned())
     }
 
@@ -226,6 +348,7 @@ pub mod prompt_template {
         path: "wit",
         default_bindings_module: "guest_sdk::prompt_template",
         pub_export_macro: true,
+        additional_derives: [PartialEq],
         export_macro_name: "export_prompt_template_inner",
     });
     helpers!();
@@ -238,9 +361,20 @@ pub mod reranker {
         path: "wit",
         default_bindings_module: "guest_sdk::reranker",
         pub_export_macro: true,
+        additional_derives: [PartialEq],
         export_macro_name: "export_reranker_inner",
     });
-    helpers!();
+    helpers!(with_value);
+
+    impl Candidate {
+        /// The metadata field `name`, if the document has it.
+        pub fn field(&self, name: &str) -> Option<&Value> {
+            self.metadata
+                .iter()
+                .find(|(k, _)| k == name)
+                .map(|(_, v)| v)
+        }
+    }
 }
 
 /// The `output-parser` world: extract and validate structured output from model text.
@@ -250,6 +384,7 @@ pub mod output_parser {
         path: "wit",
         default_bindings_module: "guest_sdk::output_parser",
         pub_export_macro: true,
+        additional_derives: [PartialEq],
         export_macro_name: "export_output_parser_inner",
     });
     helpers!();
@@ -262,6 +397,7 @@ pub mod logits_processor {
         path: "wit",
         default_bindings_module: "guest_sdk::logits_processor",
         pub_export_macro: true,
+        additional_derives: [PartialEq],
         export_macro_name: "export_logits_processor_inner",
     });
     helpers!();

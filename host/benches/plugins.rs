@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use gateway::config::PluginsConfig;
-use gateway::plugins::{self as host, Registry, Runtime, TenantValues};
+use gateway::plugins::{self as host, ConfigValue, Registry, Runtime, TenantValues};
 use guest_sdk::{prompt_template as gp, reranker as gr};
 
 const WARMUP: usize = 300;
@@ -44,17 +44,18 @@ fn time_n(calls: usize, mut f: impl FnMut()) -> (f64, f64) {
     percentiles(samples)
 }
 
-fn config() -> BTreeMap<String, String> {
+fn config() -> BTreeMap<String, ConfigValue> {
+    let text = |t: &str| ConfigValue::Text(t.into());
     BTreeMap::from([
         (
             "persona".into(),
-            "You are Ava, the support assistant of Acme CRM.".into(),
+            text("You are Ava, the support assistant of Acme CRM."),
         ),
         (
             "boosts".into(),
-            "tier=enterprise:1.5,status=open:1.2".into(),
+            ConfigValue::TextList(vec!["tier=enterprise:1.5".into(), "status=open:1.2".into()]),
         ),
-        ("recency_field".into(), "updated".into()),
+        ("recency_field".into(), text("updated")),
     ])
 }
 
@@ -105,7 +106,15 @@ fn main() {
     };
     let values: TenantValues = Arc::new(config());
     let cfg = config();
-    let lookup = |k: &str| cfg.get(k).cloned();
+    let lookup_text = |k: &str| cfg.get(k).map(ConfigValue::as_text);
+    let lookup = |k: &str| {
+        cfg.get(k).map(|v| match v.clone() {
+            ConfigValue::Text(t) => gr::Value::Text(t),
+            ConfigValue::Number(n) => gr::Value::Number(n),
+            ConfigValue::Boolean(b) => gr::Value::Boolean(b),
+            ConfigValue::TextList(l) => gr::Value::TextList(l),
+        })
+    };
 
     let messages = [
         ("system", "Reply briefly."),
@@ -180,8 +189,12 @@ fn main() {
         .iter()
         .map(|(id, t, m)| host::Candidate {
             id: id.clone(),
+            document_id: None,
             text: t.clone(),
-            metadata: m.clone(),
+            metadata: m
+                .iter()
+                .map(|(k, v)| (k.clone(), host::Value::Text(v.clone())))
+                .collect(),
             score: 0.0,
         })
         .collect();
@@ -189,8 +202,12 @@ fn main() {
         docs.iter()
             .map(|(id, t, m)| gr::Candidate {
                 id: id.clone(),
+                document_id: None,
                 text: t.clone(),
-                metadata: m.clone(),
+                metadata: m
+                    .iter()
+                    .map(|(k, v)| (k.clone(), gr::Value::Text(v.clone())))
+                    .collect(),
                 score: 0.0,
             })
             .collect()
@@ -236,7 +253,7 @@ fn main() {
         time(|| drop(block(persona.render(&rt, &values, &host_req)).unwrap())),
         cold_time(&|| drop(block(cold_persona.render(&cold_rt, &values, &host_req)).unwrap())),
         Some(time(|| {
-            drop(crm_persona_template::render(native_req(), &lookup).unwrap())
+            drop(crm_persona_template::render(native_req(), &lookup_text).unwrap())
         })),
     ));
     rows.push((

@@ -4,6 +4,61 @@
 /// The log lines a request's plugins wrote, kept for the caller who asked to see them.
 pub type LogSink = std::sync::Arc<std::sync::Mutex<Vec<String>>>;
 
+/// A value an admin's policy gives a tenant's plugins (`config-get`), with its type: what
+/// `gateway:plugins@0.2.0` calls a `value`. Plugins built against 0.1.0 see it as text
+/// (`ConfigValue::as_text`).
+#[derive(Debug, Clone, PartialEq, serde::Deserialize, serde::Serialize)]
+#[serde(untagged, try_from = "serde_json::Value")]
+pub enum ConfigValue {
+    Text(String),
+    Boolean(bool),
+    Number(f64),
+    TextList(Vec<String>),
+}
+
+impl TryFrom<serde_json::Value> for ConfigValue {
+    type Error = String;
+
+    fn try_from(v: serde_json::Value) -> Result<Self, String> {
+        use serde_json::Value;
+        let bad = |v: &Value| {
+            let mut text = v.to_string();
+            if text.len() > 80 {
+                text.truncate(text.floor_char_boundary(80));
+                text.push('…');
+            }
+            format!(
+                "plugin config value {text} is not a string, number, boolean or array of strings"
+            )
+        };
+        match v {
+            Value::String(t) => Ok(ConfigValue::Text(t)),
+            Value::Bool(b) => Ok(ConfigValue::Boolean(b)),
+            Value::Number(ref n) => n.as_f64().map(ConfigValue::Number).ok_or_else(|| bad(&v)),
+            Value::Array(ref items) => items
+                .iter()
+                .map(|i| i.as_str().map(String::from))
+                .collect::<Option<Vec<_>>>()
+                .map(ConfigValue::TextList)
+                .ok_or_else(|| bad(&v)),
+            _ => Err(bad(&v)),
+        }
+    }
+}
+
+impl ConfigValue {
+    /// The value as 0.1.0 of the contract carried it: text as is, numbers and booleans as
+    /// their shortest text (`3`, `1.5`, `true`), lists joined with commas.
+    pub fn as_text(&self) -> String {
+        match self {
+            ConfigValue::Text(t) => t.clone(),
+            ConfigValue::Boolean(b) => b.to_string(),
+            ConfigValue::Number(n) => n.to_string(),
+            ConfigValue::TextList(items) => items.join(","),
+        }
+    }
+}
+
 /// Lowercase hex of `bytes`.
 pub fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
@@ -166,7 +221,36 @@ fn postgres_tls(root: Option<&str>) -> tokio_postgres_rustls::MakeRustlsConnect 
 
 #[cfg(test)]
 mod tests {
-    use super::{take_param, write_atomically};
+    use super::{take_param, write_atomically, ConfigValue};
+
+    #[test]
+    fn config_values_keep_their_type_and_refuse_the_rest() {
+        #[derive(serde::Deserialize)]
+        struct T {
+            config: std::collections::BTreeMap<String, ConfigValue>,
+        }
+        let t: T = toml::from_str(
+            "[config]\npersona = \"Ava\"\nn = 3\nf = 1.5\non = true\ntags = [\"a\", \"b\"]",
+        )
+        .unwrap();
+        let text: Vec<String> = t.config.values().map(ConfigValue::as_text).collect();
+        assert_eq!(text, ["1.5", "3", "true", "Ava", "a,b"]);
+        assert_eq!(t.config["n"], ConfigValue::Number(3.0));
+        assert_eq!(
+            t.config["tags"],
+            ConfigValue::TextList(vec!["a".into(), "b".into()])
+        );
+        for bad in ["x = { y = 1 }", "x = [1, 2]"] {
+            let e = toml::from_str::<T>(&format!("[config]\n{bad}"))
+                .err()
+                .unwrap();
+            assert!(
+                e.to_string()
+                    .contains("is not a string, number, boolean or array of strings"),
+                "{e}"
+            );
+        }
+    }
 
     #[test]
     fn concurrent_atomic_writes_of_one_path_all_succeed() {

@@ -8,9 +8,9 @@ against each intent's keywords. Entities (e-mail addresses, money amounts, order
 pulled from the whole text either way.
 
 Tenant configuration:
-- `intents`: comma-separated `intent=keyword|keyword` rules, e.g.
-  `cancellation=cancel|terminate,upgrade=upgrade|premium`; an intent without `=` is its own
-  keyword. Default: billing, cancellation, upgrade, technical-support, sales.
+- `intents`: `intent=keyword|keyword` rules, a list (`["cancellation=cancel|terminate",
+  "upgrade"]`) or one comma-separated text; an intent without `=` is its own keyword.
+  Default: billing, cancellation, upgrade, technical-support, sales.
 - `fallback`: the intent to answer when none matches (default: none, a `no-intent` error).
 """
 
@@ -35,6 +35,16 @@ ORDER = re.compile(r"(?:order|ticket|case)\s*(?:number|no\.?|id)?\s*#?\s*([A-Z0-
 
 def fail(code, message):
     return Err(types.PluginError(code=code, message=message))
+
+
+def text_config(key):
+    """The tenant's value for `key` as text (a list joined with commas), or None."""
+    value = host.config_get(key)
+    if isinstance(value, types.Value_TextList):
+        return ",".join(value.value)
+    if isinstance(value, types.Value_Boolean):
+        return "true" if value.value else "false"
+    return None if value is None else str(value.value)
 
 
 def rules(spec):
@@ -101,11 +111,11 @@ def check_required(result, schema):
 
 class WitWorld(wit_world.WitWorld):
     def parse(self, text, schema):
-        allowed = rules(host.config_get("intents") or DEFAULT_INTENTS)
+        allowed = rules(text_config("intents") or DEFAULT_INTENTS)
         intent, source = classify(text, allowed)
         repairs = []
         if intent is None:
-            fallback = host.config_get("fallback")
+            fallback = text_config("fallback")
             if not fallback:
                 raise fail("no-intent", "the text names none of the intents: " + ", ".join(n for n, _ in allowed))
             intent, source = fallback, "fallback"

@@ -14,6 +14,8 @@ const CRATES: &[&str] = &[
     "bad-parser",
     "noop",
     "bad-processor",
+    "legacy-reranker",
+    "echo-reranker",
 ];
 
 fn root() -> PathBuf {

@@ -108,14 +108,11 @@ async fn rerank(
         .map(|c| {
             let metadata = c["metadata"]
                 .as_object()
-                .map(|m| {
-                    m.iter()
-                        .map(|(k, v)| (k.clone(), v.as_str().map_or(v.to_string(), String::from)))
-                        .collect()
-                })
+                .map(|m| crate::plugins::metadata(m.iter()))
                 .unwrap_or_default();
             Ok(Candidate {
                 id: text(c, "id")?,
+                document_id: opt_text(c, "document_id"),
                 text: text(c, "text")?,
                 metadata,
                 score: c["score"].as_f64().unwrap_or(0.0) as f32,

@@ -13,7 +13,7 @@ use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
 use crate::config::PluginsConfig;
-use crate::plugins::{Plugin, Registry, Runtime, TenantValues};
+use crate::plugins::{ConfigValue, Plugin, Registry, Runtime, TenantValues};
 
 pub mod build;
 mod calls;
@@ -85,25 +85,33 @@ fn trim_cache(root: &Path, budget: u64) {
 pub fn check(path: &Path, cfg: &PluginsConfig) -> anyhow::Result<String> {
     let (p, _, ms) = load(path, cfg)?;
     Ok(format!(
-        "{}: a {} plugin (world `{}` of gateway:plugins@0.1.0), {} bytes, sha256 {}, compiled and linked in {ms:.0} ms",
+        "{}: a {} plugin (world `{}` of gateway:plugins@{}), {} bytes, sha256 {}, compiled and linked in {ms:.0} ms",
         path.display(),
         p.kind(),
         p.kind(),
+        p.wit_version(),
         p.size,
         p.sha256
     ))
 }
 
-/// The configuration a call sees: the case's own `config` object, then `--config-value`s.
+/// The configuration a call sees: the case's own `config` object (typed as a policy's would
+/// be), then `--config-value`s: JSON when the value parses as a string, number, boolean or
+/// array of strings (`n=3`, `tags=["a","b"]`), text otherwise.
 fn values(input: &Value, cli: BTreeMap<String, String>) -> anyhow::Result<TenantValues> {
     let mut values = BTreeMap::new();
     if let Some(cfg) = input["config"].as_object() {
         for (k, v) in cfg {
-            let v = v.as_str().map_or_else(|| v.to_string(), String::from);
+            let v = ConfigValue::try_from(v.clone()).map_err(|e| anyhow!("config.{k}: {e}"))?;
             values.insert(k.clone(), v);
         }
     }
-    values.extend(cli);
+    for (k, v) in cli {
+        let typed = serde_json::from_str::<Value>(&v)
+            .ok()
+            .and_then(|j| ConfigValue::try_from(j).ok());
+        values.insert(k, typed.unwrap_or(ConfigValue::Text(v)));
+    }
     Ok(Arc::new(values))
 }
 

@@ -1,6 +1,7 @@
-//! Host-side bindings generated from `wit/plugins.wit`, and the `host` interface every plugin
-//! imports. The `types` and `host` interfaces are generated once (with the prompt-template
-//! world) and shared by the other worlds, so one linker serves every plugin kind.
+//! Host-side bindings generated from `wit/plugins.wit` (the current contract; `legacy` binds
+//! 0.1.0), and the `host` interface every plugin imports. The `types` and `host` interfaces
+//! are generated once (with the prompt-template world) and shared by the other worlds, so one
+//! linker serves every plugin kind.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -51,8 +52,30 @@ pub mod logits_processor {
     });
 }
 
-use logits_processor::gateway::plugins::vocabulary;
-use prompt_template::gateway::plugins::{host, types};
+pub(super) use logits_processor::gateway::plugins::vocabulary;
+pub(super) use prompt_template::gateway::plugins::{host, types};
+
+use crate::common::ConfigValue;
+
+/// A policy's value as the contract carries it.
+pub fn value(v: &ConfigValue) -> types::Value {
+    match v {
+        ConfigValue::Text(t) => types::Value::Text(t.clone()),
+        ConfigValue::Number(n) => types::Value::Number(*n),
+        ConfigValue::Boolean(b) => types::Value::Boolean(*b),
+        ConfigValue::TextList(l) => types::Value::TextList(l.clone()),
+    }
+}
+
+/// The contract's value as the host keeps it.
+pub fn config_value(v: &types::Value) -> ConfigValue {
+    match v {
+        types::Value::Text(t) => ConfigValue::Text(t.clone()),
+        types::Value::Number(n) => ConfigValue::Number(*n),
+        types::Value::Boolean(b) => ConfigValue::Boolean(*b),
+        types::Value::TextList(l) => ConfigValue::TextList(l.clone()),
+    }
+}
 
 /// At most this many log lines per call, each cut to `MAX_LOG_BYTES`: a plugin cannot flood
 /// the gateway's log.
@@ -91,7 +114,7 @@ pub struct CallState {
     pub limiter: Limiter,
     pub tenant: Arc<str>,
     pub plugin: Arc<str>,
-    pub config: Arc<BTreeMap<String, String>>,
+    pub config: Arc<BTreeMap<String, ConfigValue>>,
     pub logs: u32,
     /// The model's vocabulary, for a logits processor; other kinds see an empty one.
     pub vocab: Option<Arc<super::vocab::VocabIndex>>,
@@ -135,8 +158,8 @@ impl host::Host for CallState {
         }
     }
 
-    fn config_get(&mut self, key: String) -> Option<String> {
-        self.config.get(&key).cloned()
+    fn config_get(&mut self, key: String) -> Option<types::Value> {
+        self.config.get(&key).map(value)
     }
 }
 

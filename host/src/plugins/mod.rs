@@ -7,6 +7,7 @@
 //! and get plain values (or a `CallError`) back.
 
 mod bindings;
+mod legacy;
 mod processor;
 mod registry;
 mod runtime;
@@ -19,11 +20,11 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::SystemTime;
 
-pub use crate::common::{hex, valid_name, write_atomically};
+pub use crate::common::{hex, valid_name, write_atomically, ConfigValue};
 pub use bindings::capturing_logs;
 pub use bindings::logits_processor::{Decision, SequenceStart};
 pub use bindings::output_parser::Parsed;
-pub use bindings::prompt_template::gateway::plugins::types::{ContextChunk, Message};
+pub use bindings::prompt_template::gateway::plugins::types::{ContextChunk, Message, Value};
 pub use bindings::prompt_template::{ChatRequest, RenderedPrompt};
 pub use bindings::reranker::{Candidate, Scored};
 pub use processor::Processor;
@@ -34,8 +35,11 @@ use bindings::prompt_template::gateway::plugins::types;
 use runtime::Prepared;
 use warm::Bound;
 
-/// The versions of the `gateway:plugins` contract (`wit/plugins.wit`) this gateway serves.
-pub const WIT_VERSIONS: &[&str] = &["0.1.0"];
+/// The versions of the `gateway:plugins` contract this gateway serves, oldest first: the
+/// current one (`wit/plugins.wit`) and 0.1.0 (`wit/0.1.0/`, adapted in `legacy`).
+pub const WIT_VERSIONS: &[&str] = &["0.1.0", WIT_VERSION];
+/// The version `wit/plugins.wit` is, which new plugins are built against.
+pub const WIT_VERSION: &str = "0.2.0";
 
 /// The world a plugin implements.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
@@ -143,8 +147,45 @@ impl CallError {
     }
 }
 
+/// JSON metadata as every reranker sees it (the `metadata` of `candidate` in the WIT), one
+/// rendering for search and `/v1/rerank`: in name order; strings, numbers, booleans and arrays
+/// of strings as themselves; arrays of numbers or booleans as a text list of their JSON;
+/// objects and other arrays as text holding their JSON; nulls left out.
+pub fn metadata<'a>(
+    fields: impl Iterator<Item = (&'a String, &'a serde_json::Value)>,
+) -> Vec<(String, Value)> {
+    use serde_json::Value as J;
+    let mut out: Vec<(String, Value)> = fields
+        .filter_map(|(k, v)| {
+            let value = match v {
+                J::Null => return None,
+                J::String(s) => Value::Text(s.clone()),
+                J::Bool(b) => Value::Boolean(*b),
+                J::Number(n) => n
+                    .as_f64()
+                    .map_or_else(|| Value::Text(n.to_string()), Value::Number),
+                J::Array(items) => {
+                    let scalars: Option<Vec<String>> = items
+                        .iter()
+                        .map(|i| match i {
+                            J::String(s) => Some(s.clone()),
+                            J::Number(_) | J::Bool(_) => Some(i.to_string()),
+                            _ => None,
+                        })
+                        .collect();
+                    scalars.map_or_else(|| Value::Text(v.to_string()), Value::TextList)
+                }
+                J::Object(_) => Value::Text(v.to_string()),
+            };
+            Some((k.clone(), value))
+        })
+        .collect();
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    out
+}
+
 /// Per-tenant values a plugin reads through `config-get`.
-pub type TenantValues = Arc<BTreeMap<String, String>>;
+pub type TenantValues = Arc<BTreeMap<String, crate::common::ConfigValue>>;
 
 /// One installed version of a tenant's plugin. Immutable: a new version is a new `Plugin`,
 /// and a request that holds this `Arc` finishes on it whatever the registry does meanwhile.
@@ -172,6 +213,11 @@ impl fmt::Debug for Plugin {
 impl Plugin {
     pub fn kind(&self) -> PluginKind {
         self.prepared.kind()
+    }
+
+    /// The version of `gateway:plugins` the plugin was built against.
+    pub fn wit_version(&self) -> &'static str {
+        self.prepared.version()
     }
 
     /// Runs the `prompt-template` world's `render`.
@@ -342,6 +388,7 @@ async fn invoke(
         (Bound::OutputParser(p), Request::Parse(t, s)) => {
             p.call_parse(store, t, s).await?.map(Reply::Parse)
         }
+        (Bound::Legacy(b), request) => return legacy::invoke(store, b, request).await,
         _ => unreachable!("the plugin's kind is checked before it is called"),
     })
 }

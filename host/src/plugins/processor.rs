@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use super::bindings::logits_processor::{Decision, SequenceStart};
+use super::legacy::{self, Bound as Legacy};
 use super::vocab::VocabIndex;
 use super::warm::{Bound, Warm};
 use super::{bounded, CallError, Plugin, PluginKind, Runtime, TenantValues};
@@ -43,10 +44,13 @@ impl Plugin {
                 .take(rt, &self.prepared, &self.tenant, &self.name, values)
                 .await?;
             warm.store.data_mut().vocab = Some(vocab.clone());
-            let Bound::LogitsProcessor(p) = &warm.bound else {
-                unreachable!("the kind was checked")
+            let out = match &warm.bound {
+                Bound::LogitsProcessor(p) => p.call_start(&mut warm.store, &start).await,
+                Bound::Legacy(Legacy::LogitsProcessor(p)) => {
+                    legacy::start(p, &mut warm.store, &start).await
+                }
+                _ => unreachable!("the kind was checked"),
             };
-            let out = p.call_start(&mut warm.store, &start).await;
             Ok::<_, CallError>((out, warm))
         })
         .await
@@ -77,10 +81,16 @@ impl Processor {
     /// thread outside the async runtime.
     pub fn step(&mut self, tokens: &[u32], text: &str) -> Result<Decision, CallError> {
         self.rt.arm(&mut self.warm.store);
-        let Bound::LogitsProcessor(p) = &self.warm.bound else {
-            unreachable!("a processor holds a logits-processor instance")
+        let store = &mut self.warm.store;
+        let call = async {
+            match &self.warm.bound {
+                Bound::LogitsProcessor(p) => p.call_step(store, tokens, text).await,
+                Bound::Legacy(Legacy::LogitsProcessor(p)) => {
+                    legacy::step(p, store, tokens, text).await
+                }
+                _ => unreachable!("a processor holds a logits-processor instance"),
+            }
         };
-        let call = p.call_step(&mut self.warm.store, tokens, text);
         let out = self
             .handle
             .block_on(async { tokio::time::timeout(self.rt.timeout, call).await });

@@ -1,7 +1,6 @@
 //! The wasmtime side: one `Engine` with a pooling allocator and an epoch ticker, compilation
 //! with an on-disk cache keyed by the component's hash, and one call = one fresh `Store`.
 
-use std::collections::BTreeMap;
 use std::hash::{Hash, Hasher};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -10,7 +9,7 @@ use std::time::{Duration, Instant};
 use sha2::{Digest, Sha256};
 
 use crate::common::{hex, write_atomically};
-use wasmtime::component::{Component, Linker, ResourceTable};
+use wasmtime::component::{Component, InstancePre, Linker, ResourceTable};
 use wasmtime::{
     Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Store, StoreLimitsBuilder,
     Trap,
@@ -79,6 +78,8 @@ pub enum Prepared {
     Reranker(RerankerPre<CallState>),
     OutputParser(OutputParserPre<CallState>),
     LogitsProcessor(LogitsProcessorPre<CallState>),
+    /// Built against `gateway:plugins@0.1.0`, called through adapters.
+    Legacy(super::legacy::Prepared),
 }
 
 impl Prepared {
@@ -88,7 +89,26 @@ impl Prepared {
             Prepared::Reranker(_) => PluginKind::Reranker,
             Prepared::OutputParser(_) => PluginKind::OutputParser,
             Prepared::LogitsProcessor(_) => PluginKind::LogitsProcessor,
+            Prepared::Legacy(p) => p.kind(),
         }
+    }
+
+    /// The version of the contract the plugin is served as.
+    pub fn version(&self) -> &'static str {
+        match self {
+            Prepared::Legacy(_) => super::WIT_VERSIONS[0],
+            _ => super::WIT_VERSION,
+        }
+    }
+
+    /// `pre` as the current world of `kind`.
+    fn new(kind: PluginKind, pre: InstancePre<CallState>) -> wasmtime::Result<Self> {
+        Ok(match kind {
+            PluginKind::PromptTemplate => Prepared::PromptTemplate(PromptTemplatePre::new(pre)?),
+            PluginKind::Reranker => Prepared::Reranker(RerankerPre::new(pre)?),
+            PluginKind::OutputParser => Prepared::OutputParser(OutputParserPre::new(pre)?),
+            PluginKind::LogitsProcessor => Prepared::LogitsProcessor(LogitsProcessorPre::new(pre)?),
+        })
     }
 }
 
@@ -111,22 +131,35 @@ fn check_header(wasm: &[u8]) -> Result<(), LoadError> {
 
 /// A component built against another version of the contract would only fail to link with
 /// "implementation is missing"; say which version it wants and which this gateway serves.
-fn check_version(engine: &Engine, component: &Component) -> Result<(), LoadError> {
+/// Returns the version its imports name, if they name one (a plugin that calls nothing of
+/// the host's imports nothing of the contract).
+fn check_version(
+    engine: &Engine,
+    component: &Component,
+) -> Result<Option<&'static str>, LoadError> {
+    let mut found = None;
     for (name, _) in component.component_type().imports(engine) {
         let Some(rest) = name.strip_prefix("gateway:plugins/") else {
             continue;
         };
         let version = rest.split_once('@').map_or("", |(_, v)| v);
-        if !super::WIT_VERSIONS.contains(&version) {
+        let Some(known) = super::WIT_VERSIONS.iter().find(|v| **v == version) else {
             let version = if version.is_empty() {
                 "(no version)"
             } else {
                 version
             };
             return Err(LoadError::Version(version.to_string()));
+        };
+        if found.is_some_and(|f| f != *known) {
+            return Err(LoadError::Link(format!(
+                "the component imports both gateway:plugins@{} and @{known}; build it against one",
+                found.unwrap_or_default()
+            )));
         }
+        found = Some(*known);
     }
-    Ok(())
+    Ok(found)
 }
 
 impl Runtime {
@@ -171,6 +204,7 @@ impl Runtime {
             wasmtime::component::HasSelf<_>,
         >(&mut linker, |s| s)
         .map_err(|e| fail(&e))?;
+        super::legacy::add_to_linker(&mut linker).map_err(|e| fail(&e))?;
 
         // The ticker holds only a weak handle: it ends when the runtime is dropped.
         let weak = engine.weak();
@@ -217,32 +251,36 @@ impl Runtime {
     ) -> Result<Prepared, LoadError> {
         check_header(wasm)?;
         let component = self.compile(wasm)?;
-        check_version(&self.engine, &component)?;
+        let version = check_version(&self.engine, &component)?;
         let pre = self
             .linker
             .instantiate_pre(&component)
             .map_err(|e| LoadError::Link(format!("{e:#}")))?;
-        let kinds = PluginKind::ALL;
+        // Without imports of the contract, only the exports tell the versions apart (a 0.1.0
+        // reranker's candidates differ); the current version is tried first.
+        let versions: &[&str] = match version {
+            Some(v) => &[v],
+            None => &[super::WIT_VERSION, super::WIT_VERSIONS[0]],
+        };
         let mut problems = Vec::new();
-        for kind in kinds
-            .into_iter()
-            .filter(|k| expected.is_none_or(|e| e == *k))
-        {
-            let prepared = match kind {
-                PluginKind::PromptTemplate => {
-                    PromptTemplatePre::new(pre.clone()).map(Prepared::PromptTemplate)
+        for &version in versions {
+            for kind in PluginKind::ALL
+                .into_iter()
+                .filter(|k| expected.is_none_or(|e| e == *k))
+            {
+                let prepared = match version == super::WIT_VERSION {
+                    true => Prepared::new(kind, pre.clone()),
+                    false => super::legacy::Prepared::new(kind, pre.clone()).map(Prepared::Legacy),
+                };
+                // The reasons reported are the first version's: the one the plugin most
+                // likely meant.
+                match prepared {
+                    Ok(p) => return Ok(p),
+                    Err(e) if version == versions[0] => {
+                        problems.push(format!("not a {kind}: {e:#}"))
+                    }
+                    Err(_) => {}
                 }
-                PluginKind::Reranker => RerankerPre::new(pre.clone()).map(Prepared::Reranker),
-                PluginKind::OutputParser => {
-                    OutputParserPre::new(pre.clone()).map(Prepared::OutputParser)
-                }
-                PluginKind::LogitsProcessor => {
-                    LogitsProcessorPre::new(pre.clone()).map(Prepared::LogitsProcessor)
-                }
-            };
-            match prepared {
-                Ok(p) => return Ok(p),
-                Err(e) => problems.push(format!("not a {kind}: {e:#}")),
             }
         }
         Err(LoadError::NoWorld(problems.join("; ")))
@@ -321,7 +359,7 @@ impl Runtime {
         &self,
         tenant: &Arc<str>,
         plugin: &Arc<str>,
-        config: &Arc<BTreeMap<String, String>>,
+        config: &super::TenantValues,
     ) -> (Store<CallState>, Option<MemoryOutputPipe>) {
         let mut wasi = WasiCtxBuilder::new();
         let stderr = if self.inherit_stdio {

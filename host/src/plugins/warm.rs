@@ -30,6 +30,7 @@ pub enum Bound {
     Reranker(Reranker),
     OutputParser(OutputParser),
     LogitsProcessor(LogitsProcessor),
+    Legacy(super::legacy::Bound),
 }
 
 pub struct Warm {
@@ -94,6 +95,7 @@ impl Pool {
                 .instantiate_async(&mut store)
                 .await
                 .map(Bound::LogitsProcessor),
+            Prepared::Legacy(pre) => pre.instantiate(&mut store).await.map(Bound::Legacy),
         }
         .map_err(|e| rt.classify(&store, stderr.as_ref(), e))?;
         Ok(Warm {

@@ -283,7 +283,7 @@ fn describe(p: &Plugin) -> Value {
         .loaded_at
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
-    json!({"tenant": &*p.tenant, "name": &*p.name, "kind": p.kind().as_str(), "sha256": p.sha256, "bytes": p.size, "loaded_at": loaded})
+    json!({"tenant": &*p.tenant, "name": &*p.name, "kind": p.kind().as_str(), "wit_version": p.wit_version(), "sha256": p.sha256, "bytes": p.size, "loaded_at": loaded})
 }
 
 /// Constant-time comparison of the presented admin token with the configured one.

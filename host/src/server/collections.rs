@@ -443,15 +443,12 @@ async fn rerank(
     let cands: Vec<Candidate> = hits
         .iter()
         .enumerate()
-        .map(|(i, h)| {
-            let mut metadata = super::plugins::metadata(h.metadata.iter());
-            metadata.push(("document_id".to_string(), h.id.clone()));
-            Candidate {
-                id: i.to_string(),
-                text: h.text.clone(),
-                metadata,
-                score: h.score,
-            }
+        .map(|(i, h)| Candidate {
+            id: i.to_string(),
+            document_id: Some(h.id.clone()),
+            text: h.text.clone(),
+            metadata: crate::plugins::metadata(h.metadata.iter()),
+            score: h.score,
         })
         .collect();
     let query = req.query.clone();

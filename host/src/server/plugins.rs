@@ -14,33 +14,6 @@ use super::{json_response, AppState, Response};
 use crate::plugins::{CallError, Candidate, Plugin, PluginKind, Registry};
 use crate::tenancy::{Caller, Tenant};
 
-/// Metadata as every reranker sees it: strings as they are, numbers and booleans as JSON text,
-/// arrays of scalars joined with commas; nulls and nested objects left out.
-pub(super) fn metadata<'a>(
-    fields: impl Iterator<Item = (&'a String, &'a Value)>,
-) -> Vec<(String, String)> {
-    let scalar = |v: &Value| match v {
-        Value::String(s) => Some(s.clone()),
-        Value::Number(_) | Value::Bool(_) => Some(v.to_string()),
-        _ => None,
-    };
-    fields
-        .filter_map(|(k, v)| {
-            let text = match v {
-                Value::Array(items) => Some(
-                    items
-                        .iter()
-                        .filter_map(scalar)
-                        .collect::<Vec<_>>()
-                        .join(","),
-                ),
-                other => scalar(other),
-            };
-            text.map(|t| (k.clone(), t))
-        })
-        .collect()
-}
-
 /// Scores `candidates` (whose ids are their indices) with the reranker `plugin`: (index,
 /// score) pairs, best first, equal scores in input order, at most `top`.
 pub(super) async fn rerank_order(
@@ -205,7 +178,7 @@ fn yes() -> bool {
 #[serde(untagged)]
 enum RerankDocument {
     Text(String),
-    /// `{"text": ..., <metadata>...}`: scalar fields become candidate metadata.
+    /// `{"text": ..., <metadata>...}`: the other fields become candidate metadata.
     Object(serde_json::Map<String, Value>),
 }
 
@@ -268,12 +241,13 @@ async fn rerank_inner(
                         format!("documents[{i}] needs a string `text` field."),
                     ));
                 };
-                let metadata = metadata(map.iter().filter(|(k, _)| *k != "text"));
+                let metadata = crate::plugins::metadata(map.iter().filter(|(k, _)| *k != "text"));
                 (text.clone(), metadata, Value::Object(map))
             }
         };
         candidates.push(Candidate {
             id: i.to_string(),
+            document_id: None,
             text,
             metadata,
             score: 0.0,

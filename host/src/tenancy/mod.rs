@@ -38,7 +38,7 @@ pub struct Tenant {
     pub name: Arc<str>,
     pub policy: TenantPolicy,
     /// The policy's `config` values, as plugins read them through `config-get`.
-    pub values: Arc<std::collections::BTreeMap<String, String>>,
+    pub values: Arc<std::collections::BTreeMap<String, crate::common::ConfigValue>>,
     /// Keys this tenant's prefix-cache entries apart from every other tenant's.
     pub cache_salt: u64,
     rates: Arc<Rates>,

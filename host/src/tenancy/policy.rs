@@ -54,9 +54,10 @@ pub struct TenantPolicy {
     /// Share of the engine under contention, relative to other tenants' weights.
     #[serde(default = "one")]
     pub weight: u32,
-    /// Values the tenant's plugins read with `config-get`.
+    /// Values the tenant's plugins read with `config-get`: strings, numbers, booleans or
+    /// arrays of strings.
     #[serde(default)]
-    pub config: BTreeMap<String, String>,
+    pub config: BTreeMap<String, crate::common::ConfigValue>,
     /// Retrieval applied to every chat request that does not set `rag` itself.
     pub rag: Option<crate::search::request::RagSettings>,
 }

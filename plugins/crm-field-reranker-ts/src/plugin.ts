@@ -1,20 +1,22 @@
 // The CRM field reranker of `plugins/crm-field-reranker`, in TypeScript: scores each
 // candidate by how many of the query's terms it contains, then applies the tenant's metadata
 // boosts and a recency decay. Same configuration, same ranking as the Rust plugin:
-// - `boosts`: comma-separated `field=value:factor` rules, e.g. `tier=enterprise:1.5`;
+// - `boosts`: `field=value:factor` rules, a list or one comma-separated text, e.g.
+//   `["tier=enterprise:1.5"]`; a list field (`tags = ["vip"]`) matches when one item does;
 // - `recency_field`: a metadata field holding a date (`YYYY-MM-DD...`) or Unix seconds;
 // - `recency_half_life_days`: a candidate this many days older than the newest one in the set
 //   gets half the boost (default 30).
 
-import { configGet } from "gateway:plugins/host@0.1.0";
+import { configGet } from "gateway:plugins/host@0.2.0";
 
 // The reranker world's types as componentize-js presents them: records as objects with
 // camelCase fields, `option` as `undefined`, and a `result` error as a thrown value whose
 // `payload` is the error record.
 export type Candidate = {
   id: string;
+  documentId?: string;
   text: string;
-  metadata: [string, string][];
+  metadata: [string, Value][];
   score: number;
 };
 
@@ -35,9 +37,21 @@ const STOP_WORDS = new Set([
 
 type Boost = { field: string; value: string; factor: number };
 
-function parseBoosts(spec: string): Boost[] {
-  return spec
-    .split(",")
+/** A value as text: numbers and booleans as their text, lists joined with commas. */
+function asText(v: Value): string {
+  return v.tag === "text-list" ? v.val.join(",") : String(v.val);
+}
+
+/** A number, or text that spells one. */
+function asNumber(v: Value): number | undefined {
+  if (v.tag === "number") return v.val;
+  const t = v.tag === "text" ? v.val.trim() : "";
+  return t !== "" && Number.isFinite(Number(t)) ? Number(t) : undefined;
+}
+
+function parseBoosts(spec: Value | undefined): Boost[] {
+  const rules = spec === undefined ? [] : spec.tag === "text-list" ? spec.val : asText(spec).split(",");
+  return rules
     .map((r) => r.trim())
     .filter((r) => r.length > 0)
     .map((rule) => {
@@ -51,17 +65,22 @@ function parseBoosts(spec: string): Boost[] {
     });
 }
 
-function fieldValue(c: Candidate, field: string): string | undefined {
+function fieldValue(c: Candidate, field: string): Value | undefined {
   return c.metadata.find(([k]) => k === field)?.[1];
 }
 
+/** Whether a metadata value is `wanted` (any case); a list matches when one of its items does. */
+function matches(v: Value, wanted: string): boolean {
+  const w = wanted.toLowerCase();
+  return v.tag === "text-list" ? v.val.some((i) => i.toLowerCase() === w) : asText(v).toLowerCase() === w;
+}
+
 /** Days since the Unix epoch of a `YYYY-MM-DD` prefix or a Unix-seconds value. */
-function days(value: string): number | undefined {
-  const trimmed = value.trim();
-  if (trimmed !== "" && Number.isFinite(Number(trimmed))) {
-    return Number(trimmed) / 86_400;
-  }
-  const m = /^(\d{4})-(\d{2})-(\d{2})/.exec(value);
+function days(value: Value): number | undefined {
+  const secs = asNumber(value);
+  if (secs !== undefined) return secs / 86_400;
+  if (value.tag !== "text") return undefined;
+  const m = /^(\d{4})-(\d{2})-(\d{2})/.exec(value.val);
   if (!m) return undefined;
   const [y, mo, d] = [Number(m[1]), Number(m[2]), Number(m[3])];
   if (mo < 1 || mo > 12 || d < 1 || d > 31) return undefined;
@@ -93,18 +112,19 @@ function terms(query: string): string[] {
 }
 
 export function rerank(query: string, candidates: Candidate[]): Scored[] {
-  const boosts = parseBoosts(configGet("boosts") ?? "");
+  const boosts = parseBoosts(configGet("boosts"));
   const queryTerms = terms(query);
   if (queryTerms.length === 0) {
     throw pluginError("invalid-input", "the query has no searchable terms");
   }
-  const recencyField = configGet("recency_field");
+  const field = configGet("recency_field");
+  const recencyField = field === undefined ? undefined : asText(field);
   let halfLife = 30;
   const halfLifeSpec = configGet("recency_half_life_days");
   if (halfLifeSpec !== undefined) {
-    halfLife = Number(halfLifeSpec);
+    halfLife = asNumber(halfLifeSpec) ?? NaN;
     if (!(halfLife > 0)) {
-      throw pluginError("invalid-config", `recency_half_life_days ${JSON.stringify(halfLifeSpec)} is not a positive number`);
+      throw pluginError("invalid-config", `recency_half_life_days ${JSON.stringify(asText(halfLifeSpec))} is not a positive number`);
     }
   }
   const ages = candidates.map((c) => {
@@ -117,7 +137,8 @@ export function rerank(query: string, candidates: Candidate[]): Scored[] {
     const matched = queryTerms.filter((t) => have.has(t)).length;
     let score = matched / queryTerms.length;
     for (const b of boosts) {
-      if (fieldValue(c, b.field)?.toLowerCase() === b.value.toLowerCase()) score *= b.factor;
+      const v = fieldValue(c, b.field);
+      if (v !== undefined && matches(v, b.value)) score *= b.factor;
     }
     const age = ages[i];
     if (recencyField !== undefined && age !== undefined) {

@@ -2,14 +2,15 @@
 //! contains, then applies the tenant's metadata boosts and a recency decay.
 //!
 //! Tenant configuration:
-//! - `boosts`: comma-separated `field=value:factor` rules, e.g.
-//!   `tier=enterprise:1.5,status=open:1.2`; a candidate matching several rules gets their product;
+//! - `boosts`: `field=value:factor` rules, a list (`["tier=enterprise:1.5", "status=open:1.2"]`)
+//!   or one comma-separated text; a candidate matching several rules gets their product. A
+//!   list field (`tags = ["vip", "emea"]`) matches when any of its items does;
 //! - `recency_field`: a metadata field holding a date (`YYYY-MM-DD...`) or Unix seconds;
 //! - `recency_half_life_days`: a candidate this many days older than the newest one in the set
 //!   gets half the boost (default 30). Relative to the newest candidate, so no clock is needed
 //!   and the same input always ranks the same way.
 
-use guest_sdk::reranker::{error, Candidate, Guest, PluginError, Scored};
+use guest_sdk::reranker::{error, Candidate, Guest, PluginError, Scored, Value};
 
 struct Plugin;
 
@@ -31,22 +32,31 @@ const STOP_WORDS: &[&str] = &[
 pub fn rerank(
     query: &str,
     candidates: Vec<Candidate>,
-    config: &dyn Fn(&str) -> Option<String>,
+    config: &dyn Fn(&str) -> Option<Value>,
 ) -> Result<Vec<Scored>, PluginError> {
-    let boosts = parse_boosts(config("boosts").as_deref().unwrap_or(""))?;
+    let rules: Vec<String> = match config("boosts") {
+        None => Vec::new(),
+        Some(Value::TextList(rules)) => rules,
+        Some(other) => other.to_text().split(',').map(String::from).collect(),
+    };
+    let boosts = parse_boosts(&rules)?;
     let terms = terms(query);
     if terms.is_empty() {
         return Err(error("invalid-input", "the query has no searchable terms"));
     }
     let recency = match config("recency_field") {
         Some(field) => {
+            let field = field.to_text();
             let half_life = match config("recency_half_life_days") {
-                Some(v) => v.parse::<f32>().ok().filter(|h| *h > 0.0).ok_or_else(|| {
+                Some(v) => number(&v).filter(|h| *h > 0.0).ok_or_else(|| {
                     error(
                         "invalid-config",
-                        format!("recency_half_life_days {v:?} is not a positive number"),
+                        format!(
+                            "recency_half_life_days {:?} is not a positive number",
+                            v.to_text()
+                        ),
                     )
-                })?,
+                })? as f32,
                 None => 30.0,
             };
             Some((field, half_life))
@@ -58,7 +68,7 @@ pub fn rerank(
         .map(|c| {
             recency
                 .as_ref()
-                .and_then(|(field, _)| field_value(c, field))
+                .and_then(|(field, _)| c.field(field))
                 .and_then(days)
         })
         .collect();
@@ -76,7 +86,7 @@ pub fn rerank(
             let matched = terms.iter().filter(|t| words.contains(t.as_str())).count();
             let mut score = matched as f32 / terms.len() as f32;
             for (field, value, factor) in &boosts {
-                if field_value(c, field).is_some_and(|v| v.eq_ignore_ascii_case(value)) {
+                if c.field(field).is_some_and(|v| matches(v, value)) {
                     score *= factor;
                 }
             }
@@ -91,9 +101,10 @@ pub fn rerank(
         .collect())
 }
 
-fn parse_boosts(spec: &str) -> Result<Vec<(String, String, f32)>, PluginError> {
-    spec.split(',')
-        .map(str::trim)
+fn parse_boosts(rules: &[String]) -> Result<Vec<(String, String, f32)>, PluginError> {
+    rules
+        .iter()
+        .map(|r| r.trim())
         .filter(|r| !r.is_empty())
         .map(|rule| {
             let bad = || {
@@ -110,18 +121,29 @@ fn parse_boosts(spec: &str) -> Result<Vec<(String, String, f32)>, PluginError> {
         .collect()
 }
 
-fn field_value<'a>(c: &'a Candidate, field: &str) -> Option<&'a str> {
-    c.metadata
-        .iter()
-        .find(|(k, _)| k == field)
-        .map(|(_, v)| v.as_str())
+/// Whether a metadata value is `wanted` (any case); a list matches when one of its items does.
+fn matches(v: &Value, wanted: &str) -> bool {
+    match v {
+        Value::TextList(items) => items.iter().any(|i| i.eq_ignore_ascii_case(wanted)),
+        other => other.to_text().eq_ignore_ascii_case(wanted),
+    }
+}
+
+/// A number, or text that spells one.
+fn number(v: &Value) -> Option<f64> {
+    match v {
+        Value::Number(n) => Some(*n),
+        Value::Text(t) => t.trim().parse().ok(),
+        _ => None,
+    }
 }
 
 /// Days since the Unix epoch of a `YYYY-MM-DD` prefix or a Unix-seconds value.
-fn days(value: &str) -> Option<f32> {
-    if let Ok(secs) = value.trim().parse::<f64>() {
+fn days(value: &Value) -> Option<f32> {
+    if let Some(secs) = number(value) {
         return Some((secs / 86_400.0) as f32);
     }
+    let value = value.as_str()?;
     let date = value.get(..10)?;
     let mut parts = date.split('-');
     let (y, m, d): (i64, i64, i64) = (
@@ -174,13 +196,18 @@ fn terms_set(text: &str) -> std::collections::HashSet<String> {
 mod tests {
     use super::*;
 
-    fn cand(id: &str, text: &str, meta: &[(&str, &str)]) -> Candidate {
+    fn text(t: &str) -> Value {
+        Value::Text(t.into())
+    }
+
+    fn cand(id: &str, text: &str, meta: &[(&str, Value)]) -> Candidate {
         Candidate {
             id: id.into(),
+            document_id: None,
             text: text.into(),
             metadata: meta
                 .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .map(|(k, v)| (k.to_string(), v.clone()))
                 .collect(),
             score: 0.0,
         }
@@ -189,9 +216,9 @@ mod tests {
     #[test]
     fn overlap_boosts_and_recency_combine() {
         let config = |k: &str| match k {
-            "boosts" => Some("tier=enterprise:1.5".to_string()),
-            "recency_field" => Some("updated".to_string()),
-            "recency_half_life_days" => Some("10".to_string()),
+            "boosts" => Some(Value::TextList(vec!["tier=enterprise:1.5".into()])),
+            "recency_field" => Some(text("updated")),
+            "recency_half_life_days" => Some(Value::Number(10.0)),
             _ => None,
         };
         let out = rerank(
@@ -200,12 +227,15 @@ mod tests {
                 cand(
                     "a",
                     "Export your invoice as PDF",
-                    &[("tier", "free"), ("updated", "2024-03-11")],
+                    &[("tier", text("free")), ("updated", text("2024-03-11"))],
                 ),
                 cand(
                     "b",
                     "Export settings",
-                    &[("tier", "Enterprise"), ("updated", "2024-03-01")],
+                    &[
+                        ("tier", text("Enterprise")),
+                        ("updated", text("2024-03-01")),
+                    ],
                 ),
                 cand("c", "Unrelated", &[]),
             ],
@@ -219,17 +249,34 @@ mod tests {
     }
 
     #[test]
+    fn list_fields_and_text_rules_match() {
+        let config = |k: &str| (k == "boosts").then(|| text("tags=vip:2, tier=gold:3"));
+        let tags = Value::TextList(vec!["emea".into(), "VIP".into()]);
+        let out = rerank(
+            "export",
+            vec![
+                cand("a", "export", &[("tags", tags)]),
+                cand("b", "export", &[]),
+            ],
+            &config,
+        )
+        .unwrap();
+        assert_eq!((out[0].score, out[1].score), (2.0, 1.0));
+    }
+
+    #[test]
     fn bad_boost_rule_is_a_config_error() {
-        let config = |k: &str| (k == "boosts").then(|| "tier-enterprise".to_string());
+        let config = |k: &str| (k == "boosts").then(|| text("tier-enterprise"));
         let err = rerank("export", vec![cand("a", "x", &[])], &config).unwrap_err();
         assert_eq!(err.code, "invalid-config");
     }
 
     #[test]
     fn civil_days() {
-        assert_eq!(days("1970-01-01"), Some(0.0));
-        assert_eq!(days("2000-03-01T10:00:00Z"), Some(11_017.0));
-        assert_eq!(days("86400"), Some(1.0));
-        assert_eq!(days("yesterday"), None);
+        assert_eq!(days(&text("1970-01-01")), Some(0.0));
+        assert_eq!(days(&text("2000-03-01T10:00:00Z")), Some(11_017.0));
+        assert_eq!(days(&text("86400")), Some(1.0));
+        assert_eq!(days(&Value::Number(86_400.0)), Some(1.0));
+        assert_eq!(days(&text("yesterday")), None);
     }
 }

@@ -1,7 +1,8 @@
 //! CRM guardrail, a logits processor: the model never writes a phrase from the tenant's deny
 //! list (competitor names, internal project codes), not even one split across tokens.
 //!
-//! Config: `deny`, comma-separated phrases, matched ignoring ASCII case.
+//! Config: `deny`, a list of phrases (`["Salesforce", "Project X"]`) or one comma-separated
+//! text, matched ignoring ASCII case.
 //!
 //! How: tokens that contain a phrase whole are banned at every step. After each token the
 //! plugin keeps the tail of the text; wherever the tail ends with the start of a phrase, the
@@ -13,7 +14,7 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 
 use guest_sdk::logits_processor::{
-    self as lp, config, tokens_containing, tokens_with_prefix, Decision, Guest, PluginError,
+    self as lp, config_text, tokens_containing, tokens_with_prefix, Decision, Guest, PluginError,
     SequenceStart,
 };
 
@@ -95,7 +96,7 @@ struct Plugin;
 
 impl Guest for Plugin {
     fn start(request: SequenceStart) -> Result<Decision, PluginError> {
-        let deny = config("deny").unwrap_or_default();
+        let deny = config_text("deny").unwrap_or_default();
         let mut guard = Guard::new(&deny, |p| tokens_containing(p, true));
         // A completion continues its prompt: "Sales" at the prompt's end must not become
         // "Salesforce" either.

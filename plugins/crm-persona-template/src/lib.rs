@@ -18,7 +18,7 @@ struct Plugin;
 
 impl Guest for Plugin {
     fn render(request: ChatRequest) -> Result<RenderedPrompt, PluginError> {
-        render(request, &guest_sdk::prompt_template::config)
+        render(request, &guest_sdk::prompt_template::config_text)
     }
 }
 

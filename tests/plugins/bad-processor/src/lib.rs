@@ -4,7 +4,9 @@
 
 use std::cell::Cell;
 
-use guest_sdk::logits_processor::{config, error, Decision, Guest, PluginError, SequenceStart};
+use guest_sdk::logits_processor::{
+    config_text, error, Decision, Guest, PluginError, SequenceStart,
+};
 
 thread_local! {
     static SEEN: Cell<usize> = const { Cell::new(0) };
@@ -34,7 +36,7 @@ impl Guest for Plugin {
         if seen < 3 {
             return Ok(allow_all());
         }
-        match config("mode").as_deref() {
+        match config_text("mode").as_deref() {
             Some("panic") => panic!("bad-processor: deliberate panic"),
             Some("spin") => {
                 let mut x = 0u64;

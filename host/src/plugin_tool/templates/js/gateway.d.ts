@@ -1,15 +1,23 @@
-// The imports of gateway:plugins@0.1.0 (the WIT in wit/), as componentize-js presents them:
-// kebab-case names in camelCase, `option` as `undefined`, lists of numbers as arrays.
+// The imports of gateway:plugins@0.2.0 (the WIT in wit/), as componentize-js presents them:
+// kebab-case names in camelCase, `option` as `undefined`, lists of numbers as arrays, a
+// variant as `{tag, val}` with the case's WIT name as `tag`.
 
-declare module "gateway:plugins/host@0.1.0" {
+/** A metadata or configuration value, with the type the document or policy gave it. */
+type Value =
+  | { tag: "text"; val: string }
+  | { tag: "number"; val: number }
+  | { tag: "boolean"; val: boolean }
+  | { tag: "text-list"; val: string[] };
+
+declare module "gateway:plugins/host@0.2.0" {
   export type LogLevel = "trace" | "debug" | "info" | "warn" | "error";
   /** Writes to the gateway's log, tagged with the tenant and plugin name. */
   export function log(level: LogLevel, message: string): void;
   /** A configuration value the platform admin set for this tenant, if any. */
-  export function configGet(key: string): string | undefined;
+  export function configGet(key: string): Value | undefined;
 }
 
-declare module "gateway:plugins/vocabulary@0.1.0" {
+declare module "gateway:plugins/vocabulary@0.2.0" {
   /** The text of a token (special tokens as their name). */
   export function tokenText(id: number): string;
   /** Every token whose text starts with `prefix`. */

@@ -1,7 +1,7 @@
 // {{name}}: a prompt template. Puts the tenant's persona (config `persona`) first and the
 // retrieved passages after it as numbered sources.
 
-import { configGet } from "gateway:plugins/host@0.1.0";
+import { configGet } from "gateway:plugins/host@0.2.0";
 
 type Message = { role: string; content: string; name?: string };
 type ChatRequest = {
@@ -19,7 +19,8 @@ export function render(request: ChatRequest): RenderedPrompt {
   if (!request.messages.some((m) => m.role === "user")) {
     throw pluginError("invalid-input", "the conversation has no user message");
   }
-  let system = configGet("persona") ?? "You are a helpful CRM assistant.";
+  const persona = configGet("persona");
+  let system = persona?.tag === "text" ? persona.val : "You are a helpful CRM assistant.";
   request.context.forEach((c, i) => {
     system += `\n\n[${i + 1}] ${c.text}`;
   });

@@ -1,9 +1,16 @@
 // {{name}}: a reranker. Scores each candidate by the share of the query's words it contains,
 // times a boost for candidates whose metadata field `tier` equals config `boost_tier`.
 
-import { configGet } from "gateway:plugins/host@0.1.0";
+import { configGet } from "gateway:plugins/host@0.2.0";
 
-type Candidate = { id: string; text: string; metadata: [string, string][]; score: number };
+// `metadata` keeps each field's type: `tier: "gold"` is a text value, `tags: ["a"]` a text list.
+type Candidate = {
+  id: string;
+  documentId?: string;
+  text: string;
+  metadata: [string, Value][];
+  score: number;
+};
 type Scored = { id: string; score: number };
 
 function pluginError(code: string, message: string): Error & { payload: PluginError } {
@@ -24,7 +31,7 @@ export function rerank(query: string, candidates: Candidate[]): Scored[] {
     const have = new Set(words(c.text));
     let score = terms.filter((t) => have.has(t)).length / terms.length;
     const tier = c.metadata.find(([k]) => k === "tier")?.[1];
-    if (boostTier !== undefined && tier === boostTier) score *= 1.5;
+    if (boostTier?.tag === "text" && tier?.tag === "text" && tier.val === boostTier.val) score *= 1.5;
     return { id: c.id, score };
   });
 }

@@ -10,7 +10,12 @@ class WitWorld(wit_world.WitWorld):
     def render(self, request):
         if not any(m.role == "user" for m in request.messages):
             raise Err(types.PluginError(code="invalid-input", message="the conversation has no user message"))
-        system = host.config_get("persona") or "You are a helpful CRM assistant."
+        persona = host.config_get("persona")
+        # Configuration values keep the policy's type: text is a `types.Value_Text`.
+        if isinstance(persona, types.Value_Text):
+            system = persona.value
+        else:
+            system = "You are a helpful CRM assistant."
         for i, chunk in enumerate(request.context, start=1):
             system += f"\n\n[{i}] {chunk.text}"
         messages = [types.Message(role="system", content=system, name=None)]

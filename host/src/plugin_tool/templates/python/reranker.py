@@ -19,6 +19,8 @@ class WitWorld(wit_world.WitWorld):
         terms = words(query)
         if not terms:
             raise Err(types.PluginError(code="invalid-input", message="the query has no words"))
+        # Values keep their type: a text value is a `types.Value_Text`, a list of texts a
+        # `types.Value_TextList`, a number a `types.Value_Number`.
         boost_tier = host.config_get("boost_tier")
         out = []
         for c in candidates:

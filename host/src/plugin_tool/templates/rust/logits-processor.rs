@@ -1,11 +1,11 @@
 //! {{name}}: a logits processor. The model never writes a token containing one of the words
-//! in config `deny` (comma-separated, any case). One instance serves one sequence, so the
+//! in config `deny` (a list, or one comma-separated text; any case). One instance serves one sequence, so the
 //! banned list is computed once, at its start.
 
 use std::cell::RefCell;
 
 use guest_sdk::logits_processor::{
-    config, tokens_containing, Decision, Guest, PluginError, SequenceStart,
+    config, tokens_containing, Decision, Guest, PluginError, SequenceStart, Value,
 };
 
 thread_local! {
@@ -20,10 +20,14 @@ fn decision() -> Decision {
 
 impl Guest for Plugin {
     fn start(_request: SequenceStart) -> Result<Decision, PluginError> {
-        let deny = config("deny").unwrap_or_default();
+        let deny: Vec<String> = match config("deny") {
+            Some(Value::TextList(words)) => words,
+            Some(other) => other.to_text().split(',').map(String::from).collect(),
+            None => Vec::new(),
+        };
         let mut banned: Vec<u32> = deny
-            .split(',')
-            .map(str::trim)
+            .iter()
+            .map(|w| w.trim())
             .filter(|w| !w.is_empty())
             .flat_map(|w| tokens_containing(w, true))
             .collect();

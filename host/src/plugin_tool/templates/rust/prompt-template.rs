@@ -2,7 +2,7 @@
 //! retrieved passages after it as numbered sources.
 
 use guest_sdk::prompt_template::{
-    config, error, ChatRequest, Guest, Message, PluginError, RenderedPrompt,
+    config_text, error, ChatRequest, Guest, Message, PluginError, RenderedPrompt,
 };
 
 struct Plugin;
@@ -13,7 +13,7 @@ impl Guest for Plugin {
             return Err(error("invalid-input", "the conversation has no user message"));
         }
         let mut system =
-            config("persona").unwrap_or_else(|| "You are a helpful CRM assistant.".into());
+            config_text("persona").unwrap_or_else(|| "You are a helpful CRM assistant.".into());
         for (i, c) in request.context.iter().enumerate() {
             system.push_str(&format!("\n\n[{}] {}", i + 1, c.text));
         }

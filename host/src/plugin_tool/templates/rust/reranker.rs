@@ -1,7 +1,7 @@
 //! {{name}}: a reranker. Scores each candidate by the share of the query's words it contains,
 //! times a boost for candidates whose metadata field `tier` equals config `boost_tier`.
 
-use guest_sdk::reranker::{config, error, Candidate, Guest, PluginError, Scored};
+use guest_sdk::reranker::{config, error, Candidate, Guest, PluginError, Scored, Value};
 
 struct Plugin;
 
@@ -25,8 +25,9 @@ impl Guest for Plugin {
                 let have = words(&c.text);
                 let hits = terms.iter().filter(|t| have.contains(t)).count();
                 let mut score = hits as f32 / terms.len() as f32;
-                let tier = c.metadata.iter().find(|(k, _)| k == "tier").map(|(_, v)| v);
-                if boost_tier.is_some() && tier == boost_tier.as_ref() {
+                // Metadata and config values keep their type (`Value::Text`, `Value::TextList`,
+                // `Value::Number`, `Value::Boolean`).
+                if boost_tier.is_some() && c.field("tier") == boost_tier.as_ref() {
                     score *= 1.5;
                 }
                 Scored { id: c.id, score }
@@ -45,8 +46,9 @@ mod tests {
     fn candidate(id: &str, text: &str, tier: &str) -> Candidate {
         Candidate {
             id: id.into(),
+            document_id: None,
             text: text.into(),
-            metadata: vec![("tier".into(), tier.into())],
+            metadata: vec![("tier".into(), Value::Text(tier.into()))],
             score: 0.0,
         }
     }

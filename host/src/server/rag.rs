@@ -47,7 +47,7 @@ pub fn settings(field: Option<RagField>, caller: &Caller) -> Result<Option<RagSe
             None => return Ok(None),
         },
     };
-    if !(1..=MAX_RAG_TOP_K).contains(&s.top_k) {
+    if !(1..=MAX_RAG_TOP_K).contains(&s.top_k()) {
         return Err(ApiError::invalid(
             "rag",
             format!("`rag.top_k` must be 1 to {MAX_RAG_TOP_K}."),

@@ -238,13 +238,13 @@ impl Policies {
                         r.collection
                     ));
                 }
-                if !(1..=crate::search::request::MAX_RAG_TOP_K).contains(&r.top_k) {
+                if !(1..=crate::search::request::MAX_RAG_TOP_K).contains(&r.top_k()) {
                     problems.push(format!(
                         "{at}.rag.top_k: must be 1 to {}",
                         crate::search::request::MAX_RAG_TOP_K
                     ));
                 }
-                if let Some(f) = &r.filter {
+                if let Some(f) = r.filter() {
                     if let Err(m) = crate::search::filter::Filter::parse(f) {
                         problems.push(format!("{at}.rag.filter: {m}"));
                     }

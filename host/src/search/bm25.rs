@@ -6,6 +6,10 @@
 use std::collections::HashSet;
 use std::path::Path;
 
+use super::collection::internal;
+use super::store::Store;
+use super::SearchError;
+
 use tantivy::collector::{FilterCollector, TopDocs};
 use tantivy::query::{BooleanQuery, Occur, Query, TermQuery};
 use tantivy::schema::{
@@ -127,6 +131,58 @@ impl Bm25 {
 
     /// Removes every chunk of `docs`, adds `chunks` as (chunk id, doc id, text), commits
     /// durably and makes the result visible to searches.
+    /// Opens the index in `dir` and brings it in step with `store`: an unreadable index is
+    /// rebuilt, writes the store logged but the index may have missed (a crash between the
+    /// two) are replayed, and an index that still does not hold exactly the store's `stored`
+    /// chunks (lost, replaced, an older copy) is rebuilt rather than left serving wrong results.
+    pub fn recover(
+        dir: &Path,
+        collection: &str,
+        analysis: &Analysis,
+        store: &mut Store,
+        stored: usize,
+    ) -> Result<Self, SearchError> {
+        let (db, index) = (internal("collection store"), internal("BM25 index"));
+        let bm25 = match Bm25::open(dir, analysis) {
+            Ok(b) => b,
+            Err(e) => {
+                tracing::warn!(collection, error = %e, "BM25 index unreadable; rebuilding it");
+                let _ = std::fs::remove_dir_all(dir);
+                Bm25::open(dir, analysis).map_err(|e| index(&e))?
+            }
+        };
+        let pending = store.pending().map_err(|e| db(&e))?;
+        if !pending.is_empty() {
+            tracing::info!(
+                collection,
+                documents = pending.len(),
+                "replaying writes into the BM25 index"
+            );
+            let mut rows = Vec::new();
+            for d in &pending {
+                for (id, text) in store.doc_chunks(d).map_err(|e| db(&e))? {
+                    rows.push((id, d.clone(), text));
+                }
+            }
+            let rows: Vec<_> = rows.iter().map(|(i, d, t)| (*i, &d[..], &t[..])).collect();
+            bm25.apply(&pending, &rows).map_err(|e| index(&e))?;
+            store.clear_pending(&pending).map_err(|e| db(&e))?;
+        }
+        if bm25.num_chunks() != stored as u64 {
+            tracing::warn!(
+                collection,
+                indexed = bm25.num_chunks(),
+                stored,
+                "BM25 index out of step with the store; rebuilding it"
+            );
+            let all = store.all_texts().map_err(|e| db(&e))?;
+            bm25.clear().map_err(|e| index(&e))?;
+            let rows: Vec<_> = all.iter().map(|(i, d, t)| (*i, &d[..], &t[..])).collect();
+            bm25.apply(&[], &rows).map_err(|e| index(&e))?;
+        }
+        Ok(bm25)
+    }
+
     pub fn apply(&self, docs: &[String], chunks: &[(u64, &str, &str)]) -> tantivy::Result<()> {
         let mut writer = self.writer.lock();
         let mut run = || -> tantivy::Result<()> {

@@ -102,94 +102,37 @@ pub struct Collection {
     pub(super) applied: Mutex<i64>,
 }
 
-fn internal(what: &str) -> impl Fn(&dyn std::fmt::Display) -> SearchError + '_ {
-    move |e| SearchError::Internal(format!("{what}: {e}"))
-}
-
-impl Collection {
-    /// Opens (or, with `create`, creates) the collection stored in `dir`, with the embedding
-    /// model `embedder` picks for its settings.
-    pub fn open(
-        name: &str,
-        dir: &Path,
-        embedder: impl FnOnce(&Settings) -> Result<Arc<Embedder>, SearchError>,
+impl Settings {
+    /// `create`'s settings, written to a new collection's store, or those an existing one
+    /// holds.
+    fn stored(
+        store: &mut Store,
         create: Option<&Settings>,
+        dir: &Path,
     ) -> Result<Self, SearchError> {
-        std::fs::create_dir_all(dir).map_err(|e| internal("creating the folder")(&e))?;
         let db = internal("collection store");
-        let mut store = Store::open(&dir.join("store.sqlite")).map_err(|e| db(&e))?;
-        let settings = match create {
+        match create {
             Some(s) => {
                 let text = serde_json::to_string(s).map_err(|e| db(&e))?;
                 store.set_meta("settings", &text).map_err(|e| db(&e))?;
-                s.clone()
+                Ok(s.clone())
             }
             None => {
                 let text = store.meta("settings").map_err(|e| db(&e))?.ok_or_else(|| {
                     SearchError::Internal(format!("{}: no settings", dir.display()))
                 })?;
-                serde_json::from_str(&text).map_err(|e| db(&e))?
+                serde_json::from_str(&text).map_err(|e| db(&e))
             }
-        };
-        let embedder = embedder(&settings)?;
-        if settings.dimensions != embedder.dim {
-            return Err(SearchError::Internal(format!(
-                "collection `{name}` holds {}-dimensional vectors but embedding model `{}` makes {}",
-                settings.dimensions, embedder.name, embedder.dim
-            )));
         }
-        let (docs, chunks) = store.load().map_err(|e| db(&e))?;
-        let applied = store
-            .meta(super::replica::APPLIED)
-            .map_err(|e| db(&e))?
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0);
-        let readers = (0..4)
-            .map(|_| Reader::open(&dir.join("store.sqlite")).map(Mutex::new))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| db(&e))?;
-        let bm25_dir = dir.join("bm25");
-        let bm25 = match Bm25::open(&bm25_dir, &settings.analysis) {
-            Ok(b) => b,
-            Err(e) => {
-                tracing::warn!(collection = name, error = %e, "BM25 index unreadable; rebuilding it");
-                let _ = std::fs::remove_dir_all(&bm25_dir);
-                Bm25::open(&bm25_dir, &settings.analysis).map_err(|e| internal("BM25 index")(&e))?
-            }
-        };
-        let pending = store.pending().map_err(|e| db(&e))?;
-        if !pending.is_empty() {
-            tracing::info!(
-                collection = name,
-                documents = pending.len(),
-                "replaying writes into the BM25 index"
-            );
-            let mut rows = Vec::new();
-            for d in &pending {
-                for (id, text) in store.doc_chunks(d).map_err(|e| db(&e))? {
-                    rows.push((id, d.clone(), text));
-                }
-            }
-            let rows: Vec<_> = rows.iter().map(|(i, d, t)| (*i, &d[..], &t[..])).collect();
-            bm25.apply(&pending, &rows)
-                .map_err(|e| internal("BM25 index")(&e))?;
-            store.clear_pending(&pending).map_err(|e| db(&e))?;
-        }
-        // The keyword index is derived data: if it does not hold exactly the store's chunks
-        // (lost, replaced, or from an older copy), rebuild it rather than serve wrong results.
-        if bm25.num_chunks() != chunks.len() as u64 {
-            tracing::warn!(
-                collection = name,
-                indexed = bm25.num_chunks(),
-                stored = chunks.len(),
-                "BM25 index out of step with the store; rebuilding it"
-            );
-            let all = store.all_texts().map_err(|e| db(&e))?;
-            bm25.clear().map_err(|e| internal("BM25 index")(&e))?;
-            let rows: Vec<_> = all.iter().map(|(i, d, t)| (*i, &d[..], &t[..])).collect();
-            bm25.apply(&[], &rows)
-                .map_err(|e| internal("BM25 index")(&e))?;
-        }
+    }
+}
+
+impl Catalog {
+    /// The catalog of the store's documents and live chunks, and the chunks' vectors.
+    fn build(
+        docs: HashMap<String, Map<String, Value>>,
+        chunks: Vec<super::store::StoredChunk>,
+    ) -> (Self, Vec<(u64, Vec<f32>)>) {
         let docs: HashMap<Arc<str>, Arc<Map<String, Value>>> = docs
             .into_iter()
             .map(|(id, m)| (Arc::from(id), Arc::new(m)))
@@ -215,6 +158,52 @@ impl Collection {
         for d in docs.keys() {
             catalog.docs.entry(d.clone()).or_default();
         }
+        (catalog, vectors)
+    }
+}
+
+pub(super) fn internal(what: &str) -> impl Fn(&dyn std::fmt::Display) -> SearchError + '_ {
+    move |e| SearchError::Internal(format!("{what}: {e}"))
+}
+
+impl Collection {
+    /// Opens (or, with `create`, creates) the collection stored in `dir`, with the embedding
+    /// model `embedder` picks for its settings.
+    pub fn open(
+        name: &str,
+        dir: &Path,
+        embedder: impl FnOnce(&Settings) -> Result<Arc<Embedder>, SearchError>,
+        create: Option<&Settings>,
+    ) -> Result<Self, SearchError> {
+        std::fs::create_dir_all(dir).map_err(|e| internal("creating the folder")(&e))?;
+        let db = internal("collection store");
+        let mut store = Store::open(&dir.join("store.sqlite")).map_err(|e| db(&e))?;
+        let settings = Settings::stored(&mut store, create, dir)?;
+        let embedder = embedder(&settings)?;
+        if settings.dimensions != embedder.dim {
+            return Err(SearchError::Internal(format!(
+                "collection `{name}` holds {}-dimensional vectors but embedding model `{}` makes {}",
+                settings.dimensions, embedder.name, embedder.dim
+            )));
+        }
+        let (docs, chunks) = store.load().map_err(|e| db(&e))?;
+        let applied = store
+            .meta(super::replica::APPLIED)
+            .map_err(|e| db(&e))?
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        let readers = (0..4)
+            .map(|_| Reader::open(&dir.join("store.sqlite")).map(Mutex::new))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| db(&e))?;
+        let bm25 = Bm25::recover(
+            &dir.join("bm25"),
+            name,
+            &settings.analysis,
+            &mut store,
+            chunks.len(),
+        )?;
+        let (catalog, vectors) = Catalog::build(docs, chunks);
         Ok(Self {
             name: name.into(),
             settings,

@@ -186,25 +186,7 @@ impl Policies {
             if !names.insert(&t.name) {
                 problems.push(format!("{at}.name: tenant configured twice"));
             }
-            let mut ids = HashSet::new();
-            for (j, k) in t.keys.iter().enumerate() {
-                if k.sha256.len() != 64
-                    || !k
-                        .sha256
-                        .bytes()
-                        .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-                {
-                    problems.push(format!("{at}.keys[{j}].sha256: expected 64 lower-case hex digits (the SHA-256 of the key)"));
-                }
-                if !hashes.insert(&k.sha256) {
-                    problems.push(format!("{at}.keys[{j}].sha256: this key is listed twice"));
-                }
-                if k.id.is_empty() || !ids.insert(&k.id) {
-                    problems.push(format!(
-                        "{at}.keys[{j}].id: must be non-empty and unique within the tenant"
-                    ));
-                }
-            }
+            check_keys(&at, t, &mut hashes, &mut problems);
             for (field, _, v) in t.plugin_bindings() {
                 if let Some(p) = v {
                     if !crate::common::valid_name(p) {
@@ -230,25 +212,7 @@ impl Policies {
                 problems.push(format!("{at}.weight: must be at least 1"));
             }
             if let Some(r) = &t.rag {
-                if let Err(m) = crate::search::valid_name(&r.collection) {
-                    problems.push(format!("{at}.rag.collection: {m}"));
-                } else if !allows(&t.collections, &r.collection) {
-                    problems.push(format!(
-                        "{at}.rag.collection: {:?} is not in `collections`",
-                        r.collection
-                    ));
-                }
-                if !(1..=crate::search::request::MAX_RAG_TOP_K).contains(&r.top_k()) {
-                    problems.push(format!(
-                        "{at}.rag.top_k: must be 1 to {}",
-                        crate::search::request::MAX_RAG_TOP_K
-                    ));
-                }
-                if let Some(f) = r.filter() {
-                    if let Err(m) = crate::search::filter::Filter::parse(f) {
-                        problems.push(format!("{at}.rag.filter: {m}"));
-                    }
-                }
+                check_rag(&at, r, &t.collections, &mut problems);
             }
             if t.token_budget.is_some_and(|b| b.tokens == 0) {
                 problems.push(format!("{at}.token_budget.tokens: must be at least 1"));
@@ -258,6 +222,59 @@ impl Policies {
             Ok(())
         } else {
             Err(PolicyError(problems))
+        }
+    }
+}
+
+/// A tenant's keys: well-formed hashes, none listed twice in the whole policy (`hashes`), ids
+/// unique within the tenant.
+fn check_keys<'a>(
+    at: &str,
+    t: &'a TenantPolicy,
+    hashes: &mut HashSet<&'a String>,
+    problems: &mut Vec<String>,
+) {
+    let mut ids = HashSet::new();
+    for (j, k) in t.keys.iter().enumerate() {
+        let hex = |b: u8| b.is_ascii_digit() || (b'a'..=b'f').contains(&b);
+        if k.sha256.len() != 64 || !k.sha256.bytes().all(hex) {
+            problems.push(format!(
+                "{at}.keys[{j}].sha256: expected 64 lower-case hex digits (the SHA-256 of the key)"
+            ));
+        }
+        if !hashes.insert(&k.sha256) {
+            problems.push(format!("{at}.keys[{j}].sha256: this key is listed twice"));
+        }
+        if k.id.is_empty() || !ids.insert(&k.id) {
+            problems.push(format!(
+                "{at}.keys[{j}].id: must be non-empty and unique within the tenant"
+            ));
+        }
+    }
+}
+
+/// A tenant's default retrieval: a collection it may use, a top_k in range, a valid filter.
+fn check_rag(
+    at: &str,
+    r: &crate::search::request::RagSettings,
+    collections: &[String],
+    problems: &mut Vec<String>,
+) {
+    use crate::search::request::MAX_RAG_TOP_K;
+    if let Err(m) = crate::search::valid_name(&r.collection) {
+        problems.push(format!("{at}.rag.collection: {m}"));
+    } else if !allows(collections, &r.collection) {
+        problems.push(format!(
+            "{at}.rag.collection: {:?} is not in `collections`",
+            r.collection
+        ));
+    }
+    if !(1..=MAX_RAG_TOP_K).contains(&r.top_k()) {
+        problems.push(format!("{at}.rag.top_k: must be 1 to {MAX_RAG_TOP_K}"));
+    }
+    if let Some(f) = r.filter() {
+        if let Err(m) = crate::search::filter::Filter::parse(f) {
+            problems.push(format!("{at}.rag.filter: {m}"));
         }
     }
 }

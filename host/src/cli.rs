@@ -141,73 +141,25 @@ pub fn index(collection: &str, paths: &[PathBuf], o: &IndexOptions) -> anyhow::R
     if docs.is_empty() {
         bail!("no documents found in the given paths");
     }
-    let mut client = reqwest::blocking::Client::builder().timeout(Duration::from_secs(600));
-    if let Some(ca) = &o.ca_cert {
-        let pem = std::fs::read(ca).with_context(|| format!("reading {}", ca.display()))?;
-        client = client.add_root_certificate(reqwest::Certificate::from_pem(&pem)?);
-    }
-    let client = client.build()?;
-    let base = format!("{}/v1/collections", o.url.trim_end_matches('/'));
-    let auth = |r: reqwest::blocking::RequestBuilder| match &o.api_key {
-        Some(k) => r.bearer_auth(k),
-        None => r,
-    };
-    let r = auth(client.get(format!("{base}/{collection}"))).send()?;
-    match r.status().as_u16() {
-        200 => {}
-        404 => {
-            let r = auth(client.post(&base).json(&json!({"name": collection}))).send()?;
-            if !r.status().is_success() {
-                bail!("creating collection `{collection}`: {}", error_text(r));
-            }
-            eprintln!("created collection `{collection}`");
-        }
-        _ => bail!("collection `{collection}`: {}", error_text(r)),
-    }
+    let up = Uploader::new(collection, o)?;
+    up.ensure_collection()?;
     let total: u64 = docs.iter().map(|d| d.text.len() as u64).sum();
     let progress = bar(total, "bytes");
     let started = Instant::now();
     let (mut sent_docs, mut chunks, mut tokens) = (0usize, 0u64, 0u64);
-    let mut batch = String::new();
-    let mut batch_docs = 0;
-    let mut batch_bytes = 0u64;
+    let (mut batch, mut batch_docs, mut batch_bytes) = (String::new(), 0usize, 0u64);
     let mut flush = |batch: &mut String, n: &mut usize, bytes: &mut u64| -> anyhow::Result<()> {
         if *n == 0 {
             return Ok(());
         }
-        loop {
-            let r = auth(
-                client
-                    .post(format!("{base}/{collection}/documents"))
-                    .header("content-type", "application/x-ndjson")
-                    .body(batch.clone()),
-            )
-            .send()?;
-            let status = r.status().as_u16();
-            if status == 429 || status == 503 {
-                let wait = r
-                    .headers()
-                    .get("retry-after")
-                    .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
-                    .unwrap_or(1);
-                progress.set_message(format!("(gateway busy, retrying in {wait}s)"));
-                std::thread::sleep(Duration::from_secs(wait));
-                continue;
-            }
-            if !r.status().is_success() {
-                bail!("uploading documents: {}", error_text(r));
-            }
-            let v: Value = r.json()?;
-            chunks += v["chunks"].as_u64().unwrap_or(0);
-            tokens += v["usage"]["prompt_tokens"].as_u64().unwrap_or(0);
-            break;
-        }
-        sent_docs += *n;
+        let (c, t) = up.send(batch, |wait| {
+            progress.set_message(format!("(gateway busy, retrying in {wait}s)"))
+        })?;
+        (chunks, tokens, sent_docs) = (chunks + c, tokens + t, sent_docs + *n);
         progress.inc(*bytes);
         progress.set_message(format!("{sent_docs} documents, {chunks} chunks"));
         batch.clear();
-        *n = 0;
-        *bytes = 0;
+        (*n, *bytes) = (0, 0);
         Ok(())
     };
     for d in docs {
@@ -228,6 +180,88 @@ pub fn index(collection: &str, paths: &[PathBuf], o: &IndexOptions) -> anyhow::R
         tokens as f64 / secs.max(1e-9)
     );
     Ok(())
+}
+
+/// The gateway's collection API, as `index` uses it.
+struct Uploader<'a> {
+    client: reqwest::blocking::Client,
+    base: String,
+    collection: &'a str,
+    api_key: Option<&'a str>,
+}
+
+impl<'a> Uploader<'a> {
+    fn new(collection: &'a str, o: &'a IndexOptions) -> anyhow::Result<Self> {
+        let mut client = reqwest::blocking::Client::builder().timeout(Duration::from_secs(600));
+        if let Some(ca) = &o.ca_cert {
+            let pem = std::fs::read(ca).with_context(|| format!("reading {}", ca.display()))?;
+            client = client.add_root_certificate(reqwest::Certificate::from_pem(&pem)?);
+        }
+        Ok(Self {
+            client: client.build()?,
+            base: format!("{}/v1/collections", o.url.trim_end_matches('/')),
+            collection,
+            api_key: o.api_key.as_deref(),
+        })
+    }
+
+    fn auth(&self, r: reqwest::blocking::RequestBuilder) -> reqwest::blocking::RequestBuilder {
+        match self.api_key {
+            Some(k) => r.bearer_auth(k),
+            None => r,
+        }
+    }
+
+    /// Creates the collection unless it exists.
+    fn ensure_collection(&self) -> anyhow::Result<()> {
+        let (base, collection) = (&self.base, self.collection);
+        let r = self
+            .auth(self.client.get(format!("{base}/{collection}")))
+            .send()?;
+        match r.status().as_u16() {
+            200 => Ok(()),
+            404 => {
+                let create = self.client.post(base).json(&json!({"name": collection}));
+                let r = self.auth(create).send()?;
+                if !r.status().is_success() {
+                    bail!("creating collection `{collection}`: {}", error_text(r));
+                }
+                eprintln!("created collection `{collection}`");
+                Ok(())
+            }
+            _ => bail!("collection `{collection}`: {}", error_text(r)),
+        }
+    }
+
+    /// Uploads one NDJSON batch, waiting out 429/503 as the gateway's `retry-after` says
+    /// (`waiting` is told each wait); returns the chunks and tokens it was charged.
+    fn send(&self, batch: &str, waiting: impl Fn(u64)) -> anyhow::Result<(u64, u64)> {
+        let url = format!("{}/{}/documents", self.base, self.collection);
+        loop {
+            let post = self
+                .client
+                .post(&url)
+                .header("content-type", "application/x-ndjson");
+            let r = self.auth(post.body(batch.to_string())).send()?;
+            let status = r.status().as_u16();
+            if status == 429 || status == 503 {
+                let wait = r
+                    .headers()
+                    .get("retry-after")
+                    .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
+                    .unwrap_or(1);
+                waiting(wait);
+                std::thread::sleep(Duration::from_secs(wait));
+                continue;
+            }
+            if !r.status().is_success() {
+                bail!("uploading documents: {}", error_text(r));
+            }
+            let v: Value = r.json()?;
+            let chunks = v["chunks"].as_u64().unwrap_or(0);
+            return Ok((chunks, v["usage"]["prompt_tokens"].as_u64().unwrap_or(0)));
+        }
+    }
 }
 
 fn error_text(r: reqwest::blocking::Response) -> String {

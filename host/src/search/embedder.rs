@@ -99,95 +99,35 @@ pub struct Embedder {
 
 impl Embedder {
     pub fn load(name: &str, dir: &Path) -> Result<Self, EmbedError> {
-        let err = |p: &Path, m: String| EmbedError::Load {
-            path: p.display().to_string(),
-            message: m,
-        };
-        let cfg_path = dir.join("config.json");
-        let cfg: Config = std::fs::read_to_string(&cfg_path)
-            .map_err(|e| err(&cfg_path, e.to_string()))
-            .and_then(|t| serde_json::from_str(&t).map_err(|e| err(&cfg_path, e.to_string())))?;
-        if cfg.hidden_act.as_deref().is_some_and(|a| a != "gelu") {
-            return Err(err(
-                &cfg_path,
-                format!(
-                    "hidden_act {:?} is not supported (gelu only)",
-                    cfg.hidden_act
-                ),
-            ));
-        }
-        let tok_path = dir.join("tokenizer.json");
-        let mut tokenizer = tokenizers::Tokenizer::from_file(&tok_path)
-            .map_err(|e| err(&tok_path, e.to_string()))?;
-        // Length is checked (and refused) per input instead of silently truncated.
-        tokenizer
-            .with_truncation(None)
-            .map_err(|e| err(&tok_path, e.to_string()))?;
-        tokenizer.with_padding(None);
-        let mut tensors = HashMap::new();
-        let files: Vec<_> = std::fs::read_dir(dir)
-            .map_err(|e| err(dir, e.to_string()))?
-            .flatten()
-            .map(|e| e.path())
-            .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
-            .collect();
-        if files.is_empty() {
-            return Err(err(dir, "no *.safetensors file".into()));
-        }
-        for f in files {
-            let t = candle_core::safetensors::load(&f, &Device::Cpu)
-                .map_err(|e| err(&f, e.to_string()))?;
-            // Checkpoints saved from BertForX prefix every name with `bert.`.
-            tensors.extend(
-                t.into_iter()
-                    .map(|(k, v)| (k.strip_prefix("bert.").map(String::from).unwrap_or(k), v)),
-            );
-        }
-        let get = |name: &str| -> Result<Tensor, EmbedError> {
-            let t = tensors
-                .get(name)
-                .ok_or_else(|| err(dir, format!("tensor {name} is missing")))?;
-            Ok(t.to_dtype(DType::F32)?)
-        };
-        // Old checkpoints name LayerNorm parameters gamma/beta.
-        let norm = |prefix: &str| -> Result<LayerNorm, EmbedError> {
-            let w =
-                get(&format!("{prefix}.weight")).or_else(|_| get(&format!("{prefix}.gamma")))?;
-            let b = get(&format!("{prefix}.bias")).or_else(|_| get(&format!("{prefix}.beta")))?;
-            Ok(LayerNorm {
-                w,
-                b,
-                eps: cfg.layer_norm_eps,
-            })
-        };
-        let linear = |prefix: &str| -> Result<Linear, EmbedError> {
-            Ok(Linear {
-                w_t: get(&format!("{prefix}.weight"))?.t()?.contiguous()?,
-                b: get(&format!("{prefix}.bias"))?,
-            })
+        let cfg = read_config(dir)?;
+        let tokenizer = read_tokenizer(dir)?;
+        let w = Weights {
+            tensors: read_tensors(dir)?,
+            dir,
+            eps: cfg.layer_norm_eps,
         };
         let layers = (0..cfg.num_hidden_layers)
             .map(|i| {
                 let p = format!("encoder.layer.{i}");
                 Ok(Layer {
-                    q: linear(&format!("{p}.attention.self.query"))?,
-                    k: linear(&format!("{p}.attention.self.key"))?,
-                    v: linear(&format!("{p}.attention.self.value"))?,
-                    attn_out: linear(&format!("{p}.attention.output.dense"))?,
-                    attn_norm: norm(&format!("{p}.attention.output.LayerNorm"))?,
-                    up: linear(&format!("{p}.intermediate.dense"))?,
-                    down: linear(&format!("{p}.output.dense"))?,
-                    out_norm: norm(&format!("{p}.output.LayerNorm"))?,
+                    q: w.linear(&format!("{p}.attention.self.query"))?,
+                    k: w.linear(&format!("{p}.attention.self.key"))?,
+                    v: w.linear(&format!("{p}.attention.self.value"))?,
+                    attn_out: w.linear(&format!("{p}.attention.output.dense"))?,
+                    attn_norm: w.norm(&format!("{p}.attention.output.LayerNorm"))?,
+                    up: w.linear(&format!("{p}.intermediate.dense"))?,
+                    down: w.linear(&format!("{p}.output.dense"))?,
+                    out_norm: w.norm(&format!("{p}.output.LayerNorm"))?,
                 })
             })
             .collect::<Result<Vec<_>, EmbedError>>()?;
         Ok(Self {
             name: name.to_string(),
             tokenizer,
-            word: get("embeddings.word_embeddings.weight")?,
-            position: get("embeddings.position_embeddings.weight")?,
-            token_type: get("embeddings.token_type_embeddings.weight")?,
-            embed_norm: norm("embeddings.LayerNorm")?,
+            word: w.get("embeddings.word_embeddings.weight")?,
+            position: w.get("embeddings.position_embeddings.weight")?,
+            token_type: w.get("embeddings.token_type_embeddings.weight")?,
+            embed_norm: w.norm("embeddings.LayerNorm")?,
             layers,
             heads: cfg.num_attention_heads,
             dim: cfg.hidden_size,
@@ -324,5 +264,100 @@ impl Embedder {
             .sqrt()?
             .clamp(1e-12, f64::MAX)?;
         Ok(pooled.broadcast_div(&norm)?.to_vec2::<f32>()?)
+    }
+}
+
+fn load_error(p: &Path, message: String) -> EmbedError {
+    EmbedError::Load {
+        path: p.display().to_string(),
+        message,
+    }
+}
+
+fn read_config(dir: &Path) -> Result<Config, EmbedError> {
+    let path = dir.join("config.json");
+    let cfg: Config = std::fs::read_to_string(&path)
+        .map_err(|e| load_error(&path, e.to_string()))
+        .and_then(|t| serde_json::from_str(&t).map_err(|e| load_error(&path, e.to_string())))?;
+    if cfg.hidden_act.as_deref().is_some_and(|a| a != "gelu") {
+        let act = &cfg.hidden_act;
+        return Err(load_error(
+            &path,
+            format!("hidden_act {act:?} is not supported (gelu only)"),
+        ));
+    }
+    Ok(cfg)
+}
+
+fn read_tokenizer(dir: &Path) -> Result<tokenizers::Tokenizer, EmbedError> {
+    let path = dir.join("tokenizer.json");
+    let fail = |e: tokenizers::Error| load_error(&path, e.to_string());
+    let mut tokenizer = tokenizers::Tokenizer::from_file(&path).map_err(fail)?;
+    // Length is checked (and refused) per input instead of silently truncated.
+    tokenizer.with_truncation(None).map_err(fail)?;
+    tokenizer.with_padding(None);
+    Ok(tokenizer)
+}
+
+/// Every tensor of the folder's `*.safetensors` files, by name.
+fn read_tensors(dir: &Path) -> Result<HashMap<String, Tensor>, EmbedError> {
+    let files: Vec<_> = std::fs::read_dir(dir)
+        .map_err(|e| load_error(dir, e.to_string()))?
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+        .collect();
+    if files.is_empty() {
+        return Err(load_error(dir, "no *.safetensors file".into()));
+    }
+    let mut tensors = HashMap::new();
+    for f in files {
+        let t = candle_core::safetensors::load(&f, &Device::Cpu)
+            .map_err(|e| load_error(&f, e.to_string()))?;
+        // Checkpoints saved from BertForX prefix every name with `bert.`.
+        tensors.extend(
+            t.into_iter()
+                .map(|(k, v)| (k.strip_prefix("bert.").map(String::from).unwrap_or(k), v)),
+        );
+    }
+    Ok(tensors)
+}
+
+/// A checkpoint's tensors, read as the encoder's parts.
+struct Weights<'a> {
+    tensors: HashMap<String, Tensor>,
+    dir: &'a Path,
+    eps: f64,
+}
+
+impl Weights<'_> {
+    fn get(&self, name: &str) -> Result<Tensor, EmbedError> {
+        let t = self
+            .tensors
+            .get(name)
+            .ok_or_else(|| load_error(self.dir, format!("tensor {name} is missing")))?;
+        Ok(t.to_dtype(DType::F32)?)
+    }
+
+    /// Old checkpoints name LayerNorm parameters gamma/beta.
+    fn norm(&self, prefix: &str) -> Result<LayerNorm, EmbedError> {
+        let w = self
+            .get(&format!("{prefix}.weight"))
+            .or_else(|_| self.get(&format!("{prefix}.gamma")))?;
+        let b = self
+            .get(&format!("{prefix}.bias"))
+            .or_else(|_| self.get(&format!("{prefix}.beta")))?;
+        Ok(LayerNorm {
+            w,
+            b,
+            eps: self.eps,
+        })
+    }
+
+    fn linear(&self, prefix: &str) -> Result<Linear, EmbedError> {
+        Ok(Linear {
+            w_t: self.get(&format!("{prefix}.weight"))?.t()?.contiguous()?,
+            b: self.get(&format!("{prefix}.bias"))?,
+        })
     }
 }

@@ -222,19 +222,7 @@ impl Registry {
                 }
                 Err(e) => {
                     let serving = current.contains_key(&key(tenant, name));
-                    // Only a plugin not in service (a restart) falls back to its kept copy.
-                    let fallback = if serving {
-                        None
-                    } else {
-                        self.last_good(dir, tenant, name)
-                    };
-                    let kept = match (serving, &fallback) {
-                        (true, _) => "; the previous version stays",
-                        (false, Some(_)) => "; serving the last version that loaded",
-                        (false, None) => "",
-                    };
-                    tracing::warn!(plugin = %label, error = %e, "plugin rejected{kept}");
-                    if let Some(p) = fallback {
+                    if let Some(p) = self.fallback(dir, (tenant, name), serving, &e) {
                         next.insert(key(tenant, name), p);
                         report.loaded.push(label.clone());
                     }
@@ -255,12 +243,7 @@ impl Registry {
         next.retain(|k, _| {
             let keep = found.contains_key(k);
             if !keep {
-                tracing::info!(plugin = %format!("{}/{}", k.0, k.1), "plugin removed");
-                report.removed.push(format!("{}/{}", k.0, k.1));
-                // The file was deleted on purpose: its fallback goes too.
-                if let Err(e) = remove_files(&dir.join(LAST_GOOD).join(&k.0), &k.1) {
-                    tracing::warn!(plugin = %format!("{}/{}", k.0, k.1), error = %e, "could not remove the kept last version");
-                }
+                report.removed.push(removed(dir, k));
             }
             keep
         });
@@ -273,6 +256,28 @@ impl Registry {
             self.plugins.store(Arc::new(next));
         }
         report
+    }
+
+    /// Logs a rejected file and returns what serves in its place when the plugin is not in
+    /// service (a restart): its kept last good copy, if any. A serving plugin keeps serving.
+    fn fallback(
+        &self,
+        dir: &Path,
+        (tenant, name): (&str, &str),
+        serving: bool,
+        e: &LoadError,
+    ) -> Option<Arc<Plugin>> {
+        let fallback = match serving {
+            true => None,
+            false => self.last_good(dir, tenant, name),
+        };
+        let kept = match (serving, &fallback) {
+            (true, _) => "; the previous version stays",
+            (false, Some(_)) => "; serving the last version that loaded",
+            (false, None) => "",
+        };
+        tracing::warn!(plugin = %format!("{tenant}/{name}"), error = %e, "plugin rejected{kept}");
+        fallback
     }
 
     /// The plugin's last version that loaded, if a copy was kept and still loads.
@@ -332,6 +337,17 @@ fn keep_last_good(dir: &Path, tenant: &str, name: &str, wasm: &[u8], kind: Plugi
     if let Err(e) = kept {
         tracing::warn!(plugin = %format!("{tenant}/{name}"), error = %e, "could not keep a copy of the loaded version");
     }
+}
+
+/// Logs a plugin whose file was deleted and removes its kept copy too (the deletion was on
+/// purpose); returns its label.
+fn removed(dir: &Path, k: &Key) -> String {
+    let label = format!("{}/{}", k.0, k.1);
+    tracing::info!(plugin = %label, "plugin removed");
+    if let Err(e) = remove_files(&dir.join(LAST_GOOD).join(&k.0), &k.1) {
+        tracing::warn!(plugin = %label, error = %e, "could not remove the kept last version");
+    }
+    label
 }
 
 /// Deletes `<base>/<name>.wasm` and its manifest; files already gone are fine.

@@ -98,38 +98,7 @@ pub async fn run(cfg: &ModelConfig, o: &BenchOptions) -> anyhow::Result<()> {
     run_one(&engine, request(prompt(&engine, 32, 0), 8), Instant::now()).await;
 
     let mut salt = 1;
-    let mut prefill = Vec::new();
-    let mut decode = Vec::new();
-    for _ in 0..o.repeat {
-        let t0 = Instant::now();
-        let r = run_one(
-            &engine,
-            request(prompt(&engine, o.prompt_tokens, salt), 1),
-            t0,
-        )
-        .await;
-        salt += 1;
-        prefill.push(o.prompt_tokens as f64 / r.first.as_secs_f64());
-        let t0 = Instant::now();
-        let r = run_one(
-            &engine,
-            request(prompt(&engine, 16, salt), o.gen_tokens),
-            t0,
-        )
-        .await;
-        salt += 1;
-        decode.push((r.tokens - 1) as f64 / (r.last - r.first).as_secs_f64());
-    }
-    let decode1 = median(decode);
-    println!();
-    println!("| measurement | value |");
-    println!("|---|---|");
-    println!(
-        "| prefill, {} prompt tokens | {:.1} tok/s |",
-        o.prompt_tokens,
-        median(prefill)
-    );
-    println!("| decode, single stream | {decode1:.1} tok/s |");
+    let decode1 = single_stream_rows(&engine, o, &mut salt).await;
     if let Some(mib) = idle_rss {
         println!("| process RSS after loading, idle | {mib:.0} MiB |");
     }
@@ -151,21 +120,62 @@ pub async fn run(cfg: &ModelConfig, o: &BenchOptions) -> anyhow::Result<()> {
     }
     speculation_rows(&engine, &metrics, &cfg.name, o, &mut salt).await;
     structured::rows(&engine, &metrics, &cfg.name, o).await?;
-    // KV waste is the unfilled tail of each sequence's last block, so it is measured on
-    // prompts of realistic, mixed lengths.
-    let lens: Vec<usize> = (0..o.kv_seqs)
-        .map(|i| 64 + i * 960 / o.kv_seqs.max(1))
-        .collect();
+    kv_row(&engine, &metrics, &cfg.name, o.kv_seqs, salt).await
+}
+
+/// Prefill and single-stream decode rates (medians of `repeat` runs), printed as the table's
+/// first rows; returns the decode rate, which the concurrency rows compare against.
+async fn single_stream_rows(engine: &Engine, o: &BenchOptions, salt: &mut usize) -> f64 {
+    let mut prefill = Vec::new();
+    let mut decode = Vec::new();
+    for _ in 0..o.repeat {
+        let t0 = Instant::now();
+        let r = run_one(
+            engine,
+            request(prompt(engine, o.prompt_tokens, *salt), 1),
+            t0,
+        )
+        .await;
+        *salt += 1;
+        prefill.push(o.prompt_tokens as f64 / r.first.as_secs_f64());
+        let t0 = Instant::now();
+        let r = run_one(engine, request(prompt(engine, 16, *salt), o.gen_tokens), t0).await;
+        *salt += 1;
+        decode.push((r.tokens - 1) as f64 / (r.last - r.first).as_secs_f64());
+    }
+    let decode1 = median(decode);
+    println!();
+    println!("| measurement | value |");
+    println!("|---|---|");
+    println!(
+        "| prefill, {} prompt tokens | {:.1} tok/s |",
+        o.prompt_tokens,
+        median(prefill)
+    );
+    println!("| decode, single stream | {decode1:.1} tok/s |");
+    decode1
+}
+
+/// KV waste is the unfilled tail of each sequence's last block, so it is measured on `seqs`
+/// prompts of realistic, mixed lengths.
+async fn kv_row(
+    engine: &Arc<Engine>,
+    metrics: &Arc<Metrics>,
+    model: &str,
+    seqs: usize,
+    salt: usize,
+) -> anyhow::Result<()> {
+    let lens: Vec<usize> = (0..seqs).map(|i| 64 + i * 960 / seqs.max(1)).collect();
     let reqs = lens
         .iter()
         .enumerate()
-        .map(|(i, &l)| request(prompt(&engine, l, salt + i), 32))
+        .map(|(i, &l)| request(prompt(engine, l, salt + i), 32))
         .collect();
-    let r = run_batch(&engine, &metrics, &cfg.name, reqs).await?;
+    let r = run_batch(engine, metrics, model, reqs).await?;
     let mean = r.utilisation.iter().sum::<f64>() / r.utilisation.len().max(1) as f64;
     println!(
         "| KV utilisation, {} sequences, prompts {}-{} tokens + 32 generated (mean of {} samples) | {:.1}% (waste {:.1}%) |",
-        o.kv_seqs,
+        seqs,
         lens.first().copied().unwrap_or(0),
         lens.last().copied().unwrap_or(0),
         r.utilisation.len(),

@@ -150,84 +150,8 @@ async fn plugins(
     let rest = path.strip_prefix("/admin/plugins").unwrap_or_default();
     let parts: Vec<&str> = rest.split('/').filter(|s| !s.is_empty()).collect();
     match (method.as_str(), parts.as_slice()) {
-        ("GET", []) => {
-            let list: Vec<Value> = state.plugins.list().iter().map(|p| describe(p)).collect();
-            let rejected: Vec<Value> = state
-                .plugins
-                .rejections()
-                .into_iter()
-                .map(|r| {
-                    let at = r.at.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
-                    json!({"tenant": r.tenant, "name": r.name, "sha256": r.sha256, "reason": r.reason, "rejected_at": at})
-                })
-                .collect();
-            Ok(json_response(
-                StatusCode::OK,
-                &json!({"object": "list", "data": list, "rejected": rejected}),
-            ))
-        }
-        ("PUT", [tenant, name]) => {
-            // A plugin for a tenant the policy does not know could never be called: it
-            // would only leave files (and a folder) behind.
-            if !state.tenancy.has_tenant(tenant) {
-                return Err(ApiError {
-                    status: StatusCode::NOT_FOUND,
-                    kind: "invalid_request_error",
-                    message: format!(
-                        "No tenant `{tenant}` in the policy in force; add it there first."
-                    ),
-                    param: None,
-                    code: Some("tenant_not_found"),
-                    retry_after: None,
-                    debug: None,
-                });
-            }
-            let kind = match query.and_then(|q| q.split('&').find_map(|kv| kv.strip_prefix("kind="))) {
-                Some(k) => Some(PluginKind::parse(k).ok_or_else(|| {
-                    ApiError {
-                        code: Some("invalid_kind"),
-                        ..ApiError::invalid("kind", format!("Unknown plugin kind {k:?}; use prompt-template, reranker, output-parser or logits-processor."))
-                    }
-                })?),
-                None => None,
-            };
-            let wasm = body.unwrap_or_default();
-            let existed = state.plugins.get(tenant, name).is_some();
-            let (st, t, n) = (state.clone(), tenant.to_string(), name.to_string());
-            let installed = super::blocking("plugin install", move || {
-                let plugin = st.plugins.prepare(&t, &n, &wasm, kind)?;
-                if let Some(cluster) = &st.cluster {
-                    cluster
-                        .put_plugin(&t, &n, plugin.kind(), &plugin.sha256, &wasm)
-                        .map_err(Stored::Not)?;
-                }
-                Ok(st.plugins.put(plugin, &wasm)?)
-            })
-            .await?;
-            match installed {
-                Ok(p) => {
-                    tracing::info!(tenant = %p.tenant, plugin = %p.name, kind = %p.kind(), "plugin installed through the admin API");
-                    let status = if existed {
-                        StatusCode::OK
-                    } else {
-                        StatusCode::CREATED
-                    };
-                    Ok(json_response(status, &describe(&p)))
-                }
-                Err(Stored::Not(e)) => Err(ApiError::store_unavailable(&e)),
-                Err(Stored::Load(e @ crate::plugins::LoadError::Io(_))) => Err(ApiError {
-                    code: Some(e.code()),
-                    ..ApiError::internal(e.to_string())
-                }),
-                Err(Stored::Load(e)) => Err(ApiError {
-                    code: Some(e.code()),
-                    ..ApiError::invalid(
-                        None,
-                        format!("Plugin rejected; the previous version (if any) stays: {e}"),
-                    )
-                }),
-            }
-        }
+        ("GET", []) => Ok(list_plugins(state)),
+        ("PUT", [tenant, name]) => put_plugin(state, tenant, name, query, body).await,
         ("DELETE", [tenant, name]) => match delete_plugin(state, tenant, name).await? {
             Ok(true) => Ok(json_response(
                 StatusCode::OK,
@@ -245,6 +169,89 @@ async fn plugins(
         },
         (_, [] | [_, _]) => Err(ApiError::method_not_allowed(method, path)),
         _ => Err(ApiError::not_found(path)),
+    }
+}
+
+/// `GET /admin/plugins`: what serves, and the files refused with their reasons.
+fn list_plugins(state: &AppState) -> Response {
+    let list: Vec<Value> = state.plugins.list().iter().map(|p| describe(p)).collect();
+    let rejected: Vec<Value> = state
+        .plugins
+        .rejections()
+        .into_iter()
+        .map(|r| {
+            let at = r.at.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+            json!({"tenant": r.tenant, "name": r.name, "sha256": r.sha256, "reason": r.reason, "rejected_at": at})
+        })
+        .collect();
+    json_response(
+        StatusCode::OK,
+        &json!({"object": "list", "data": list, "rejected": rejected}),
+    )
+}
+
+/// `PUT /admin/plugins/{tenant}/{name}[?kind=]`: compiles and checks the upload off the
+/// runtime, stores it in the shared store first on a cluster, then swaps it in.
+async fn put_plugin(
+    state: &Arc<AppState>,
+    tenant: &str,
+    name: &str,
+    query: Option<&str>,
+    body: Option<Bytes>,
+) -> Result<Response, ApiError> {
+    // A plugin for a tenant the policy does not know could never be called: it would only
+    // leave files (and a folder) behind.
+    if !state.tenancy.has_tenant(tenant) {
+        return Err(ApiError {
+            status: StatusCode::NOT_FOUND,
+            code: Some("tenant_not_found"),
+            ..ApiError::invalid(
+                None,
+                format!("No tenant `{tenant}` in the policy in force; add it there first."),
+            )
+        });
+    }
+    let kind = match query.and_then(|q| q.split('&').find_map(|kv| kv.strip_prefix("kind="))) {
+        Some(k) => Some(PluginKind::parse(k).ok_or_else(|| ApiError {
+            code: Some("invalid_kind"),
+            ..ApiError::invalid("kind", format!("Unknown plugin kind {k:?}; use prompt-template, reranker, output-parser or logits-processor."))
+        })?),
+        None => None,
+    };
+    let wasm = body.unwrap_or_default();
+    let existed = state.plugins.get(tenant, name).is_some();
+    let (st, t, n) = (state.clone(), tenant.to_string(), name.to_string());
+    let installed = super::blocking("plugin install", move || {
+        let plugin = st.plugins.prepare(&t, &n, &wasm, kind)?;
+        if let Some(cluster) = &st.cluster {
+            cluster
+                .put_plugin(&t, &n, plugin.kind(), &plugin.sha256, &wasm)
+                .map_err(Stored::Not)?;
+        }
+        Ok(st.plugins.put(plugin, &wasm)?)
+    })
+    .await?;
+    match installed {
+        Ok(p) => {
+            tracing::info!(tenant = %p.tenant, plugin = %p.name, kind = %p.kind(), "plugin installed through the admin API");
+            let status = match existed {
+                true => StatusCode::OK,
+                false => StatusCode::CREATED,
+            };
+            Ok(json_response(status, &describe(&p)))
+        }
+        Err(Stored::Not(e)) => Err(ApiError::store_unavailable(&e)),
+        Err(Stored::Load(e @ crate::plugins::LoadError::Io(_))) => Err(ApiError {
+            code: Some(e.code()),
+            ..ApiError::internal(e.to_string())
+        }),
+        Err(Stored::Load(e)) => Err(ApiError {
+            code: Some(e.code()),
+            ..ApiError::invalid(
+                None,
+                format!("Plugin rejected; the previous version (if any) stays: {e}"),
+            )
+        }),
     }
 }
 

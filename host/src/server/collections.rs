@@ -80,38 +80,7 @@ pub async fn route(
                 &json!({"object": "list", "data": data}),
             ))
         }
-        (&Method::POST, [""]) => {
-            // Fields listed here, not flattened: `deny_unknown_fields` then catches typos.
-            #[derive(Deserialize)]
-            #[serde(deny_unknown_fields)]
-            struct Create {
-                name: String,
-                chunk_tokens: Option<usize>,
-                chunk_overlap: Option<usize>,
-                language: Option<String>,
-                stemming: Option<bool>,
-                stop_words: Option<bool>,
-                embedding_model: Option<String>,
-            }
-            let req: Create = serde_json::from_slice(&body)?;
-            let opts = CreateOptions {
-                chunk_tokens: req.chunk_tokens,
-                chunk_overlap: req.chunk_overlap,
-                language: req.language,
-                stemming: req.stemming,
-                stop_words: req.stop_words,
-                embedding_model: req.embedding_model,
-            };
-            if !caller.tenant.allows_collection(&req.name) {
-                return Err(ApiError::forbidden(
-                    "name",
-                    format!("Tenant `{tenant}` may not use collection `{}`.", req.name),
-                ));
-            }
-            let st = state.clone();
-            let c = blocking(move || st.collections.create(&tenant, &req.name, opts)).await?;
-            Ok(json_response(StatusCode::CREATED, &card(&c)))
-        }
+        (&Method::POST, [""]) => create(state, caller, &body).await,
         (&Method::GET, [name]) => Ok(json_response(
             StatusCode::OK,
             &card(&*open(state, caller, name)?),
@@ -152,6 +121,42 @@ pub async fn route(
         }
         _ => Err(ApiError::not_found(&format!("/v1/collections{rest}"))),
     }
+}
+
+/// `POST /v1/collections`: a new collection of the caller's tenant, with its chunking,
+/// analysis and embedding settings.
+async fn create(state: &Arc<AppState>, caller: &Caller, body: &[u8]) -> Result<Response, ApiError> {
+    let tenant = caller.tenant.name.to_string();
+    // Fields listed here, not flattened: `deny_unknown_fields` then catches typos.
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Create {
+        name: String,
+        chunk_tokens: Option<usize>,
+        chunk_overlap: Option<usize>,
+        language: Option<String>,
+        stemming: Option<bool>,
+        stop_words: Option<bool>,
+        embedding_model: Option<String>,
+    }
+    let req: Create = serde_json::from_slice(body)?;
+    let opts = CreateOptions {
+        chunk_tokens: req.chunk_tokens,
+        chunk_overlap: req.chunk_overlap,
+        language: req.language,
+        stemming: req.stemming,
+        stop_words: req.stop_words,
+        embedding_model: req.embedding_model,
+    };
+    if !caller.tenant.allows_collection(&req.name) {
+        return Err(ApiError::forbidden(
+            "name",
+            format!("Tenant `{tenant}` may not use collection `{}`.", req.name),
+        ));
+    }
+    let st = state.clone();
+    let c = blocking(move || st.collections.create(&tenant, &req.name, opts)).await?;
+    Ok(json_response(StatusCode::CREATED, &card(&c)))
 }
 
 /// `%xx` escapes in a path segment (document ids may hold any character).

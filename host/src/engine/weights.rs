@@ -121,14 +121,7 @@ fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<T, ModelError>
 
 fn load_hf(dir: &Path) -> Result<LoadedModel, ModelError> {
     let cfg: HfConfig = read_json(&dir.join("config.json"))?;
-    let rope_style = match cfg.model_type.as_deref() {
-        Some("llama" | "mistral" | "qwen2") | None => RopeStyle::Neox,
-        Some(other) => {
-            return Err(ModelError::Format(format!(
-                "model_type {other:?} is not a supported llama-family decoder"
-            )))
-        }
-    };
+    let shape = hf_shape(&cfg)?;
     let tok_path = dir.join("tokenizer.json");
     let tok = Tokenizer::from_file(&tok_path)
         .map_err(|e| ModelError::Tokenizer(format!("{}: {e}", tok_path.display())))?;
@@ -136,78 +129,13 @@ fn load_hf(dir: &Path) -> Result<LoadedModel, ModelError> {
         p if p.exists() => read_json(&p)?,
         _ => HfTokenizerConfig::default(),
     };
-    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
-        .map_err(|e| ModelError::Io(dir.into(), e))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|e| e == "safetensors"))
-        .collect();
-    files.sort();
-    if files.is_empty() {
-        return Err(ModelError::Format(format!(
-            "{}: no *.safetensors files",
-            dir.display()
-        )));
-    }
-    // SAFETY: the weights are mapped read-only; the files must not change while serving.
-    let st = unsafe { MmapedSafetensors::multi(&files)? };
-    let dev = Device::Cpu;
-    let get = |name: &str| -> Result<Tensor, ModelError> {
-        Ok(st.load(name, &dev)?.to_dtype(DType::F32)?)
-    };
-    let has = |name: &str| st.get(name).is_ok();
-    let vec_f32 = |name: &str| -> Result<Vec<f32>, ModelError> { Ok(get(name)?.to_vec1()?) };
-    let num_heads = cfg.num_attention_heads;
-    let head_dim = cfg.head_dim.unwrap_or(cfg.hidden_size / num_heads);
-    let shape = ModelShape {
-        vocab_size: cfg.vocab_size,
-        hidden: cfg.hidden_size,
-        intermediate: cfg.intermediate_size,
-        num_layers: cfg.num_hidden_layers,
-        num_heads,
-        num_kv_heads: cfg.num_key_value_heads.unwrap_or(num_heads),
-        head_dim,
-        rms_eps: cfg.rms_norm_eps.unwrap_or(1e-5),
-        rope_theta: cfg.rope_theta.unwrap_or(10_000.0),
-        rope_style,
-        context_length: cfg.max_position_embeddings.unwrap_or(4096),
-        gemma: None,
-    };
-    let mut layers = Vec::with_capacity(shape.num_layers);
-    for i in 0..shape.num_layers {
-        let p = format!("model.layers.{i}");
-        let w = |n: &str| get(&format!("{p}.{n}.weight"));
-        let qkv = Tensor::cat(
-            &[
-                w("self_attn.q_proj")?,
-                w("self_attn.k_proj")?,
-                w("self_attn.v_proj")?,
-            ],
-            0,
-        )?;
-        let qkv_bias = match has(&format!("{p}.self_attn.q_proj.bias")) {
-            true => Some(
-                ["q", "k", "v"]
-                    .iter()
-                    .map(|x| vec_f32(&format!("{p}.self_attn.{x}_proj.bias")))
-                    .collect::<Result<Vec<_>, _>>()?
-                    .concat(),
-            ),
-            false => None,
-        };
-        layers.push(Layer {
-            attn_norm: vec_f32(&format!("{p}.input_layernorm.weight"))?,
-            qkv: Linear::Dense(qkv),
-            qkv_bias,
-            o: Linear::Dense(w("self_attn.o_proj")?),
-            ffn_norm: vec_f32(&format!("{p}.post_attention_layernorm.weight"))?,
-            gate_up: Linear::Dense(Tensor::cat(&[w("mlp.gate_proj")?, w("mlp.up_proj")?], 0)?),
-            down: Linear::Dense(w("mlp.down_proj")?),
-            gemma: None,
-        });
-    }
-    let embed = get("model.embed_tokens.weight")?;
-    let lm_head = if !cfg.tie_word_embeddings && has("lm_head.weight") {
-        get("lm_head.weight")?
+    let w = HfWeights::open(dir)?;
+    let layers = (0..shape.num_layers)
+        .map(|i| w.layer(i))
+        .collect::<Result<Vec<_>, _>>()?;
+    let embed = w.get("model.embed_tokens.weight")?;
+    let lm_head = if !cfg.tie_word_embeddings && w.has("lm_head.weight") {
+        w.get("lm_head.weight")?
     } else {
         embed.clone()
     };
@@ -224,22 +152,13 @@ fn load_hf(dir: &Path) -> Result<LoadedModel, ModelError> {
             .into_iter()
             .collect(),
     };
-    let template_src = match &tcfg.chat_template {
-        Some(serde_json::Value::String(s)) => Some(s.clone()),
-        // A list of named templates: take the default one.
-        Some(serde_json::Value::Array(a)) => a
-            .iter()
-            .find(|t| t.get("name").and_then(|n| n.as_str()) == Some("default"))
-            .and_then(|t| t.get("template").and_then(|s| s.as_str()).map(String::from)),
-        _ => None,
-    };
     let template = chat_template(
-        template_src,
+        hf_template_source(&tcfg),
         &tok,
         token_string(&tcfg.bos_token),
         token_string(&tcfg.eos_token),
     )?;
-    let norm = vec_f32("model.norm.weight")?;
+    let norm = w.vec_f32("model.norm.weight")?;
     Ok(LoadedModel {
         model: Model::new(
             shape,
@@ -247,7 +166,7 @@ fn load_hf(dir: &Path) -> Result<LoadedModel, ModelError> {
             layers,
             norm,
             Linear::Dense(lm_head),
-            dev,
+            Device::Cpu,
         ),
         stop_ids: stop_ids(&tok, &eos),
         tokenizer: tok,
@@ -255,4 +174,111 @@ fn load_hf(dir: &Path) -> Result<LoadedModel, ModelError> {
         bos: cfg.bos_token_id,
         add_bos: tcfg.add_bos_token,
     })
+}
+
+/// The decoder's dimensions from a Hugging Face `config.json` (llama family only).
+fn hf_shape(cfg: &HfConfig) -> Result<ModelShape, ModelError> {
+    let rope_style = match cfg.model_type.as_deref() {
+        Some("llama" | "mistral" | "qwen2") | None => RopeStyle::Neox,
+        Some(other) => {
+            return Err(ModelError::Format(format!(
+                "model_type {other:?} is not a supported llama-family decoder"
+            )))
+        }
+    };
+    let num_heads = cfg.num_attention_heads;
+    Ok(ModelShape {
+        vocab_size: cfg.vocab_size,
+        hidden: cfg.hidden_size,
+        intermediate: cfg.intermediate_size,
+        num_layers: cfg.num_hidden_layers,
+        num_heads,
+        num_kv_heads: cfg.num_key_value_heads.unwrap_or(num_heads),
+        head_dim: cfg.head_dim.unwrap_or(cfg.hidden_size / num_heads),
+        rms_eps: cfg.rms_norm_eps.unwrap_or(1e-5),
+        rope_theta: cfg.rope_theta.unwrap_or(10_000.0),
+        rope_style,
+        context_length: cfg.max_position_embeddings.unwrap_or(4096),
+        gemma: None,
+    })
+}
+
+/// `chat_template` as a string, or the default of a list of named templates.
+fn hf_template_source(tcfg: &HfTokenizerConfig) -> Option<String> {
+    match &tcfg.chat_template {
+        Some(serde_json::Value::String(s)) => Some(s.clone()),
+        Some(serde_json::Value::Array(a)) => a
+            .iter()
+            .find(|t| t.get("name").and_then(|n| n.as_str()) == Some("default"))
+            .and_then(|t| t.get("template").and_then(|s| s.as_str()).map(String::from)),
+        _ => None,
+    }
+}
+
+/// A checkpoint's safetensors files, mapped, read as f32 tensors.
+struct HfWeights(MmapedSafetensors);
+
+impl HfWeights {
+    fn open(dir: &Path) -> Result<Self, ModelError> {
+        let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+            .map_err(|e| ModelError::Io(dir.into(), e))?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|e| e == "safetensors"))
+            .collect();
+        files.sort();
+        if files.is_empty() {
+            return Err(ModelError::Format(format!(
+                "{}: no *.safetensors files",
+                dir.display()
+            )));
+        }
+        // SAFETY: the weights are mapped read-only; the files must not change while serving.
+        Ok(Self(unsafe { MmapedSafetensors::multi(&files)? }))
+    }
+
+    fn get(&self, name: &str) -> Result<Tensor, ModelError> {
+        Ok(self.0.load(name, &Device::Cpu)?.to_dtype(DType::F32)?)
+    }
+
+    fn has(&self, name: &str) -> bool {
+        self.0.get(name).is_ok()
+    }
+
+    fn vec_f32(&self, name: &str) -> Result<Vec<f32>, ModelError> {
+        Ok(self.get(name)?.to_vec1()?)
+    }
+
+    /// Decoder layer `i`, with q/k/v and gate/up fused as the CPU model runs them.
+    fn layer(&self, i: usize) -> Result<Layer, ModelError> {
+        let p = format!("model.layers.{i}");
+        let w = |n: &str| self.get(&format!("{p}.{n}.weight"));
+        let qkv = Tensor::cat(
+            &[
+                w("self_attn.q_proj")?,
+                w("self_attn.k_proj")?,
+                w("self_attn.v_proj")?,
+            ],
+            0,
+        )?;
+        let qkv_bias = match self.has(&format!("{p}.self_attn.q_proj.bias")) {
+            true => Some(
+                ["q", "k", "v"]
+                    .iter()
+                    .map(|x| self.vec_f32(&format!("{p}.self_attn.{x}_proj.bias")))
+                    .collect::<Result<Vec<_>, _>>()?
+                    .concat(),
+            ),
+            false => None,
+        };
+        Ok(Layer {
+            attn_norm: self.vec_f32(&format!("{p}.input_layernorm.weight"))?,
+            qkv: Linear::Dense(qkv),
+            qkv_bias,
+            o: Linear::Dense(w("self_attn.o_proj")?),
+            ffn_norm: self.vec_f32(&format!("{p}.post_attention_layernorm.weight"))?,
+            gate_up: Linear::Dense(Tensor::cat(&[w("mlp.gate_proj")?, w("mlp.up_proj")?], 0)?),
+            down: Linear::Dense(w("mlp.down_proj")?),
+            gemma: None,
+        })
+    }
 }

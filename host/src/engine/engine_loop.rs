@@ -218,29 +218,17 @@ impl EngineLoop {
     fn step(&mut self) {
         self.propose_drafts();
         let step = self.sched.schedule();
-        let model = self.name.as_str();
         if !step.preempted.is_empty() {
             self.metrics
                 .preemptions
-                .with_label_values(&[model])
+                .with_label_values(&[&self.name])
                 .inc_by(step.preempted.len() as u64);
         }
         if step.scheduled.is_empty() {
             return;
         }
-        // First admission of a request: it leaves the submission queue, and its first chunk's
-        // start is how much of the prompt the prefix cache covered.
-        for sc in &step.scheduled {
-            if let Some(st) = self.states.get_mut(&sc.id).filter(|st| !st.admitted) {
-                st.admitted = true;
-                self.waiting.fetch_sub(1, Ordering::Relaxed);
-                st.cached_tokens = sc.start;
-                self.metrics
-                    .prefix_cache_hit_tokens
-                    .with_label_values(&[model])
-                    .inc_by(sc.start as u64);
-            }
-        }
+        self.note_admissions(&step.scheduled);
+        let model = self.name.as_str();
         let batch: Vec<BatchSeq> = step
             .scheduled
             .iter()
@@ -271,8 +259,6 @@ impl EngineLoop {
             .with_label_values(&[model])
             .observe(num_tokens as f64);
         let started = Instant::now();
-        // Constrained sequences that sample this step get their masks computed on a second
-        // thread while the forward pass runs: the grammar adds no latency unless it is slower.
         let sampling: Vec<SeqId> = step
             .scheduled
             .iter()
@@ -280,34 +266,14 @@ impl EngineLoop {
             .filter(|(_, b)| b.want_logits)
             .map(|(sc, _)| sc.id)
             .collect();
-        let mut steered: Vec<&mut Steering> = self
+        let steered: Vec<&mut Steering> = self
             .states
             .iter_mut()
             .filter(|(id, st)| sampling.contains(id) && st.steering.is_active())
             .map(|(_, st)| &mut st.steering)
             .collect();
-        let runner = &mut self.runner;
-        let result = if steered.is_empty() {
-            runner.forward(&batch)
-        } else {
-            let g = &self.metrics.grammar;
-            let mask_hist = g.mask_seconds.with_label_values(&[model]);
-            let step_hist = g.processor_seconds.with_label_values(&[model]);
-            std::thread::scope(|scope| {
-                let masks = scope.spawn(|| {
-                    for s in steered.iter_mut() {
-                        let took = s.prepare();
-                        took.mask.inspect(|&t| mask_hist.observe(t));
-                        took.processor.inspect(|&t| step_hist.observe(t));
-                    }
-                });
-                let result = runner.forward(&batch);
-                if let Err(panic) = masks.join() {
-                    std::panic::resume_unwind(panic);
-                }
-                result
-            })
-        };
+        let grammar = &self.metrics.grammar;
+        let result = forward_steering(&mut self.runner, &batch, steered, grammar, model);
         tracing::trace!(
             seqs = batch.len(),
             tokens = num_tokens,
@@ -332,6 +298,23 @@ impl EngineLoop {
                     .map(|_| logits.next().expect("logits rows per finished sequence"))
                     .collect();
                 self.on_rows(sc.id, rows);
+            }
+        }
+    }
+
+    /// First admission of a request: it leaves the submission queue, and its first chunk's
+    /// start is how much of the prompt the prefix cache covered.
+    fn note_admissions(&mut self, scheduled: &[super::scheduler::Scheduled]) {
+        let hits = self
+            .metrics
+            .prefix_cache_hit_tokens
+            .with_label_values(&[&self.name]);
+        for sc in scheduled {
+            if let Some(st) = self.states.get_mut(&sc.id).filter(|st| !st.admitted) {
+                st.admitted = true;
+                self.waiting.fetch_sub(1, Ordering::Relaxed);
+                st.cached_tokens = sc.start;
+                hits.inc_by(sc.start as u64);
             }
         }
     }
@@ -584,4 +567,35 @@ impl EngineLoop {
             .with_label_values(&[model])
             .set(used as f64 / total as f64);
     }
+}
+
+/// The forward pass over `batch`. The masks of the constrained sequences that sample this step
+/// (`steered`) are computed on a second thread while it runs: the grammar adds no latency
+/// unless it is slower.
+fn forward_steering(
+    runner: &mut Runner,
+    batch: &[BatchSeq],
+    mut steered: Vec<&mut Steering>,
+    g: &crate::metrics::GrammarMetrics,
+    model: &str,
+) -> Result<Vec<Vec<f32>>, crate::engine::ModelError> {
+    if steered.is_empty() {
+        return runner.forward(batch);
+    }
+    let mask_hist = g.mask_seconds.with_label_values(&[model]);
+    let step_hist = g.processor_seconds.with_label_values(&[model]);
+    std::thread::scope(|scope| {
+        let masks = scope.spawn(|| {
+            for s in steered.iter_mut() {
+                let took = s.prepare();
+                took.mask.inspect(|&t| mask_hist.observe(t));
+                took.processor.inspect(|&t| step_hist.observe(t));
+            }
+        });
+        let result = runner.forward(batch);
+        if let Err(panic) = masks.join() {
+            std::panic::resume_unwind(panic);
+        }
+        result
+    })
 }

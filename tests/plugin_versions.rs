@@ -6,7 +6,7 @@
 mod support;
 
 use serde_json::json;
-use support::collections::{embed_arg, temp};
+use support::collections::temp;
 use support::{key_sha256, rerank_order, wasm::component, Server};
 
 const ADMIN: &str = "admin-token-for-versions-0123";
@@ -29,19 +29,8 @@ fn start() -> Server {
         key_sha256("k-acme")
     );
     std::fs::write(dir.join("policies.toml"), policies).unwrap();
-    Server::start(&[
-        "--embedding-model",
-        &embed_arg(),
-        "--policies",
-        dir.join("policies.toml").to_str().unwrap(),
-        "--plugins-dir",
-        dir.join("plugins").to_str().unwrap(),
-        "--collections-dir",
-        dir.join("collections").to_str().unwrap(),
-        "--admin-token",
-        ADMIN,
-    ])
-    .remove_on_drop(&dir)
+    support::collections::serve(&dir, &dir.join("collections"), &["--admin-token", ADMIN])
+        .remove_on_drop(&dir)
 }
 
 /// Waits until `plugin` has logged `n` lines, and returns them.

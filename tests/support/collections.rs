@@ -63,16 +63,27 @@ token_budget = {{ tokens = 1000, period = "day" }}
         key_sha256("k-metered")
     );
     std::fs::write(dir.join("policies.toml"), policies).unwrap();
-    Server::start(&[
+    serve(dir, collections, &[])
+}
+
+/// A gateway with the real encoder, the policies in `dir/policies.toml`, the plugins in
+/// `dir/plugins` and collections kept in `collections`, plus `extra` arguments.
+pub fn serve(dir: &Path, collections: &Path, extra: &[&str]) -> Server {
+    let embed = embed_arg();
+    let policies = dir.join("policies.toml");
+    let plugins = dir.join("plugins");
+    let mut args = vec![
         "--embedding-model",
-        &embed_arg(),
+        &embed,
         "--policies",
-        dir.join("policies.toml").to_str().unwrap(),
+        policies.to_str().unwrap(),
         "--plugins-dir",
-        dir.join("plugins").to_str().unwrap(),
+        plugins.to_str().unwrap(),
         "--collections-dir",
         collections.to_str().unwrap(),
-    ])
+    ];
+    args.extend_from_slice(extra);
+    Server::start(&args)
 }
 
 pub fn kb() -> Value {

@@ -6,10 +6,6 @@
 use std::collections::HashSet;
 use std::path::Path;
 
-use super::collection::internal;
-use super::store::Store;
-use super::SearchError;
-
 use tantivy::collector::{FilterCollector, TopDocs};
 use tantivy::query::{BooleanQuery, Occur, Query, TermQuery};
 use tantivy::schema::{
@@ -19,6 +15,10 @@ use tantivy::tokenizer::{
     Language, LowerCaser, RemoveLongFilter, SimpleTokenizer, Stemmer, StopWordFilter, TextAnalyzer,
 };
 use tantivy::{Index, IndexReader, IndexWriter, ReloadPolicy, TantivyDocument, Term};
+
+use super::collection::internal;
+use super::store::Store;
+use super::SearchError;
 
 const ANALYZER: &str = "gateway";
 /// Distinct terms of one query that are scored; more cost CPU without changing the ranking much.
@@ -129,8 +129,6 @@ impl Bm25 {
         })
     }
 
-    /// Removes every chunk of `docs`, adds `chunks` as (chunk id, doc id, text), commits
-    /// durably and makes the result visible to searches.
     /// Opens the index in `dir` and brings it in step with `store`: an unreadable index is
     /// rebuilt, writes the store logged but the index may have missed (a crash between the
     /// two) are replayed, and an index that still does not hold exactly the store's `stored`
@@ -183,6 +181,8 @@ impl Bm25 {
         Ok(bm25)
     }
 
+    /// Removes every chunk of `docs`, adds `chunks` as (chunk id, doc id, text), commits
+    /// durably and makes the result visible to searches.
     pub fn apply(&self, docs: &[String], chunks: &[(u64, &str, &str)]) -> tantivy::Result<()> {
         let mut writer = self.writer.lock();
         let mut run = || -> tantivy::Result<()> {

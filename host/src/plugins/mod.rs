@@ -37,9 +37,11 @@ use warm::Bound;
 
 /// The versions of the `gateway:plugins` contract this gateway serves, oldest first: the
 /// current one (`wit/plugins.wit`) and 0.1.0 (`wit/0.1.0/`, adapted in `legacy`).
-pub const WIT_VERSIONS: &[&str] = &["0.1.0", WIT_VERSION];
+pub const WIT_VERSIONS: &[&str] = &[LEGACY_WIT_VERSION, WIT_VERSION];
 /// The version `wit/plugins.wit` is, which new plugins are built against.
 pub const WIT_VERSION: &str = "0.2.0";
+/// The previous version, still served through `legacy`.
+pub const LEGACY_WIT_VERSION: &str = "0.1.0";
 
 /// The world a plugin implements.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]

@@ -96,7 +96,7 @@ impl Prepared {
     /// The version of the contract the plugin is served as.
     pub fn version(&self) -> &'static str {
         match self {
-            Prepared::Legacy(_) => super::WIT_VERSIONS[0],
+            Prepared::Legacy(_) => super::LEGACY_WIT_VERSION,
             _ => super::WIT_VERSION,
         }
     }
@@ -151,10 +151,9 @@ fn check_version(
             };
             return Err(LoadError::Version(version.to_string()));
         };
-        if found.is_some_and(|f| f != *known) {
+        if let Some(other) = found.filter(|f| f != known) {
             return Err(LoadError::Link(format!(
-                "the component imports both gateway:plugins@{} and @{known}; build it against one",
-                found.unwrap_or_default()
+                "the component imports both gateway:plugins@{other} and @{known}; build it against one"
             )));
         }
         found = Some(*known);
@@ -260,7 +259,7 @@ impl Runtime {
         // reranker's candidates differ); the current version is tried first.
         let versions: &[&str] = match version {
             Some(v) => &[v],
-            None => &[super::WIT_VERSION, super::WIT_VERSIONS[0]],
+            None => &[super::WIT_VERSION, super::LEGACY_WIT_VERSION],
         };
         let mut problems = Vec::new();
         for &version in versions {

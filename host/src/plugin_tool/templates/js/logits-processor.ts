@@ -1,6 +1,6 @@
 // {{name}}: a logits processor. The model never writes a token containing one of the words in
-// config `deny` (a list, or one comma-separated text; any case). One instance serves one sequence, so the banned
-// list is computed once, at its start, and kept in the module.
+// config `deny` (a list, or one comma-separated text; any case). One instance serves one
+// sequence, so the banned list is computed once, at its start, and kept in the module.
 
 import { configGet } from "gateway:plugins/host@0.2.0";
 import { tokensContaining } from "gateway:plugins/vocabulary@0.2.0";

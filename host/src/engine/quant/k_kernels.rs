@@ -11,6 +11,7 @@
 //! super-block: Q4_K |sc·q| ≤ 63·15, Q5_K ≤ 63·31, Q6_K ≤ 128·32 = 4096, so the largest lane
 //! sum is 16 · 4096 · 32767 < 2³¹.
 
+use super::aligned::Aligned;
 use super::{Format, Segment};
 use crate::engine::team::{split, split_mut, Team};
 
@@ -19,28 +20,11 @@ pub(super) const QK: usize = 256;
 /// Float sums stored per super-block: 8 sub-block sums, then 8 zeros (one 16-lane load).
 const SUMS: usize = 16;
 
-/// 32 activations on one 64-byte cache line: a vector load that straddles two lines costs
-/// two, and from a malloc'd (16-byte aligned) buffer every load did (measured: 3.2 vs 5.1
-/// G `vpdpwssd`/s with L1-resident operands).
-#[derive(Clone, Copy)]
-#[repr(C, align(64))]
-struct Line([i16; 32]);
-
-fn lines_as_i16(l: &[Line]) -> &[i16] {
-    // SAFETY: `Line` is exactly 32 i16 with no padding (size 64 = its alignment).
-    unsafe { std::slice::from_raw_parts(l.as_ptr().cast(), l.len() * 32) }
-}
-
-fn lines_as_i16_mut(l: &mut [Line]) -> &mut [i16] {
-    // SAFETY: as in `lines_as_i16`.
-    unsafe { std::slice::from_raw_parts_mut(l.as_mut_ptr().cast(), l.len() * 32) }
-}
-
 /// Activation rows prepared for the k-quant kernels.
 pub(super) struct KActs {
     k: usize,
     /// `[m][k]`: each 256-element block scaled so its largest magnitude is 32767.
-    q: Vec<Line>,
+    q: Aligned<i16, 32>,
     /// `[m][k / 256]`: the scale of each block (`x ≈ q · scale`).
     scale: Vec<f32>,
     /// `[m][k / 256][16]`: each 32-element sub-block's float sum, zero padded.
@@ -53,12 +37,12 @@ impl KActs {
     pub(super) fn new(team: &Team, x: &[f32], m: usize, k: usize) -> Self {
         assert!(k.is_multiple_of(QK), "k-quant rows are whole super-blocks");
         let nb = k / QK;
-        let mut q = vec![Line([0; 32]); m * k / 32];
+        let mut q = Aligned::zeroed(m * k);
         let mut scale = vec![0f32; m * nb];
         let mut sums = vec![0f32; m * nb * SUMS];
         let parts = team.threads().min(m);
         let ranges: Vec<_> = (0..parts).map(|p| split(m, 1, p, parts)).collect();
-        let qs = split_mut(lines_as_i16_mut(&mut q), ranges.iter().map(|r| r.len() * k));
+        let qs = split_mut(q.as_mut_slice(), ranges.iter().map(|r| r.len() * k));
         let ss = split_mut(&mut scale, ranges.iter().map(|r| r.len() * nb));
         let us = split_mut(&mut sums, ranges.iter().map(|r| r.len() * nb * SUMS));
         let job = |p: usize, _: usize| {
@@ -85,7 +69,7 @@ impl KActs {
     }
 
     fn q(&self) -> &[i16] {
-        lines_as_i16(&self.q)
+        self.q.as_slice()
     }
 }
 

@@ -45,6 +45,7 @@ macro_rules! by_batch {
 #[cfg(all(target_arch = "x86_64", target_feature = "avx512f"))]
 use by_batch;
 
+mod aligned;
 mod blocks;
 mod f32_kernels;
 mod k_kernels;

@@ -366,36 +366,28 @@ mod avx512 {
             // Whole groups of R rows ahead, about PREFETCH bytes.
             pf: PREFETCH.div_ceil(R * rb) * R * rb,
         };
-        let chunks = (0..nb).step_by(CHUNK).map(|c0| c0..nb.min(c0 + CHUNK));
-        let groups = (0..nr).step_by(R).map(|t| t..nr.min(t + R));
-        let mut add = |t: usize, rr: usize, c0: usize, acc: [[__m512; G]; R]| {
+        let (chunks, groups) = (nb.div_ceil(CHUNK), nr.div_ceil(R));
+        // When the group's activations do not fit L1 (eight rows of an 8960-wide matrix are
+        // 143 KiB), one chunk of them stays there while every row of the tile passes it,
+        // instead of coming from L2 once per weight row. Otherwise row after row, so each
+        // weight row streams in order (decode reads DRAM).
+        let chunk_outer = G * k * 2 > L1_ACTS;
+        for i in 0..chunks * groups {
+            let (c, g) = match chunk_outer {
+                true => (i / groups, i % groups),
+                false => (i % chunks, i / chunks),
+            };
+            let (t, c0) = (g * R, c * CHUNK);
+            let rr = (nr - t).min(R);
+            // SAFETY: the assert above bounds every pointer: super-blocks < nb of rows
+            // < r0 + nr, activation blocks < nb of rows < i0 + G.
+            let acc = unsafe { chunk::<F, R, G, P>(&w, &x, t..t + rr, c0..nb.min(c0 + CHUNK)) };
             for (q, acc) in acc.iter().enumerate().take(rr) {
                 for (j, &acc) in acc.iter().enumerate() {
                     // SAFETY: plain AVX-512F, which this module is compiled for.
                     let v = unsafe { _mm512_reduce_add_ps(acc) };
                     let d = &mut dst[(t + q) * G + j];
                     *d = if c0 == 0 { v } else { *d + v };
-                }
-            }
-        };
-        // SAFETY (both loops): the assert above bounds every pointer: super-blocks < nb of
-        // rows < r0 + nr, activation blocks < nb of rows < i0 + G.
-        if G * k * 2 > L1_ACTS {
-            // The group's activations do not fit L1 (eight rows of an 8960-wide matrix are
-            // 143 KiB): one chunk of them stays there while every row of the tile passes it,
-            // instead of coming from L2 once per weight row.
-            for c in chunks {
-                for rows in groups.clone() {
-                    let acc = unsafe { chunk::<F, R, G, P>(&w, &x, rows.clone(), c.clone()) };
-                    add(rows.start, rows.len(), c.start, acc);
-                }
-            }
-        } else {
-            // Row after row, so each weight row streams in order (decode reads DRAM).
-            for rows in groups {
-                for c in chunks.clone() {
-                    let acc = unsafe { chunk::<F, R, G, P>(&w, &x, rows.clone(), c.clone()) };
-                    add(rows.start, rows.len(), c.start, acc);
                 }
             }
         }

@@ -50,6 +50,7 @@ mod blocks;
 mod f32_kernels;
 mod k_kernels;
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use candle_core::quantized::{GgmlDType, QTensor};
@@ -248,7 +249,13 @@ impl QuantMatrix {
     }
 
     /// One pass over all weight rows for the `g` activation rows `x` (rows `i0..` of the
-    /// k-quant activations), rows split evenly across the team, into `dst[row][g]`.
+    /// k-quant activations) into `dst[row][g]`.
+    ///
+    /// With prefetching (one pass: decode, small batches, bound by memory) each thread streams
+    /// its own contiguous half of the rows, which the prefetch distance assumes. Without
+    /// (prefill, bound by arithmetic) threads take tiles from a shared counter: a pass is a few
+    /// milliseconds, and a vCPU that the host slows down no longer holds the other one
+    /// spinning at the end of each (15% of prefill time with an even split).
     #[allow(clippy::too_many_arguments)]
     fn pass(
         &self,
@@ -261,31 +268,44 @@ impl QuantMatrix {
         prefetch: bool,
     ) {
         let n = self.rows;
-        let parts = team.threads();
-        let ranges: Vec<_> = (0..parts).map(|p| split(n, TILE, p, parts)).collect();
-        let slices = split_mut(dst, ranges.iter().map(|r| r.len() * g));
-        team.run(&|p, _| {
-            let mut dst = slices[p].lock().unwrap_or_else(|e| e.into_inner());
-            let range = ranges[p].clone();
-            for r0 in range.clone().step_by(TILE) {
-                let end = range.end.min(r0 + TILE);
-                let mut r = r0;
-                // A tile may straddle segments: each piece goes to its own format's kernel.
-                while r < end {
-                    let s = self.segment(r);
-                    let e = end.min(s.row0 + s.rows);
-                    let o = (r - range.start) * g;
-                    let d = &mut dst[o..o + (e - r) * g];
-                    match (s.format.is_k(), kacts) {
-                        (true, Some(a)) => {
-                            k_kernels::tile(s, r - s.row0, e - r, a, i0, g, d, prefetch)
-                        }
-                        _ => f32_kernels::tile(s, r - s.row0, e - r, x, g, d, prefetch),
-                    }
-                    r = e;
+        let tile = |r0: usize, end: usize, dst: &mut [f32]| {
+            let mut r = r0;
+            // A tile may straddle segments: each piece goes to its own format's kernel.
+            while r < end {
+                let s = self.segment(r);
+                let e = end.min(s.row0 + s.rows);
+                let d = &mut dst[(r - r0) * g..(e - r0) * g];
+                match (s.format.is_k(), kacts) {
+                    (true, Some(a)) => k_kernels::tile(s, r - s.row0, e - r, a, i0, g, d, prefetch),
+                    _ => f32_kernels::tile(s, r - s.row0, e - r, x, g, d, prefetch),
                 }
+                r = e;
             }
-        });
+        };
+        if prefetch {
+            let parts = team.threads();
+            let ranges: Vec<_> = (0..parts).map(|p| split(n, TILE, p, parts)).collect();
+            let slices = split_mut(dst, ranges.iter().map(|r| r.len() * g));
+            team.run(&|p, _| {
+                let mut dst = slices[p].lock().unwrap_or_else(|e| e.into_inner());
+                let range = ranges[p].clone();
+                for r0 in range.clone().step_by(TILE) {
+                    let end = range.end.min(r0 + TILE);
+                    let o = (r0 - range.start) * g;
+                    tile(r0, end, &mut dst[o..o + (end - r0) * g]);
+                }
+            });
+        } else {
+            let tiles = n.div_ceil(TILE);
+            let slices = split_mut(dst, (0..tiles).map(|t| (n - t * TILE).min(TILE) * g));
+            let next = AtomicUsize::new(0);
+            team.run(&|_, _| loop {
+                let t = next.fetch_add(1, Ordering::Relaxed);
+                let Some(slice) = slices.get(t) else { break };
+                let mut dst = slice.lock().unwrap_or_else(|e| e.into_inner());
+                tile(t * TILE, n.min(t * TILE + TILE), &mut dst);
+            });
+        }
     }
 }
 

@@ -17,7 +17,7 @@ use super::constraint::Guide;
 use super::detokenizer::{IncrementalDecoder, StopMatcher, StopOutcome};
 use super::runner::Runner;
 use super::sampler::Sampler;
-use super::scheduler::{Scheduler, SchedulerConfig, SeqId, Sequence};
+use super::scheduler::{Scheduled, Scheduler, SchedulerConfig, SeqId, Sequence};
 use super::spec::{prompt_lookup, DraftLength};
 use super::steering::Steering;
 use super::{Command, EngineError, Event, FinishReason, GenerationRequest, TokenLogprobs, Usage};
@@ -229,33 +229,13 @@ impl EngineLoop {
         }
         self.note_admissions(&step.scheduled);
         let model = self.name.as_str();
-        let batch: Vec<BatchSeq> = step
-            .scheduled
-            .iter()
-            .map(|sc| {
-                let seq = self
-                    .sched
-                    .running
-                    .iter()
-                    .find(|s| s.id == sc.id)
-                    .expect("scheduled sequences run");
-                let done = sc.start + sc.len == seq.tokens.len();
-                BatchSeq {
-                    block_table: &seq.blocks,
-                    start: sc.start,
-                    tokens: &seq.tokens[sc.start..sc.start + sc.len],
-                    want_logits: done,
-                    draft_rows: if done { seq.draft } else { 0 },
-                }
-            })
-            .collect();
+        let batch = batch_of(&self.sched, &step.scheduled);
         let num_tokens: usize = step.scheduled.iter().map(|s| s.len).sum();
-        self.metrics
-            .batch_seqs
+        let m = &self.metrics;
+        m.batch_seqs
             .with_label_values(&[model])
             .observe(batch.len() as f64);
-        self.metrics
-            .batch_tokens
+        m.batch_tokens
             .with_label_values(&[model])
             .observe(num_tokens as f64);
         let started = Instant::now();
@@ -304,7 +284,7 @@ impl EngineLoop {
 
     /// First admission of a request: it leaves the submission queue, and its first chunk's
     /// start is how much of the prompt the prefix cache covered.
-    fn note_admissions(&mut self, scheduled: &[super::scheduler::Scheduled]) {
+    fn note_admissions(&mut self, scheduled: &[Scheduled]) {
         let hits = self
             .metrics
             .prefix_cache_hit_tokens
@@ -572,6 +552,29 @@ impl EngineLoop {
 /// The forward pass over `batch`. The masks of the constrained sequences that sample this step
 /// (`steered`) are computed on a second thread while it runs: the grammar adds no latency
 /// unless it is slower.
+/// The forward pass's view of the scheduled chunks: each sequence's blocks and new tokens,
+/// with logits (and draft rows) wanted where a chunk finishes its sequence's known tokens.
+fn batch_of<'a>(sched: &'a Scheduler, scheduled: &[Scheduled]) -> Vec<BatchSeq<'a>> {
+    scheduled
+        .iter()
+        .map(|sc| {
+            let seq = sched
+                .running
+                .iter()
+                .find(|s| s.id == sc.id)
+                .expect("scheduled sequences run");
+            let done = sc.start + sc.len == seq.tokens.len();
+            BatchSeq {
+                block_table: &seq.blocks,
+                start: sc.start,
+                tokens: &seq.tokens[sc.start..sc.start + sc.len],
+                want_logits: done,
+                draft_rows: if done { seq.draft } else { 0 },
+            }
+        })
+        .collect()
+}
+
 fn forward_steering(
     runner: &mut Runner,
     batch: &[BatchSeq],

@@ -36,7 +36,9 @@ use tokio::sync::mpsc as tokio_mpsc;
 
 use crate::config::ModelConfig;
 use crate::metrics::Metrics;
+use batch::Pool;
 use chat_template::ChatTemplate;
+use model::ModelShape;
 pub use sampler::{SamplingParams, TokenLogprobs};
 use weights::LoadedModel;
 
@@ -218,16 +220,7 @@ impl Drop for EventStream {
 impl Engine {
     /// Loads the model and starts its scheduler thread.
     pub fn start(cfg: &ModelConfig, metrics: Arc<Metrics>) -> Result<Self, ModelError> {
-        let mut loaded = weights::load(&cfg.path)?;
-        if let Some(t) = &cfg.chat_template {
-            let source = match t.as_str() {
-                "chatml" => chat_template::CHATML.to_string(),
-                path => {
-                    std::fs::read_to_string(path).map_err(|e| ModelError::Io(path.into(), e))?
-                }
-            };
-            loaded.template = loaded.template.with_source(source)?;
-        }
+        let loaded = load(cfg)?;
         let e = &cfg.engine;
         let shape = loaded.model.shape.clone();
         let s = &shape;
@@ -239,28 +232,16 @@ impl Engine {
             bos,
             add_bos,
         } = loaded;
-        let window = if cfg.max_model_len == 0 {
-            s.context_length
-        } else {
-            cfg.max_model_len.min(s.context_length)
+        let window = match cfg.max_model_len {
+            0 => s.context_length,
+            n => n.min(s.context_length),
         };
         let (runner, pool) = runner::Runner::new(model, e, window)?;
         let num_blocks = pool.num_blocks;
         let watermark_blocks = (num_blocks as f32 * e.watermark) as usize;
         // A sequence must fit in the pool on its own, or it could never be scheduled.
         let max_model_len = window.min((num_blocks - watermark_blocks) * e.block_size);
-        tracing::info!(
-            model = %cfg.name,
-            layers = s.num_layers,
-            heads = s.num_heads,
-            kv_heads = s.num_kv_heads,
-            kv_blocks = num_blocks,
-            block_size = e.block_size,
-            device = %e.device,
-            kv_mib = (num_blocks * pool.block_bytes) >> 20,
-            max_model_len,
-            "model loaded"
-        );
+        log_loaded(cfg, s, &pool, max_model_len);
         let info = ModelInfo {
             name: cfg.name.clone(),
             max_model_len,
@@ -345,4 +326,32 @@ impl Engine {
         ids.extend_from_slice(enc.get_ids());
         Ok(ids)
     }
+}
+
+/// The model's weights and tokenizer, with the configured chat template in place of its own.
+fn load(cfg: &ModelConfig) -> Result<LoadedModel, ModelError> {
+    let mut loaded = weights::load(&cfg.path)?;
+    if let Some(t) = &cfg.chat_template {
+        let source = match t.as_str() {
+            "chatml" => chat_template::CHATML.to_string(),
+            path => std::fs::read_to_string(path).map_err(|e| ModelError::Io(path.into(), e))?,
+        };
+        loaded.template = loaded.template.with_source(source)?;
+    }
+    Ok(loaded)
+}
+
+fn log_loaded(cfg: &ModelConfig, s: &ModelShape, pool: &Pool, max_model_len: usize) {
+    tracing::info!(
+        model = %cfg.name,
+        layers = s.num_layers,
+        heads = s.num_heads,
+        kv_heads = s.num_kv_heads,
+        kv_blocks = pool.num_blocks,
+        block_size = cfg.engine.block_size,
+        device = %cfg.engine.device,
+        kv_mib = (pool.num_blocks * pool.block_bytes) >> 20,
+        max_model_len,
+        "model loaded"
+    );
 }

@@ -165,9 +165,21 @@ impl Scheduler {
         id
     }
 
+    /// The next engine step: running sequences first, then, unless one had to be preempted,
+    /// newly admitted ones.
     pub fn schedule(&mut self) -> Step {
         let mut step = Step::default();
-        let mut budget = self.cfg.max_num_batched_tokens;
+        let budget = self.continue_running(&mut step, self.cfg.max_num_batched_tokens);
+        if step.preempted.is_empty() {
+            self.admit_waiting(&mut step, budget);
+        }
+        step
+    }
+
+    /// Running sequences take their next chunk (a decode token, drafts, or more of a prompt)
+    /// in order, as far as `budget` tokens go; out of blocks, the newest is preempted. Returns
+    /// the budget left.
+    fn continue_running(&mut self, step: &mut Step, mut budget: usize) -> usize {
         let mut i = 0;
         while i < self.running.len() {
             let seq = &mut self.running[i];
@@ -207,9 +219,12 @@ impl Scheduler {
             step.scheduled.retain(|s| s.id != id);
             step.preempted.push(id);
         }
-        if !step.preempted.is_empty() {
-            return step;
-        }
+        budget
+    }
+
+    /// Waiting requests join, in fair order, while the batch, `budget` and the free blocks
+    /// above the watermark allow; a prompt's cached prefix is taken from the prefix cache.
+    fn admit_waiting(&mut self, step: &mut Step, mut budget: usize) {
         while self.running.len() < self.cfg.max_num_seqs && budget > 0 {
             let Some(next) = self.next_waiting() else {
                 break;
@@ -246,7 +261,6 @@ impl Scheduler {
             budget -= want;
             self.running.push(seq);
         }
-        step
     }
 
     /// Marks a scheduled chunk as computed and registers the blocks it filled in the prefix

@@ -1,6 +1,6 @@
 //! What crosses the device seam: the batch a runner is given (block tables, start positions,
 //! tokens) and the KV pool it reports. The scheduler builds the one and sizes the block
-//! manager from the other; the CPU network (`model.rs`) and the CUDA one (`gpu.rs`) both take
+//! manager from the other; the CPU network (`model.rs`) and the CUDA one (`gpu/`) both take
 //! the same batch, so neither knows the other nor the runner that picks between them.
 
 /// One sequence's rows in a step.

@@ -1,5 +1,5 @@
 //! Where a model's forward pass runs. The CPU path is `model.rs` over the f16 KV pool of
-//! `paged_attention.rs` in RAM; the CUDA path (`gpu.rs`, feature `cuda`) holds weights,
+//! `paged_attention.rs` in RAM; the CUDA path (`gpu/`, feature `cuda`) holds weights,
 //! activations and the KV pool in GPU memory. Both take the same batch (block tables, start
 //! positions, tokens) and return the same logits, so the scheduler and block manager above
 //! them are shared: all they learn from the device is how many blocks its pool holds.

@@ -10,16 +10,15 @@
 //! pool takes what is left of `gpu_memory_utilization`; the only per-step allocations are the
 //! batch metadata and the attention's split-K partials, which the sizing reserves.
 
+mod blas;
+mod rows;
+
 use std::sync::Arc;
 
-use std::ffi::c_void;
-
-use cudarc::cublas::sys::{
-    cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType_t,
-};
+use cudarc::cublas::sys::cudaDataType_t;
 use cudarc::cublas::CudaBlas;
-use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
-use gateway_kernels::cuda::{supported, Element, Kernels, MAX_ROWS};
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
+use gateway_kernels::cuda::{supported, Element, Kernels, RowPlan, MAX_ROWS};
 use gateway_kernels::layers::{Heads, Layers};
 use gateway_kernels::{Shape, PARTITION_SIZE};
 use half::{bf16, f16};
@@ -28,6 +27,8 @@ use super::batch::{BatchSeq, Pool};
 use super::model::{Linear, Model, ModelShape, RopeStyle};
 use super::ModelError;
 use crate::config::{EngineConfig, GpuDtype};
+use blas::Blas;
+use rows::{DeviceRows, Rows};
 
 /// An element type the GPU path computes in.
 pub trait GpuElement: Element {
@@ -193,11 +194,7 @@ pub struct Net<T> {
     blas: CudaBlas,
     attention: Kernels,
     ops: Layers,
-    embed: CudaSlice<T>,
-    /// `None` when the output projection is the embedding table (tied weights).
-    lm_head: Option<CudaSlice<T>>,
-    norm: CudaSlice<T>,
-    layers: Vec<GpuLayer<T>>,
+    weights: Weights<T>,
     rope_cos: CudaSlice<f32>,
     rope_sin: CudaSlice<f32>,
     /// Per layer, K and V: `[num_blocks][block_size][num_kv_heads][head_dim]`.
@@ -206,6 +203,148 @@ pub struct Net<T> {
     max_rows: usize,
     max_seqs: usize,
     ws: Workspace<T>,
+}
+
+/// The network's weights in device memory.
+struct Weights<T> {
+    embed: CudaSlice<T>,
+    /// `None` when the output projection is the embedding table (tied weights).
+    lm_head: Option<CudaSlice<T>>,
+    norm: CudaSlice<T>,
+    layers: Vec<GpuLayer<T>>,
+}
+
+impl<T: GpuElement> Weights<T> {
+    /// Dequantizes every weight to `T` and uploads it, each checked against its shape.
+    fn upload(model: &Model, stream: &Arc<CudaStream>) -> Result<Self, ModelError> {
+        let s = &model.shape;
+        let up = |v: &[f32]| -> Result<CudaSlice<T>, ModelError> {
+            let host: Vec<T> = v.iter().map(|&x| T::from_f32(x)).collect();
+            stream
+                .clone_htod(&host)
+                .map_err(dev_err("uploading weights"))
+        };
+        let (qdim, kvdim) = (s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim);
+        let zeros = vec![0f32; qdim + 2 * kvdim];
+        let (h, i) = (s.hidden, s.intermediate);
+        let layers = model
+            .layers
+            .iter()
+            .map(|l| {
+                Ok(GpuLayer {
+                    attn_norm: up(&l.attn_norm)?,
+                    qkv: up(&dense(&l.qkv, qdim + 2 * kvdim, h, "qkv")?)?,
+                    qkv_bias: up(l.qkv_bias.as_deref().unwrap_or(&zeros))?,
+                    o: up(&dense(&l.o, h, qdim, "attn_output")?)?,
+                    ffn_norm: up(&l.ffn_norm)?,
+                    gate_up: up(&dense(&l.gate_up, 2 * i, h, "gate_up")?)?,
+                    down: up(&dense(&l.down, h, i, "ffn_down")?)?,
+                })
+            })
+            .collect::<Result<Vec<_>, ModelError>>()?;
+        let (vocab, cols, table) = model.embed.to_f32()?;
+        if (vocab, cols) != (s.vocab_size, h) {
+            return Err(ModelError::Format(format!(
+                "token embedding is [{vocab}, {cols}], expected [{}, {h}]",
+                s.vocab_size
+            )));
+        }
+        let embed = up(&table)?;
+        drop(table);
+        let lm_head = match model.embed.is_tied_to(&model.lm_head) {
+            true => None,
+            false => Some(up(&dense(&model.lm_head, s.vocab_size, h, "output")?)?),
+        };
+        Ok(Self {
+            embed,
+            lm_head,
+            norm: up(&model.norm)?,
+            layers,
+        })
+    }
+}
+
+impl<T: GpuElement> Workspace<T> {
+    fn new(
+        stream: &Arc<CudaStream>,
+        s: &ModelShape,
+        max_rows: usize,
+        max_seqs: usize,
+    ) -> Result<Self, ModelError> {
+        let alloc = |n: usize| {
+            stream
+                .alloc_zeros::<T>(n.max(1))
+                .map_err(dev_err("allocating the step workspace"))
+        };
+        let (qdim, kvdim) = (s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim);
+        Ok(Self {
+            x: alloc(max_rows * s.hidden)?,
+            h: alloc(max_rows * s.hidden)?,
+            qkv: alloc(max_rows * (qdim + 2 * kvdim))?,
+            q: alloc(max_rows * qdim)?,
+            k: alloc(max_rows * kvdim)?,
+            v: alloc(max_rows * kvdim)?,
+            attn: alloc(max_rows * qdim)?,
+            gu: alloc(max_rows * 2 * s.intermediate)?,
+            act: alloc(max_rows * s.intermediate)?,
+            last: alloc(max_seqs * s.hidden)?,
+            logits: stream
+                .alloc_zeros::<f32>(max_seqs * s.vocab_size)
+                .map_err(dev_err("allocating the step workspace"))?,
+        })
+    }
+}
+
+/// The paged KV pool, per layer K and V, sized by what `gpu_memory_utilization` leaves after
+/// this engine's weights and workspace, the attention's split-K partials for the largest step
+/// at the longest window, and some slack; never more than is actually free.
+#[allow(clippy::type_complexity)]
+fn kv_pool<T: GpuElement>(
+    ctx: &CudaContext,
+    stream: &Arc<CudaStream>,
+    s: &ModelShape,
+    e: &EngineConfig,
+    base: Baseline,
+) -> Result<(Vec<(CudaSlice<T>, CudaSlice<T>)>, Pool), ModelError> {
+    let (free, total) = ctx.mem_get_info().map_err(dev_err("reading free memory"))?;
+    let ours = (total - free).saturating_sub(base.used);
+    let parts = base.window.div_ceil(PARTITION_SIZE);
+    let partials = match parts {
+        1 => 0,
+        _ => e.max_num_batched_tokens * s.num_heads * parts * (s.head_dim + 2) * 4,
+    };
+    let allowed = (total as f64 * e.gpu_memory_utilization as f64) as usize;
+    let budget = allowed
+        .saturating_sub(ours)
+        .min(free)
+        .saturating_sub(partials + SLACK_BYTES);
+    let kvdim = s.num_kv_heads * s.head_dim;
+    let block_bytes = 2 * s.num_layers * e.block_size * kvdim * std::mem::size_of::<T>();
+    let num_blocks = budget / block_bytes;
+    if num_blocks == 0 {
+        return Err(ModelError::KvBudget { budget, blocks: 0 });
+    }
+    let per_layer = num_blocks * e.block_size * kvdim;
+    let alloc = |n: usize| {
+        stream
+            .alloc_zeros::<T>(n)
+            .map_err(dev_err("allocating the KV pool"))
+    };
+    let kv = (0..s.num_layers)
+        .map(|_| Ok((alloc(per_layer)?, alloc(per_layer)?)))
+        .collect::<Result<Vec<_>, ModelError>>()?;
+    tracing::info!(
+        dtype = T::NAME,
+        gpu_total_mib = total >> 20,
+        weights_and_workspace_mib = ours >> 20,
+        kv_mib = (num_blocks * block_bytes) >> 20,
+        "GPU memory laid out"
+    );
+    let pool = Pool {
+        num_blocks,
+        block_bytes,
+    };
+    Ok((kv, pool))
 }
 
 impl<T: GpuElement> Net<T> {
@@ -224,114 +363,24 @@ impl<T: GpuElement> Net<T> {
                     .into(),
             ));
         }
-        let up = |v: &[f32]| -> Result<CudaSlice<T>, ModelError> {
-            let host: Vec<T> = v.iter().map(|&x| T::from_f32(x)).collect();
-            stream
-                .clone_htod(&host)
-                .map_err(dev_err("uploading weights"))
-        };
         let blas = CudaBlas::new(stream.clone()).map_err(dev_err("cuBLAS"))?;
         let attention = Kernels::new(stream.clone()).map_err(dev_err("kernels"))?;
         let ops = Layers::new(stream.clone()).map_err(dev_err("kernels"))?;
         let (cos, sin) = model.rope_tables();
         let rope_cos = stream.clone_htod(cos).map_err(dev_err("upload"))?;
         let rope_sin = stream.clone_htod(sin).map_err(dev_err("upload"))?;
-        let (qdim, kvdim) = (s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim);
-        let zeros = vec![0f32; qdim + 2 * kvdim];
-        let mut layers = Vec::with_capacity(s.num_layers);
-        let (h, i) = (s.hidden, s.intermediate);
-        for l in &model.layers {
-            layers.push(GpuLayer {
-                attn_norm: up(&l.attn_norm)?,
-                qkv: up(&dense(&l.qkv, qdim + 2 * kvdim, h, "qkv")?)?,
-                qkv_bias: up(l.qkv_bias.as_deref().unwrap_or(&zeros))?,
-                o: up(&dense(&l.o, h, qdim, "attn_output")?)?,
-                ffn_norm: up(&l.ffn_norm)?,
-                gate_up: up(&dense(&l.gate_up, 2 * i, h, "gate_up")?)?,
-                down: up(&dense(&l.down, h, i, "ffn_down")?)?,
-            });
-        }
-        let (vocab, cols, table) = model.embed.to_f32()?;
-        if (vocab, cols) != (s.vocab_size, h) {
-            return Err(ModelError::Format(format!(
-                "token embedding is [{vocab}, {cols}], expected [{}, {h}]",
-                s.vocab_size
-            )));
-        }
-        let embed = up(&table)?;
-        drop(table);
-        let lm_head = match model.embed.is_tied_to(&model.lm_head) {
-            true => None,
-            false => Some(up(&dense(&model.lm_head, s.vocab_size, h, "output")?)?),
-        };
-        let norm = up(&model.norm)?;
+        let weights = Weights::upload(&model, &stream)?;
         drop(model);
-
         let (max_rows, max_seqs) = (e.max_num_batched_tokens, e.max_num_seqs);
-        let alloc = |n: usize| {
-            stream
-                .alloc_zeros::<T>(n.max(1))
-                .map_err(dev_err("allocating the step workspace"))
-        };
-        let ws = Workspace {
-            x: alloc(max_rows * s.hidden)?,
-            h: alloc(max_rows * s.hidden)?,
-            qkv: alloc(max_rows * (qdim + 2 * kvdim))?,
-            q: alloc(max_rows * qdim)?,
-            k: alloc(max_rows * kvdim)?,
-            v: alloc(max_rows * kvdim)?,
-            attn: alloc(max_rows * qdim)?,
-            gu: alloc(max_rows * 2 * s.intermediate)?,
-            act: alloc(max_rows * s.intermediate)?,
-            last: alloc(max_seqs * s.hidden)?,
-            logits: stream
-                .alloc_zeros::<f32>(max_seqs * s.vocab_size)
-                .map_err(dev_err("allocating the step workspace"))?,
-        };
-
-        // The KV pool gets what `gpu_memory_utilization` leaves after this engine's weights and
-        // workspace, the attention's split-K partials for the largest step at the longest
-        // window, and some slack; never more than is actually free.
-        let (free, total) = ctx.mem_get_info().map_err(dev_err("reading free memory"))?;
-        let ours = (total - free).saturating_sub(base.used);
-        let parts = base.window.div_ceil(PARTITION_SIZE);
-        let partials = match parts {
-            1 => 0,
-            _ => max_rows * s.num_heads * parts * (s.head_dim + 2) * 4,
-        };
-        let allowed = (total as f64 * e.gpu_memory_utilization as f64) as usize;
-        let budget = allowed
-            .saturating_sub(ours)
-            .min(free)
-            .saturating_sub(partials + SLACK_BYTES);
-        let elem = std::mem::size_of::<T>();
-        let block_bytes = 2 * s.num_layers * e.block_size * kvdim * elem;
-        let num_blocks = budget / block_bytes;
-        if num_blocks == 0 {
-            return Err(ModelError::KvBudget { budget, blocks: 0 });
-        }
-        let per_layer = num_blocks * e.block_size * kvdim;
-        let mut kv = Vec::with_capacity(s.num_layers);
-        for _ in 0..s.num_layers {
-            kv.push((alloc(per_layer)?, alloc(per_layer)?));
-        }
-        tracing::info!(
-            dtype = T::NAME,
-            gpu_total_mib = total >> 20,
-            weights_and_workspace_mib = ours >> 20,
-            kv_mib = (num_blocks * block_bytes) >> 20,
-            "GPU memory laid out"
-        );
+        let ws = Workspace::new(&stream, &s, max_rows, max_seqs)?;
+        let (kv, pool) = kv_pool(ctx, &stream, &s, e, base)?;
         let net = Self {
             shape: s,
             stream,
             blas,
             attention,
             ops,
-            embed,
-            lm_head,
-            norm,
-            layers,
+            weights,
             rope_cos,
             rope_sin,
             kv,
@@ -340,151 +389,75 @@ impl<T: GpuElement> Net<T> {
             max_seqs,
             ws,
         };
-        Ok((
-            net,
-            Pool {
-                num_blocks,
-                block_bytes,
-            },
-        ))
+        Ok((net, pool))
     }
 
     fn forward(&mut self, seqs: &[BatchSeq]) -> Result<Vec<Vec<f32>>, ModelError> {
         let s = &self.shape;
-        let bs = self.block_size;
-        let rows: usize = seqs.iter().map(|q| q.tokens.len()).sum();
-        let wanted = seqs.iter().filter(|q| q.want_logits).count();
-        if rows == 0 {
+        let r = Rows::new(seqs, self.block_size);
+        if r.rows == 0 {
             return Ok(Vec::new());
         }
-        if rows > self.max_rows || wanted > self.max_seqs {
+        if r.rows > self.max_rows || r.want.len() > self.max_seqs {
             return Err(ModelError::Device(format!(
-                "a step of {rows} tokens / {wanted} sequences exceeds the workspace \
-                 ({} / {})",
-                self.max_rows, self.max_seqs
+                "a step of {} tokens / {} sequences exceeds the workspace ({} / {})",
+                r.rows,
+                r.want.len(),
+                self.max_rows,
+                self.max_seqs
             )));
         }
-        // Per-row metadata, built on the host and uploaded once per step.
-        let max_blocks = seqs.iter().map(|q| q.block_table.len()).max().unwrap_or(1);
-        let max_blocks = max_blocks.max(1);
-        let mut tables = vec![0u32; seqs.len() * max_blocks];
-        let (mut tokens, mut pos, mut slots) = (
-            Vec::with_capacity(rows),
-            Vec::with_capacity(rows),
-            Vec::with_capacity(rows),
-        );
-        let (mut row_seq, mut row_ctx, mut want) = (
-            Vec::with_capacity(rows),
-            Vec::with_capacity(rows),
-            Vec::new(),
-        );
-        for (i, q) in seqs.iter().enumerate() {
-            tables[i * max_blocks..i * max_blocks + q.block_table.len()]
-                .copy_from_slice(q.block_table);
-            for (j, &t) in q.tokens.iter().enumerate() {
-                let p = q.start + j;
-                tokens.push(t);
-                pos.push(p as u32);
-                slots.push(q.block_table[p / bs] as i64 * bs as i64 + (p % bs) as i64);
-                row_seq.push(i as u32);
-                row_ctx.push(p as u32 + 1);
-            }
-            if q.want_logits {
-                want.push((tokens.len() - 1) as u32);
-            }
-        }
         let st = &self.stream;
-        let up = |v: &[u32]| st.clone_htod(v).map_err(dev_err("upload"));
-        let (d_tokens, d_pos, d_tables) = (up(&tokens)?, up(&pos)?, up(&tables)?);
-        let (d_row_seq, d_row_ctx) = (up(&row_seq)?, up(&row_ctx)?);
-        let d_slots = st.clone_htod(&slots).map_err(dev_err("upload"))?;
-
-        let (qdim, kvdim) = (s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim);
-        let heads = Heads {
-            num_heads: s.num_heads,
-            num_kv_heads: s.num_kv_heads,
-            head_size: s.head_dim,
-            neox: s.rope_style == RopeStyle::Neox,
+        let d = r.upload(st)?;
+        let step = Step {
+            rows: r.rows,
+            heads: Heads {
+                num_heads: s.num_heads,
+                num_kv_heads: s.num_kv_heads,
+                head_size: s.head_dim,
+                neox: s.rope_style == RopeStyle::Neox,
+            },
+            shape: Shape {
+                rows: r.rows,
+                num_heads: s.num_heads,
+                num_kv_heads: s.num_kv_heads,
+                head_size: s.head_dim,
+                block_size: self.block_size,
+                max_blocks: r.max_blocks,
+                scale: 1.0 / (s.head_dim as f32).sqrt(),
+            },
+            plan: self.attention.plan_rows(&r.row_ctx).map_err(k_err)?,
+            d: &d,
         };
-        let shape = Shape {
-            rows,
-            num_heads: s.num_heads,
-            num_kv_heads: s.num_kv_heads,
-            head_size: s.head_dim,
-            block_size: bs,
-            max_blocks,
-            scale: 1.0 / (s.head_dim as f32).sqrt(),
+        let kit = Kit {
+            s,
+            ops: &self.ops,
+            attention: &self.attention,
+            blas: Blas(&self.blas, st),
+            rope: (&self.rope_cos, &self.rope_sin),
         };
-        let k_err = |e: gateway_kernels::cuda::Error| ModelError::Device(e.to_string());
-        let plan = self.attention.plan_rows(&row_ctx).map_err(k_err)?;
-        let (ops, ws) = (&self.ops, &mut self.ws);
-        let blas = Blas(&self.blas, st);
-        let (hidden, inter) = (s.hidden, s.intermediate);
-        ops.embed(&mut ws.x, &self.embed, &d_tokens, hidden)
+        let (w, ws) = (&self.weights, &mut self.ws);
+        kit.ops
+            .embed(&mut ws.x, &w.embed, &d.tokens, s.hidden)
             .map_err(k_err)?;
-        for (l, (kc, vc)) in self.layers.iter().zip(self.kv.iter_mut()) {
-            ops.rms_norm(&mut ws.h, &ws.x, &l.attn_norm, s.rms_eps, rows)
-                .map_err(k_err)?;
-            let width = qdim + 2 * kvdim;
-            blas.gemm(&ws.h, &l.qkv, &mut ws.qkv, (rows, hidden, width), false)?;
-            ops.rope_split(
-                (&mut ws.q, &mut ws.k, &mut ws.v),
-                &ws.qkv,
-                &l.qkv_bias,
-                &d_pos,
-                (&self.rope_cos, &self.rope_sin),
-                heads,
-            )
-            .map_err(k_err)?;
-            self.attention
-                .reshape_and_cache(&ws.k, &ws.v, kc, vc, &d_slots, kvdim)
-                .map_err(k_err)?;
-            self.attention
-                .paged_attention(
-                    &mut ws.attn,
-                    &ws.q,
-                    kc,
-                    vc,
-                    &d_tables,
-                    &d_row_seq,
-                    &d_row_ctx,
-                    &plan,
-                    &shape,
-                )
-                .map_err(k_err)?;
-            // Residual adds are the GEMMs' beta = 1.
-            blas.gemm(&ws.attn, &l.o, &mut ws.x, (rows, qdim, hidden), true)?;
-            ops.rms_norm(&mut ws.h, &ws.x, &l.ffn_norm, s.rms_eps, rows)
-                .map_err(k_err)?;
-            blas.gemm(
-                &ws.h,
-                &l.gate_up,
-                &mut ws.gu,
-                (rows, hidden, 2 * inter),
-                false,
-            )?;
-            ops.silu_mul(&mut ws.act, &ws.gu, inter, rows)
-                .map_err(k_err)?;
-            blas.gemm(&ws.act, &l.down, &mut ws.x, (rows, inter, hidden), true)?;
+        for (l, kv) in w.layers.iter().zip(self.kv.iter_mut()) {
+            kit.layer(l, kv, ws, &step)?;
         }
-        if want.is_empty() {
+        if r.want.is_empty() {
             return Ok(Vec::new());
         }
         // Only the rows whose logits are wanted go through the final norm and the vocab GEMM.
-        let n = want.len();
-        let d_want = up(&want)?;
-        ops.gather_rows(&mut ws.last, &ws.x, &d_want, hidden)
+        let n = r.want.len();
+        let d_want = st.clone_htod(&r.want).map_err(dev_err("upload"))?;
+        kit.ops
+            .gather_rows(&mut ws.last, &ws.x, &d_want, s.hidden)
             .map_err(k_err)?;
-        ops.rms_norm(&mut ws.h, &ws.last, &self.norm, s.rms_eps, n)
+        kit.ops
+            .rms_norm(&mut ws.h, &ws.last, &w.norm, s.rms_eps, n)
             .map_err(k_err)?;
-        let head = self.lm_head.as_ref().unwrap_or(&self.embed);
-        blas.gemm(
-            &ws.h,
-            head,
-            &mut ws.logits,
-            (n, hidden, s.vocab_size),
-            false,
-        )?;
+        let head = w.lm_head.as_ref().unwrap_or(&w.embed);
+        let dims = (n, s.hidden, s.vocab_size);
+        kit.blas.gemm(&ws.h, head, &mut ws.logits, dims, false)?;
         let host = st
             .clone_dtoh(&ws.logits.slice(0..n * s.vocab_size))
             .map_err(dev_err("reading logits"))?;
@@ -492,52 +465,75 @@ impl<T: GpuElement> Net<T> {
     }
 }
 
-/// cuBLAS on the engine's stream.
-struct Blas<'a>(&'a CudaBlas, &'a Arc<CudaStream>);
+fn k_err(e: gateway_kernels::cuda::Error) -> ModelError {
+    ModelError::Device(e.to_string())
+}
 
-impl Blas<'_> {
-    /// `y[rows][out] = x[rows][inp] · w[out][inp]ᵀ`, or `+=` with `accumulate`, accumulated
-    /// in f32 (no TF32: f32 models stay f32). In cuBLAS's column-major terms the row-major
-    /// `w` is `wᵀ` and `x` is `xᵀ`, so this is `yᵀ = op_T(w) · xᵀ` with m = out, n = rows,
-    /// k = inp, and no copies. `y` may be wider than the inputs (f32 logits from bf16).
-    fn gemm<T: GpuElement, Y: GpuElement>(
+/// What every layer of one step shares.
+struct Step<'a> {
+    rows: usize,
+    heads: Heads,
+    shape: Shape,
+    plan: RowPlan,
+    d: &'a DeviceRows,
+}
+
+/// The network's kernels and constants, borrowed for one step.
+struct Kit<'a> {
+    s: &'a ModelShape,
+    ops: &'a Layers,
+    attention: &'a Kernels,
+    blas: Blas<'a>,
+    rope: (&'a CudaSlice<f32>, &'a CudaSlice<f32>),
+}
+
+impl Kit<'_> {
+    /// One decoder layer over the step's rows, in place on `ws.x`.
+    fn layer<T: GpuElement>(
         &self,
-        x: &CudaSlice<T>,
-        w: &CudaSlice<T>,
-        y: &mut CudaSlice<Y>,
-        (rows, inp, out): (usize, usize, usize),
-        accumulate: bool,
+        l: &GpuLayer<T>,
+        (kc, vc): &mut (CudaSlice<T>, CudaSlice<T>),
+        ws: &mut Workspace<T>,
+        step: &Step,
     ) -> Result<(), ModelError> {
-        let (alpha, beta) = (1f32, if accumulate { 1f32 } else { 0f32 });
-        let (wp, _w) = w.device_ptr(self.1);
-        let (xp, _x) = x.device_ptr(self.1);
-        let (yp, _y) = y.device_ptr_mut(self.1);
-        // SAFETY: `w` holds out × inp, `x` at least rows × inp and `y` rows × out elements
-        // (the workspace is sized for the largest step, which the caller checked); alpha and
-        // beta are host f32 scalars, as COMPUTE_32F with the default pointer mode expects.
-        unsafe {
-            cudarc::cublas::result::gemm_ex(
-                *self.0.handle(),
-                cublasOperation_t::CUBLAS_OP_T,
-                cublasOperation_t::CUBLAS_OP_N,
-                out as i32,
-                rows as i32,
-                inp as i32,
-                (&alpha as *const f32).cast::<c_void>(),
-                wp as *const c_void,
-                T::CUDA,
-                inp as i32,
-                xp as *const c_void,
-                T::CUDA,
-                inp as i32,
-                (&beta as *const f32).cast::<c_void>(),
-                yp as *mut c_void,
-                Y::CUDA,
-                out as i32,
-                cublasComputeType_t::CUBLAS_COMPUTE_32F,
-                cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+        let (s, ops, d, rows) = (self.s, self.ops, step.d, step.rows);
+        let (qdim, kvdim) = (s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim);
+        let (hidden, inter) = (s.hidden, s.intermediate);
+        ops.rms_norm(&mut ws.h, &ws.x, &l.attn_norm, s.rms_eps, rows)
+            .map_err(k_err)?;
+        let width = qdim + 2 * kvdim;
+        self.blas
+            .gemm(&ws.h, &l.qkv, &mut ws.qkv, (rows, hidden, width), false)?;
+        let qkv = (&mut ws.q, &mut ws.k, &mut ws.v);
+        ops.rope_split(qkv, &ws.qkv, &l.qkv_bias, &d.pos, self.rope, step.heads)
+            .map_err(k_err)?;
+        self.attention
+            .reshape_and_cache(&ws.k, &ws.v, kc, vc, &d.slots, kvdim)
+            .map_err(k_err)?;
+        self.attention
+            .paged_attention(
+                &mut ws.attn,
+                &ws.q,
+                kc,
+                vc,
+                &d.tables,
+                &d.row_seq,
+                &d.row_ctx,
+                &step.plan,
+                &step.shape,
             )
-        }
-        .map_err(dev_err("cuBLAS GEMM"))
+            .map_err(k_err)?;
+        // Residual adds are the GEMMs' beta = 1.
+        self.blas
+            .gemm(&ws.attn, &l.o, &mut ws.x, (rows, qdim, hidden), true)?;
+        ops.rms_norm(&mut ws.h, &ws.x, &l.ffn_norm, s.rms_eps, rows)
+            .map_err(k_err)?;
+        let dims = (rows, hidden, 2 * inter);
+        self.blas.gemm(&ws.h, &l.gate_up, &mut ws.gu, dims, false)?;
+        ops.silu_mul(&mut ws.act, &ws.gu, inter, rows)
+            .map_err(k_err)?;
+        self.blas
+            .gemm(&ws.act, &l.down, &mut ws.x, (rows, inter, hidden), true)?;
+        Ok(())
     }
 }

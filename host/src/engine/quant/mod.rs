@@ -64,6 +64,9 @@ use super::team::{split, split_mut, Team};
 const TILE: usize = 32;
 /// Activation rows sharing one pass over the weights.
 const GROUP: usize = 8;
+/// Groups per team run in prefill: a 32-row weight tile serves all of them from L2 (for
+/// the widest Qwen2.5 1.5B matrix 161 KiB of weights and 573 KiB of activations).
+const SPAN: usize = 4;
 
 /// Where a segment's bytes live.
 pub enum Bytes {
@@ -205,9 +208,9 @@ impl QuantMatrix {
 
     /// `out[m, rows] = x[m, cols] · selfᵀ`.
     ///
-    /// Activation rows go in groups of up to eight, one pass over the weights per group: a
-    /// group stays in L1 while the weights stream past it (two interleaved groups would evict
-    /// each other and fall back to L2 bandwidth).
+    /// Activation rows go in groups of up to eight: a group stays in L1 while the weights
+    /// stream past it (two interleaved groups would evict each other and fall back to L2
+    /// bandwidth).
     pub fn matmul(&self, team: &Team, x: &[f32], m: usize, out: &mut [f32]) {
         let (n, k) = (self.rows, self.cols);
         assert_eq!(x.len(), m * k, "activation shape");
@@ -219,92 +222,124 @@ impl QuantMatrix {
             .then(|| KActs::new(team, x, m, k));
         let kacts = kacts.as_ref();
         if m == 1 {
-            self.pass(team, x, kacts, 0, 1, out, true);
+            self.pass(team, x, kacts, 1, out);
             return;
         }
-        // One pass (decode, verification of drafts, small batches) reads each weight once and
-        // is bound by memory: prefetch. Several passes (prefill) are bound by arithmetic, and
-        // prefetched weights would evict the group's activations from L1 (SmolLM2 prefill
-        // fell from 975 to 670 tok/s with prefetching there).
-        let prefetch = m <= GROUP;
-        // Parts write their outputs transposed ([rows][g]): disjoint contiguous chunks.
-        let mut out_t = vec![0f32; n * GROUP.min(m)];
-        for i0 in (0..m).step_by(GROUP) {
-            let g = (m - i0).min(GROUP);
-            self.pass(
-                team,
-                &x[i0 * k..(i0 + g) * k],
-                kacts,
-                i0,
-                g,
-                &mut out_t[..n * g],
-                prefetch,
-            );
-            for (r, col) in out_t[..n * g].chunks_exact(g).enumerate() {
+        if m <= GROUP {
+            // Parts write their outputs transposed ([rows][m]): disjoint contiguous chunks.
+            let mut out_t = vec![0f32; n * m];
+            self.pass(team, x, kacts, m, &mut out_t);
+            for (r, col) in out_t.chunks_exact(m).enumerate() {
                 for (i, &v) in col.iter().enumerate() {
-                    out[(i0 + i) * n + r] = v;
+                    out[i * n + r] = v;
+                }
+            }
+            return;
+        }
+        self.prefill(team, x, kacts, m, out);
+    }
+
+    /// One pass over all weight rows for the `g` (≤ GROUP) activation rows `x`, into
+    /// `dst[row][g]`. It reads each weight once and is bound by memory (decode, verification
+    /// of drafts, small batches): weights are prefetched, and each thread streams its own
+    /// contiguous half of the rows, which the prefetch distance assumes.
+    fn pass(&self, team: &Team, x: &[f32], kacts: Option<&KActs>, g: usize, dst: &mut [f32]) {
+        let n = self.rows;
+        let parts = team.threads();
+        let ranges: Vec<_> = (0..parts).map(|p| split(n, TILE, p, parts)).collect();
+        let slices = split_mut(dst, ranges.iter().map(|r| r.len() * g));
+        team.run(&|p, _| {
+            let mut dst = slices[p].lock().unwrap_or_else(|e| e.into_inner());
+            let range = ranges[p].clone();
+            for r0 in range.clone().step_by(TILE) {
+                let end = range.end.min(r0 + TILE);
+                let o = (r0 - range.start) * g;
+                let d = &mut dst[o..o + (end - r0) * g];
+                self.tile(x, kacts, (0, g), r0..end, d, true);
+            }
+        });
+    }
+
+    /// Prefill, bound by arithmetic: SPAN groups per team run. Threads take 32-row weight
+    /// tiles from a shared counter (a vCPU the host slows no longer holds the other spinning
+    /// at the end of each run) and run every group of the span over a tile while its weights
+    /// are still in L2. Nothing is prefetched: prefetched weights would evict the group's
+    /// activations from L1 (SmolLM2 prefill fell from 975 to 670 tok/s with prefetching).
+    fn prefill(&self, team: &Team, x: &[f32], kacts: Option<&KActs>, m: usize, out: &mut [f32]) {
+        let (n, k) = (self.rows, self.cols);
+        let tiles: Vec<_> = (0..n)
+            .step_by(TILE)
+            .map(|r0| r0..n.min(r0 + TILE))
+            .collect();
+        let mut out_t = vec![0f32; n * m.min(GROUP * SPAN)];
+        for p0 in (0..m).step_by(GROUP * SPAN) {
+            let rows = (m - p0).min(GROUP * SPAN);
+            let groups: Vec<_> = (p0..p0 + rows)
+                .step_by(GROUP)
+                .map(|i0| (i0, (p0 + rows - i0).min(GROUP)))
+                .collect();
+            // Tile t's outputs, group after group, each `[tile rows][g]`: disjoint
+            // contiguous chunks, in tile order.
+            let regions = split_mut(&mut out_t, tiles.iter().map(|t| t.len() * rows));
+            let next = AtomicUsize::new(0);
+            team.run(&|_, _| loop {
+                let t = next.fetch_add(1, Ordering::Relaxed);
+                let Some(region) = regions.get(t) else { break };
+                let mut dst = region.lock().unwrap_or_else(|e| e.into_inner());
+                let len = tiles[t].len();
+                for &(i0, g) in &groups {
+                    let o = (i0 - p0) * len;
+                    let xg = &x[i0 * k..(i0 + g) * k];
+                    self.tile(
+                        xg,
+                        kacts,
+                        (i0, g),
+                        tiles[t].clone(),
+                        &mut dst[o..o + g * len],
+                        false,
+                    );
+                }
+            });
+            drop(regions);
+            let mut region = &out_t[..];
+            for tile in &tiles {
+                let (mine, rest) = region.split_at(tile.len() * rows);
+                region = rest;
+                for &(i0, g) in &groups {
+                    let block = &mine[(i0 - p0) * tile.len()..][..g * tile.len()];
+                    for (r, col) in block.chunks_exact(g).enumerate() {
+                        for (i, &v) in col.iter().enumerate() {
+                            out[(i0 + i) * n + tile.start + r] = v;
+                        }
+                    }
                 }
             }
         }
     }
 
-    /// One pass over all weight rows for the `g` activation rows `x` (rows `i0..` of the
-    /// k-quant activations) into `dst[row][g]`.
-    ///
-    /// With prefetching (one pass: decode, small batches, bound by memory) each thread streams
-    /// its own contiguous half of the rows, which the prefetch distance assumes. Without
-    /// (prefill, bound by arithmetic) threads take tiles from a shared counter: a pass is a few
-    /// milliseconds, and a vCPU that the host slows down no longer holds the other one
-    /// spinning at the end of each (15% of prefill time with an even split).
+    /// Weight rows `rows` times the group `x` (activation rows `i0..i0 + g` of the k-quant
+    /// activations), into `dst[row][g]`. A tile may straddle segments: each piece goes to its
+    /// own format's kernel.
     #[allow(clippy::too_many_arguments)]
-    fn pass(
+    fn tile(
         &self,
-        team: &Team,
         x: &[f32],
         kacts: Option<&KActs>,
-        i0: usize,
-        g: usize,
+        (i0, g): (usize, usize),
+        rows: std::ops::Range<usize>,
         dst: &mut [f32],
         prefetch: bool,
     ) {
-        let n = self.rows;
-        let tile = |r0: usize, end: usize, dst: &mut [f32]| {
-            let mut r = r0;
-            // A tile may straddle segments: each piece goes to its own format's kernel.
-            while r < end {
-                let s = self.segment(r);
-                let e = end.min(s.row0 + s.rows);
-                let d = &mut dst[(r - r0) * g..(e - r0) * g];
-                match (s.format.is_k(), kacts) {
-                    (true, Some(a)) => k_kernels::tile(s, r - s.row0, e - r, a, i0, g, d, prefetch),
-                    _ => f32_kernels::tile(s, r - s.row0, e - r, x, g, d, prefetch),
-                }
-                r = e;
+        let mut r = rows.start;
+        while r < rows.end {
+            let s = self.segment(r);
+            let e = rows.end.min(s.row0 + s.rows);
+            let d = &mut dst[(r - rows.start) * g..(e - rows.start) * g];
+            match (s.format.is_k(), kacts) {
+                (true, Some(a)) => k_kernels::tile(s, r - s.row0, e - r, a, i0, g, d, prefetch),
+                _ => f32_kernels::tile(s, r - s.row0, e - r, x, g, d, prefetch),
             }
-        };
-        if prefetch {
-            let parts = team.threads();
-            let ranges: Vec<_> = (0..parts).map(|p| split(n, TILE, p, parts)).collect();
-            let slices = split_mut(dst, ranges.iter().map(|r| r.len() * g));
-            team.run(&|p, _| {
-                let mut dst = slices[p].lock().unwrap_or_else(|e| e.into_inner());
-                let range = ranges[p].clone();
-                for r0 in range.clone().step_by(TILE) {
-                    let end = range.end.min(r0 + TILE);
-                    let o = (r0 - range.start) * g;
-                    tile(r0, end, &mut dst[o..o + (end - r0) * g]);
-                }
-            });
-        } else {
-            let tiles = n.div_ceil(TILE);
-            let slices = split_mut(dst, (0..tiles).map(|t| (n - t * TILE).min(TILE) * g));
-            let next = AtomicUsize::new(0);
-            team.run(&|_, _| loop {
-                let t = next.fetch_add(1, Ordering::Relaxed);
-                let Some(slice) = slices.get(t) else { break };
-                let mut dst = slice.lock().unwrap_or_else(|e| e.into_inner());
-                tile(t * TILE, n.min(t * TILE + TILE), &mut dst);
-            });
+            r = e;
         }
     }
 }

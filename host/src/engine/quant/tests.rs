@@ -82,7 +82,7 @@ fn matmul_matches_the_dequantized_float_reference_for_every_format_and_batch() {
     for dtype in ALL {
         let (q, deq) = quantize(&weights(n, k, 2), n, k, dtype);
         let qm = QuantMatrix::from_qtensor(&q).unwrap();
-        for m in [1, 2, 3, 4, 5, 8, 9, 21] {
+        for m in [1, 2, 3, 4, 5, 8, 9, 21, 40] {
             // Activations with outliers, as real hidden states have.
             let x: Vec<f32> = (0..m * k)
                 .map(|i| match i % 97 {
@@ -148,15 +148,23 @@ fn a_row_result_does_not_depend_on_the_batch() {
     for dtype in ALL {
         let (q, _) = quantize(&weights(n, k, 4), n, k, dtype);
         let qm = QuantMatrix::from_qtensor(&q).unwrap();
-        let x: Vec<f32> = (0..8 * k)
+        let x: Vec<f32> = (0..40 * k)
             .map(|i| ((i * 13 % 31) as f32 - 15.0) * 0.05)
             .collect();
-        let mut alone = vec![0f32; n];
-        qm.matmul(&team, &x[..k], 1, &mut alone);
-        for m in [2, 5, 8] {
+        let alone = |i: usize| {
+            let mut out = vec![0f32; n];
+            qm.matmul(&team, &x[i * k..(i + 1) * k], 1, &mut out);
+            out
+        };
+        let (first, later) = (alone(0), alone(33));
+        // Up to a group (one pass), several groups, several prefill spans.
+        for m in [2, 5, 8, 13, 40] {
             let mut out = vec![0f32; m * n];
             qm.matmul(&team, &x[..m * k], m, &mut out);
-            assert_eq!(out[..n], alone[..], "{dtype:?} batch {m}");
+            assert_eq!(out[..n], first[..], "{dtype:?} batch {m}");
+            if m > 33 {
+                assert_eq!(out[33 * n..34 * n], later[..], "{dtype:?} batch {m}, row 33");
+            }
         }
     }
 }

@@ -163,7 +163,11 @@ fn a_row_result_does_not_depend_on_the_batch() {
             qm.matmul(&team, &x[..m * k], m, &mut out);
             assert_eq!(out[..n], first[..], "{dtype:?} batch {m}");
             if m > 33 {
-                assert_eq!(out[33 * n..34 * n], later[..], "{dtype:?} batch {m}, row 33");
+                assert_eq!(
+                    out[33 * n..34 * n],
+                    later[..],
+                    "{dtype:?} batch {m}, row 33"
+                );
             }
         }
     }

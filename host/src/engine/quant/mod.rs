@@ -229,11 +229,7 @@ impl QuantMatrix {
             // Parts write their outputs transposed ([rows][m]): disjoint contiguous chunks.
             let mut out_t = vec![0f32; n * m];
             self.pass(team, x, kacts, m, &mut out_t);
-            for (r, col) in out_t.chunks_exact(m).enumerate() {
-                for (i, &v) in col.iter().enumerate() {
-                    out[i * n + r] = v;
-                }
-            }
+            untranspose(&out_t, (0, m), 0, n, out);
             return;
         }
         self.prefill(team, x, kacts, m, out);
@@ -307,11 +303,7 @@ impl QuantMatrix {
                 region = rest;
                 for &(i0, g) in &groups {
                     let block = &mine[(i0 - p0) * tile.len()..][..g * tile.len()];
-                    for (r, col) in block.chunks_exact(g).enumerate() {
-                        for (i, &v) in col.iter().enumerate() {
-                            out[(i0 + i) * n + tile.start + r] = v;
-                        }
-                    }
+                    untranspose(block, (i0, g), tile.start, n, out);
                 }
             }
         }
@@ -340,6 +332,16 @@ impl QuantMatrix {
                 _ => f32_kernels::tile(s, r - s.row0, e - r, x, g, d, prefetch),
             }
             r = e;
+        }
+    }
+}
+
+/// Writes `block` (`[rows][g]`, weight rows from `r0`, activation rows `i0..i0 + g`) into
+/// `out` (`[m][n]`).
+fn untranspose(block: &[f32], (i0, g): (usize, usize), r0: usize, n: usize, out: &mut [f32]) {
+    for (r, col) in block.chunks_exact(g).enumerate() {
+        for (i, &v) in col.iter().enumerate() {
+            out[(i0 + i) * n + r0 + r] = v;
         }
     }
 }

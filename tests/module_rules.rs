@@ -25,6 +25,18 @@ const RULES: &[(&str, &[&str])] = &[
         ],
     ),
     ("upstream", &["config", "metrics"]),
+    (
+        "pipeline",
+        &[
+            "common",
+            "engine",
+            "metrics",
+            "plugins",
+            "search",
+            "structured",
+            "tenancy",
+        ],
+    ),
     ("server", &["*"]),
 ];
 

@@ -8,6 +8,7 @@ pub mod common;
 pub mod config;
 pub mod engine;
 pub mod metrics;
+pub mod pipeline;
 pub mod plugin_tool;
 pub mod plugins;
 pub mod search;

@@ -1,25 +1,20 @@
 //! `/v1/collections`: a tenant's search collections — create, list, delete, upsert documents
-//! (JSON or JSONL), delete by id or filter, and search (BM25, vector or hybrid, filtered,
-//! optionally reranked by the tenant's reranker plugin). Index work runs on the blocking pool.
+//! (JSON or JSONL), delete by id or filter, and search (the pipeline's retrieval stage). Index
+//! work runs on the blocking pool.
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use http::{Method, StatusCode};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::error::ApiError;
-use super::plugins::bound;
 use super::{json_response, AppState, Response};
-use crate::plugins::{Candidate, PluginKind};
-use crate::search::collection::{Collection, DocInput, Fusion, Hit, Query};
+use crate::search::collection::{Collection, DocInput};
 use crate::search::filter::Filter;
-use crate::search::request::{FusionKind, RerankChoice, SearchRequest};
+use crate::search::request::SearchRequest;
 use crate::search::CreateOptions;
 use crate::tenancy::{Caller, Outcome};
-
-const MAX_TOP_K: usize = 1000;
 
 /// Runs blocking index work off the runtime's I/O threads.
 async fn blocking<T: Send + 'static>(
@@ -29,17 +24,8 @@ async fn blocking<T: Send + 'static>(
 }
 
 /// The caller's collection `name`, if its policy allows it.
-pub fn open(state: &AppState, caller: &Caller, name: &str) -> Result<Arc<Collection>, ApiError> {
-    if !caller.tenant.allows_collection(name) {
-        return Err(ApiError::forbidden(
-            "collection",
-            format!(
-                "Tenant `{}` may not use collection `{name}`.",
-                caller.tenant.name
-            ),
-        ));
-    }
-    Ok(state.collections.get(&caller.tenant.name, name)?)
+fn open(state: &AppState, caller: &Caller, name: &str) -> Result<Arc<Collection>, ApiError> {
+    Ok(state.retrieval().open(caller, name)?)
 }
 
 fn card(c: &Collection) -> Value {
@@ -111,7 +97,7 @@ pub async fn route(
         (&Method::POST, [name, "search"]) => {
             let c = open(state, caller, name)?;
             let req: SearchRequest = serde_json::from_slice(&body)?;
-            let s = search(state, caller, c, &req).await?;
+            let s = state.retrieval().search(caller, c, &req).await?;
             let n = s.query_tokens;
             Ok(json_response(
                 StatusCode::OK,
@@ -298,175 +284,4 @@ async fn delete(c: Arc<Collection>, body: &[u8]) -> Result<Response, ApiError> {
         }
     };
     Ok(json_response(StatusCode::OK, &json!({"deleted": n})))
-}
-
-pub struct Searched {
-    pub hits: Vec<Hit>,
-    /// Embedder tokens the query took (0 in BM25 mode), charged to the tenant.
-    pub query_tokens: u64,
-}
-
-/// The search's numbers checked, and its filter parsed.
-fn checked_filter(req: &SearchRequest) -> Result<Option<Filter>, ApiError> {
-    if req.query.trim().is_empty() {
-        return Err(ApiError::invalid("query", "`query` must not be empty."));
-    }
-    if req.top_k == 0 || req.top_k > MAX_TOP_K {
-        return Err(ApiError::invalid(
-            "top_k",
-            format!("`top_k` must be 1 to {MAX_TOP_K}."),
-        ));
-    }
-    if !(req.rrf_k > 0.0 && req.rrf_k.is_finite()) {
-        return Err(ApiError::invalid("rrf_k", "`rrf_k` must be positive."));
-    }
-    if !(0.0..=1.0).contains(&req.alpha) {
-        return Err(ApiError::invalid(
-            "alpha",
-            "`alpha` must be between 0 and 1.",
-        ));
-    }
-    req.filter
-        .as_ref()
-        .map(Filter::parse)
-        .transpose()
-        .map_err(|m| ApiError::invalid("filter", m))
-}
-
-/// The reranker plugin the search asks for: none, the tenant's default, or one by name.
-fn reranker(
-    state: &AppState,
-    caller: &Caller,
-    req: &SearchRequest,
-) -> Result<Option<Arc<crate::plugins::Plugin>>, ApiError> {
-    let reranker = match &req.rerank {
-        None | Some(RerankChoice::On(false)) => None,
-        Some(RerankChoice::Plugin(name)) => Some(name.clone()),
-        Some(RerankChoice::On(true)) => {
-            Some(caller.tenant.policy.reranker.clone().ok_or_else(|| {
-                ApiError::invalid(
-                    "rerank",
-                    format!(
-                        "Tenant `{}` has no default reranker; give the plugin's name in `rerank`.",
-                        caller.tenant.name
-                    ),
-                )
-            })?)
-        }
-    };
-    reranker
-        .map(|n| bound(&state.plugins, &caller.tenant, &n, PluginKind::Reranker))
-        .transpose()
-}
-
-/// Hits for `req` in `c`, reranked when asked.
-pub async fn search(
-    state: &Arc<AppState>,
-    caller: &Caller,
-    c: Arc<Collection>,
-    req: &SearchRequest,
-) -> Result<Searched, ApiError> {
-    let filter = checked_filter(req)?;
-    let plugin = reranker(state, caller, req)?;
-    let candidates = req.candidates.unwrap_or(50).clamp(req.top_k, MAX_TOP_K);
-    // A reranker sees a deeper pool than it returns, or it could only reorder.
-    let first_k = if plugin.is_some() {
-        (req.top_k * 3).clamp(req.top_k, candidates.max(req.top_k))
-    } else {
-        req.top_k
-    };
-    let (text, mode) = (req.query.clone(), req.mode);
-    let fusion = match req.fusion {
-        FusionKind::Rrf => Fusion::Rrf { k: req.rrf_k },
-        FusionKind::Weighted => Fusion::Weighted { alpha: req.alpha },
-    };
-    // Embedding the query is charged like any embedding, and checked against the limits first.
-    let tokens = match mode {
-        crate::search::collection::Mode::Bm25 => Vec::new(),
-        _ => {
-            let (c, text) = (c.clone(), text.clone());
-            blocking(move || c.query_tokens(&text)).await?
-        }
-    };
-    let charged = tokens.len() as u64;
-    let reservation = state
-        .tenancy
-        .reserve_tokens(
-            caller,
-            &c.settings.embedding_model,
-            "search",
-            charged,
-            charged,
-        )
-        .await
-        .map_err(ApiError::denied)?;
-    let started = Instant::now();
-    let searched = blocking(move || {
-        c.search(&Query {
-            text: &text,
-            top_k: first_k,
-            mode,
-            fusion,
-            filter: filter.as_ref(),
-            candidates,
-            tokens: Some(&tokens),
-        })
-    })
-    .await;
-    let label = match mode {
-        crate::search::collection::Mode::Bm25 => "bm25",
-        crate::search::collection::Mode::Vector => "vector",
-        crate::search::collection::Mode::Hybrid => "hybrid",
-    };
-    state
-        .metrics
-        .search_seconds
-        .with_label_values(&[label])
-        .observe(started.elapsed().as_secs_f64());
-    let hits = match (searched, plugin) {
-        (Ok(hits), Some(plugin)) => rerank(state, caller, plugin, req, hits).await,
-        (searched, _) => searched,
-    };
-    reservation.settle(charged, 0, Outcome::of(&hits));
-    Ok(Searched {
-        hits: hits?,
-        query_tokens: charged,
-    })
-}
-
-/// The `top_k` of `hits` in the order of the tenant's reranker `plugin`.
-async fn rerank(
-    state: &Arc<AppState>,
-    caller: &Caller,
-    plugin: Arc<crate::plugins::Plugin>,
-    req: &SearchRequest,
-    mut hits: Vec<Hit>,
-) -> Result<Vec<Hit>, ApiError> {
-    if hits.is_empty() {
-        return Ok(hits);
-    }
-    let cands: Vec<Candidate> = hits
-        .iter()
-        .enumerate()
-        .map(|(i, h)| Candidate {
-            id: i.to_string(),
-            document_id: Some(h.id.clone()),
-            text: h.text.clone(),
-            metadata: crate::plugins::metadata(h.metadata.iter()),
-            score: h.score,
-        })
-        .collect();
-    let query = req.query.clone();
-    let order =
-        super::plugins::rerank_order(state, caller, plugin, query, cands, req.top_k).await?;
-    let mut slots: Vec<Option<Hit>> = hits.drain(..).map(Some).collect();
-    Ok(order
-        .into_iter()
-        .filter_map(|(i, s)| {
-            let mut h = slots.get_mut(i)?.take()?;
-            h.scores.rerank = Some(s);
-            h.score = s;
-            Some(h)
-        })
-        .collect())
 }

@@ -6,17 +6,18 @@ use std::sync::Arc;
 
 use super::error::ApiError;
 use super::openai::*;
-use super::plugins::{bound, call};
 use super::processors;
-use super::rag;
-use super::reply::{Kind, OutputStage, Reply};
+use super::reply::{Kind, Reply};
 use super::structured;
 use super::validation::{self, MAX_TOP_LOGPROBS};
 use super::{AppState, Response};
 use crate::engine::chat_template::ChatMessage;
 use crate::engine::{Engine, EventStream, SubmitError};
-use crate::plugins::{ContextChunk, Message, PluginKind, RenderedPrompt};
-use crate::structured::tools::{self, ToolSet};
+use crate::pipeline::grounding::{self, strip_specials};
+use crate::pipeline::output::OutputStage;
+use crate::pipeline::prompt::PromptStage;
+use crate::plugins::{ContextChunk, PluginKind};
+use crate::structured::tools;
 use crate::tenancy::{Caller, Reservation};
 
 pub async fn chat(
@@ -51,7 +52,7 @@ pub async fn chat(
     gen.weight = tenant.policy.weight;
     gen.constraint = structured::constraint(&engine, format, tools.as_ref()).await?;
     let output = output_stage(state, caller, req.response_format.as_ref())?;
-    let rag = rag::settings(req.rag, caller)?;
+    let rag = grounding::settings(req.rag, caller)?;
     // Every added token, special or not: each is matched as one control token when the prompt
     // is encoded (`<|im_end|>`, but also e.g. `<tool_call>` or `</think>` in other models).
     let specials: Vec<String> = engine
@@ -64,7 +65,10 @@ pub async fn chat(
     let mut citations = None;
     if let Some(r) = &rag {
         let first = context.len() + 1;
-        let (chunks, cites) = rag::retrieve(state, caller, r, &messages, &specials, first).await?;
+        let retrieval = state.retrieval();
+        let (chunks, cites) = retrieval
+            .retrieve(caller, r, &messages, &specials, first)
+            .await?;
         context.extend(chunks);
         citations = Some(cites);
     }
@@ -72,8 +76,9 @@ pub async fn chat(
         engine: &engine,
         model: &req.model,
         tools: tools.as_ref(),
+        plugins: &state.plugin_calls(),
     };
-    let text = stage.run(state, caller, messages, context).await?;
+    let text = stage.run(caller, messages, context).await?;
     // The template already wrote any BOS it wants.
     let prompt = encode(&engine, vec![text], false, "messages")
         .await?
@@ -123,107 +128,11 @@ fn documents(docs: Vec<Document>, specials: &[String]) -> Vec<ContextChunk> {
     docs.into_iter()
         .enumerate()
         .map(|(i, d)| ContextChunk {
-            id: rag::strip_specials(&d.id.unwrap_or_else(|| i.to_string()), specials),
-            text: rag::strip_specials(&d.text, specials),
-            title: d.title.map(|t| rag::strip_specials(&t, specials)),
+            id: strip_specials(&d.id.unwrap_or_else(|| i.to_string()), specials),
+            text: strip_specials(&d.text, specials),
+            title: d.title.map(|t| strip_specials(&t, specials)),
         })
         .collect()
-}
-
-/// What the prompt stage needs besides the conversation.
-struct PromptStage<'a> {
-    engine: &'a Engine,
-    model: &'a str,
-    tools: Option<&'a ToolSet>,
-}
-
-impl PromptStage<'_> {
-    /// The prompt text: the tenant's prompt-template plugin when one is bound, else the
-    /// model's own chat template. A plugin may return the final text or rewritten messages,
-    /// which then go through the model's template. Context chunks go to the plugin, or without
-    /// one into the system message as numbered sources. Tools go through the model's template
-    /// when it handles them, else into the messages in the generic format.
-    async fn run(
-        &self,
-        state: &Arc<AppState>,
-        caller: &Caller,
-        messages: Vec<ChatMessage>,
-        context: Vec<ContextChunk>,
-    ) -> Result<String, ApiError> {
-        let tenant = &caller.tenant;
-        let native =
-            tenant.policy.prompt_template.is_none() && self.engine.template.handles_tools();
-        let (messages, definitions) = match native {
-            true => (messages, self.tools.map(ToolSet::definitions)),
-            false => (tools::generic_messages(messages, self.tools), None),
-        };
-        let messages = match &tenant.policy.prompt_template {
-            Some(name) => {
-                match render_template(state, caller, name, self.model, messages, context).await? {
-                    RenderedPrompt::Prompt(text) => return Ok(text),
-                    RenderedPrompt::Messages(ms) => ms
-                        .into_iter()
-                        .map(|m| ChatMessage {
-                            name: m.name,
-                            ..ChatMessage::new(&m.role, m.content)
-                        })
-                        .collect(),
-                }
-            }
-            None => rag::ground(messages, &context),
-        };
-        let template = &self.engine.template;
-        if !template.is_present() {
-            return Err(ApiError::invalid(
-                "messages",
-                "This model has no chat template (a base model): use /v1/completions, bind a \
-                 prompt_template plugin, or configure chat_template for the model"
-                    .to_string(),
-            ));
-        }
-        template
-            .render(&messages, true, definitions.as_deref())
-            .map_err(|e| {
-                ApiError::invalid(
-                    "messages",
-                    format!("The model's chat template rejected the messages: {e}"),
-                )
-            })
-    }
-}
-
-/// The tenant's prompt-template plugin `name` over the conversation (and context chunks) for
-/// `model`: the final prompt text, or rewritten messages.
-pub(super) async fn render_template(
-    state: &Arc<AppState>,
-    caller: &Caller,
-    name: &str,
-    model: &str,
-    messages: Vec<ChatMessage>,
-    context: Vec<ContextChunk>,
-) -> Result<RenderedPrompt, ApiError> {
-    let plugin = bound(
-        &state.plugins,
-        &caller.tenant,
-        name,
-        PluginKind::PromptTemplate,
-    )?;
-    let request = crate::plugins::ChatRequest {
-        model: model.to_string(),
-        messages: messages
-            .into_iter()
-            .map(|m| Message {
-                role: m.role,
-                content: m.content,
-                name: m.name,
-            })
-            .collect(),
-        context,
-    };
-    call(state, caller, plugin, move |p, rt, v| async move {
-        p.render(&rt, &v, &request).await
-    })
-    .await
 }
 
 /// The output parser to run, if the request asks for JSON (or the tenant always parses) and
@@ -251,10 +160,11 @@ pub(super) fn output_stage(
     let Some(name) = &tenant.policy.output_parser else {
         return Ok(None);
     };
+    let calls = state.plugin_calls();
     Ok(Some(OutputStage {
-        state: state.clone(),
+        plugin: calls.bound(tenant, name, PluginKind::OutputParser)?,
+        calls,
         caller: caller.clone(),
-        plugin: bound(&state.plugins, tenant, name, PluginKind::OutputParser)?,
         schema,
     }))
 }

@@ -345,6 +345,25 @@ impl From<crate::search::SearchError> for ApiError {
     }
 }
 
+/// The one mapping of a pipeline stage's failure to its status and OpenAI error.
+impl From<crate::pipeline::Error> for ApiError {
+    fn from(e: crate::pipeline::Error) -> Self {
+        use crate::pipeline::Error;
+        match e {
+            Error::Invalid { param, message } => Self::invalid(param, message),
+            Error::Forbidden { param, message } => Self::forbidden(param, message),
+            Error::PluginMissing { tenant, message } => Self::plugin_missing(&tenant, message),
+            Error::Plugin(f) => Self {
+                debug: f.debug.map(Box::new),
+                ..Self::plugin(&f.tenant, &f.plugin, &f.cause)
+            },
+            Error::Denied(d) => Self::denied(d),
+            Error::Search(e) => Self::from(e),
+            Error::Task { .. } => Self::internal(e.to_string()),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -404,5 +423,83 @@ mod tests {
         }
         let timeout = ApiError::body_timeout(10_000, 1024);
         assert_eq!(timeout.status, StatusCode::REQUEST_TIMEOUT);
+    }
+
+    #[test]
+    fn pipeline_errors_map_once_to_status_and_code() {
+        use crate::pipeline::{Error, PluginFailure};
+        use crate::search::SearchError;
+        let cases: Vec<(Error, u16, &str, Option<&str>)> = vec![
+            (
+                Error::invalid("rag", "no"),
+                400,
+                "invalid_request_error",
+                None,
+            ),
+            (
+                Error::Forbidden {
+                    param: "collection",
+                    message: "no".into(),
+                },
+                403,
+                "permission_error",
+                Some("not_allowed"),
+            ),
+            (
+                Error::PluginMissing {
+                    tenant: "acme".into(),
+                    message: "gone".into(),
+                },
+                500,
+                "plugin_error",
+                Some("plugin_not_installed"),
+            ),
+            (
+                Error::Denied(Denied::LedgerUnavailable),
+                503,
+                "server_error",
+                Some("ledger_unavailable"),
+            ),
+            (
+                Error::Search(SearchError::NotFound("kb".into())),
+                404,
+                "invalid_request_error",
+                Some("collection_not_found"),
+            ),
+            (
+                Error::Task {
+                    what: "index",
+                    cause: "panicked".into(),
+                },
+                500,
+                "server_error",
+                None,
+            ),
+        ];
+        for (e, status, kind, code) in cases {
+            let what = e.to_string();
+            let a = ApiError::from(e);
+            assert_eq!(
+                (a.status.as_u16(), a.kind, a.code),
+                (status, kind, code),
+                "{what}"
+            );
+        }
+        let invalid = ApiError::from(Error::invalid("rag", "`rag.top_k` must be 1 to 32."));
+        assert_eq!(invalid.param.as_deref(), Some("rag"));
+        assert_eq!(invalid.message, "`rag.top_k` must be 1 to 32.");
+        // A plugin's failure keeps its cause's code and the caller's debugging report.
+        let failed = ApiError::from(Error::Plugin(Box::new(PluginFailure {
+            tenant: "acme".into(),
+            plugin: "p".into(),
+            cause: CallError::Timeout { ms: 50 },
+            debug: Some(serde_json::json!({"plugin_logs": ["x"]})),
+        })));
+        assert_eq!(
+            (failed.status.as_u16(), failed.code),
+            (500, Some("plugin_timeout"))
+        );
+        assert_eq!(failed.body()["gateway_debug"]["plugin_logs"][0], "x");
+        assert!(failed.message.contains("`p` of tenant `acme`"));
     }
 }

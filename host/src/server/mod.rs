@@ -16,7 +16,6 @@ mod logprobs;
 pub mod openai;
 mod plugins;
 mod processors;
-mod rag;
 mod relay;
 mod reply;
 mod routes;
@@ -116,6 +115,24 @@ impl Shutdown {
 }
 
 impl AppState {
+    /// The handles the plugin stages take.
+    pub fn plugin_calls(&self) -> crate::pipeline::PluginCalls {
+        crate::pipeline::PluginCalls {
+            registry: self.plugins.clone(),
+            metrics: self.metrics.clone(),
+        }
+    }
+
+    /// The handles the retrieval stage takes.
+    pub fn retrieval(&self) -> crate::pipeline::Retrieval {
+        crate::pipeline::Retrieval {
+            collections: self.collections.clone(),
+            tenancy: self.tenancy.clone(),
+            metrics: self.metrics.clone(),
+            plugins: self.plugin_calls(),
+        }
+    }
+
     /// `model` and then its fallbacks, in order.
     pub fn fallback_chain(&self, model: &str) -> Vec<String> {
         let rest = match self.upstreams.get(model) {
@@ -180,9 +197,7 @@ pub(super) async fn blocking<T: Send + 'static>(
     what: &'static str,
     f: impl FnOnce() -> T + Send + 'static,
 ) -> Result<T, ApiError> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(|e| ApiError::internal(format!("{what} task failed: {e}")))
+    Ok(crate::pipeline::blocking(what, f).await?)
 }
 
 /// The tenant behind the request's bearer key, within its limits; `billable` requests are also

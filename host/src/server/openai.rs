@@ -66,7 +66,7 @@ pub struct ChatCompletionRequest {
     pub documents: Option<Vec<Document>>,
     /// Retrieval from a collection (`{"collection": ..., "top_k": ...}`), or `false` to skip
     /// the tenant's default.
-    pub rag: Option<super::rag::RagField>,
+    pub rag: Option<crate::pipeline::grounding::RagField>,
     pub tools: Option<Vec<ToolIn>>,
     /// `"none" | "auto" | "required"` or `{"type": "function", "function": {"name": ...}}`.
     pub tool_choice: Option<serde_json::Value>,

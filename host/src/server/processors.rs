@@ -5,7 +5,6 @@
 use std::sync::Arc;
 
 use super::error::ApiError;
-use super::plugins::{bound, call};
 use super::AppState;
 use crate::engine::steering::{LogitsProcessor, ProcessorError, ProcessorSlot, Steer};
 use crate::engine::tokenizer::token_bytes;
@@ -109,7 +108,8 @@ pub(super) async fn attach(
     let Some(name) = &tenant.policy.logits_processor else {
         return Ok(());
     };
-    let plugin = bound(&state.plugins, tenant, name, PluginKind::LogitsProcessor)?;
+    let calls = state.plugin_calls();
+    let plugin = calls.bound(tenant, name, PluginKind::LogitsProcessor)?;
     let vocab = {
         let (state, model, engine) = (state.clone(), model.to_string(), engine.clone());
         super::blocking("vocabulary", move || vocabulary(&state, &model, &engine)).await?
@@ -127,10 +127,11 @@ pub(super) async fn attach(
         };
         // Counted, timed and mapped to the client's error like every other plugin call.
         let vocab = vocab.clone();
-        let (p, first) = call(state, caller, plugin.clone(), move |p, rt, v| async move {
-            p.start_processor(&rt, &v, vocab, start).await
-        })
-        .await?;
+        let (p, first) = calls
+            .call(caller, plugin.clone(), move |p, rt, v| async move {
+                p.start_processor(&rt, &v, vocab, start).await
+            })
+            .await?;
         let code = PluginProcessor {
             processor: p,
             failures: state.metrics.clone(),

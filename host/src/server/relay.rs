@@ -115,7 +115,7 @@ async fn whole(
     let report = |raw: Option<Vec<Value>>| {
         p.debug
             .as_ref()
-            .map(|sink| super::plugins::debug_report(sink, raw))
+            .map(|sink| crate::pipeline::plugin_calls::debug_report(sink, raw))
     };
     if let Some(out) = &p.output {
         if let Err(mut e) = parse_choices(out, &mut body).await {
@@ -156,7 +156,10 @@ fn texts(body: &Value) -> impl Iterator<Item = (usize, &str)> {
 }
 
 /// The output parser over each choice's final text, in place, with the fixes it made.
-async fn parse_choices(out: &super::reply::OutputStage, body: &mut Value) -> Result<(), ApiError> {
+async fn parse_choices(
+    out: &crate::pipeline::output::OutputStage,
+    body: &mut Value,
+) -> Result<(), ApiError> {
     let Some(choices) = body["choices"].as_array_mut() else {
         return Ok(());
     };
@@ -262,7 +265,7 @@ impl StreamRelay {
         let data = data.join("\n");
         if data.trim() == "[DONE]" {
             if let Some(sink) = &self.p.debug {
-                let report = super::plugins::debug_report(sink, None);
+                let report = crate::pipeline::plugin_calls::debug_report(sink, None);
                 let chunk =
                     json!({"model": self.pool.name, "choices": [], "gateway_debug": report});
                 if !sse.send(&chunk).await {

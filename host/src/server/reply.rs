@@ -14,16 +14,16 @@ use tokio::sync::mpsc;
 use super::error::ApiError;
 use super::logprobs;
 use super::openai::*;
-use super::plugins::call;
 use super::processors::engine_error;
 use super::sse::Sse;
 use super::tool_calls::{self, StreamCalls};
 use super::validation::Generation;
-use super::{json_response, sse_response, AppState, Response};
+use super::{json_response, sse_response, Response};
 use crate::engine::{Engine, Event, EventStream, FinishReason, TokenLogprobs, Usage};
-use crate::plugins::Plugin;
+use crate::pipeline::output::OutputStage;
+use crate::pipeline::plugin_calls::debug_report;
 use crate::structured::tools::ToolSet;
-use crate::tenancy::{Caller, Outcome, Reservation};
+use crate::tenancy::{Outcome, Reservation};
 
 #[derive(Clone, Copy, PartialEq)]
 pub(super) enum Kind {
@@ -53,26 +53,6 @@ pub(super) struct Reply {
     pub(super) tools: Option<Arc<ToolSet>>,
     /// The caller asked for plugin debugging: the raw text and its plugins' log lines.
     pub(super) debug: Option<crate::common::LogSink>,
-}
-
-pub(super) struct OutputStage {
-    pub(super) state: Arc<AppState>,
-    pub(super) caller: Caller,
-    pub(super) plugin: Arc<Plugin>,
-    pub(super) schema: Option<String>,
-}
-
-impl OutputStage {
-    pub(super) async fn parse(&self, text: String) -> Result<crate::plugins::Parsed, ApiError> {
-        let schema = self.schema.clone();
-        call(
-            &self.state,
-            &self.caller,
-            self.plugin.clone(),
-            move |p, rt, v| async move { p.parse(&rt, &v, &text, schema.as_deref()).await },
-        )
-        .await
-    }
 }
 
 #[derive(Default)]
@@ -254,12 +234,13 @@ impl Reply {
     /// What a debugging caller gets: each choice's text before the output parser (streams
     /// carry it in their deltas) and the log lines of the request's plugins so far.
     fn debug_report(&self, raw: Option<Vec<Value>>) -> Option<Value> {
-        Some(super::plugins::debug_report(self.debug.as_ref()?, raw))
+        Some(debug_report(self.debug.as_ref()?, raw))
     }
 
     /// A plugin failure, with the debugging report when the caller asked for one: a parser
     /// refusing the text is when its raw text matters most.
-    fn with_debug(&self, mut e: ApiError, raw: Option<&str>) -> ApiError {
+    fn with_debug(&self, e: impl Into<ApiError>, raw: Option<&str>) -> ApiError {
+        let mut e = e.into();
         e.debug = self.debug_report(raw.map(|r| vec![json!(r)])).map(Box::new);
         e
     }

@@ -9,14 +9,14 @@ use std::sync::Arc;
 use bytes::Bytes;
 use serde_json::{json, Map, Value};
 
-use super::completions::{output_stage, render_template};
+use super::completions::output_stage;
 use super::dispatch::Api;
 use super::error::ApiError;
 use super::openai::{Document, ResponseFormat};
-use super::rag;
-use super::reply::OutputStage;
 use super::{relay, AppState, Response};
 use crate::engine::chat_template::ChatMessage;
+use crate::pipeline::grounding;
+use crate::pipeline::output::OutputStage;
 use crate::plugins::{ContextChunk, RenderedPrompt};
 use crate::tenancy::{Caller, Outcome, Reservation};
 use crate::upstream::{Pool, SendError};
@@ -283,7 +283,7 @@ async fn chat_prompt(
             Some(serde_json::from_value(v).map_err(|e| ApiError::invalid("rag", e.to_string()))?)
         }
     };
-    let settings = rag::settings(rag_field, caller)?;
+    let settings = grounding::settings(rag_field, caller)?;
     let template = caller.tenant.policy.prompt_template.clone();
     if documents.is_empty() && settings.is_none() && template.is_none() {
         return Ok((Value::Array(messages).to_string(), None));
@@ -301,7 +301,8 @@ async fn chat_prompt(
     let mut citations = None;
     if let Some(s) = &settings {
         let first = context.len() + 1;
-        let (chunks, cites) = rag::retrieve(state, caller, s, &plain, &[], first).await?;
+        let retrieval = state.retrieval();
+        let (chunks, cites) = retrieval.retrieve(caller, s, &plain, &[], first).await?;
         context.extend(chunks);
         citations = Some(cites);
     }
@@ -324,7 +325,10 @@ async fn templated(
     messages: Vec<ChatMessage>,
     context: Vec<ContextChunk>,
 ) -> Result<Vec<Value>, ApiError> {
-    let rendered = render_template(state, caller, name, &pool.name, messages, context).await?;
+    let rendered = state
+        .plugin_calls()
+        .render(caller, name, &pool.name, messages, context)
+        .await?;
     match rendered {
         RenderedPrompt::Messages(ms) => Ok(ms
             .into_iter()
@@ -364,7 +368,7 @@ fn plain_message(m: &Value) -> ChatMessage {
 /// The messages with the sources in the system message (a new one when the first is not a
 /// system message with text), as for a local model.
 fn grounded(mut messages: Vec<Value>, context: &[ContextChunk]) -> Vec<Value> {
-    let Some(sources) = rag::sources(context) else {
+    let Some(sources) = grounding::sources(context) else {
         return messages;
     };
     match messages.first_mut() {

@@ -7,14 +7,10 @@
 //! token of the model (`<|im_start|>`, `<|im_end|>`, ...) is removed from it (text, title and
 //! id) before it reaches the prompt, so a document cannot open or close a role.
 
-use std::sync::Arc;
-
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::collections;
-use super::error::ApiError;
-use super::AppState;
+use super::{Error, Retrieval};
 use crate::engine::chat_template::ChatMessage;
 use crate::plugins::ContextChunk;
 use crate::search::request::{RagSettings, MAX_RAG_TOP_K};
@@ -29,14 +25,14 @@ pub enum RagField {
 }
 
 /// The retrieval that applies to this request, if any.
-pub fn settings(field: Option<RagField>, caller: &Caller) -> Result<Option<RagSettings>, ApiError> {
+pub fn settings(field: Option<RagField>, caller: &Caller) -> Result<Option<RagSettings>, Error> {
     let s = match field {
         Some(RagField::Settings(s)) => s,
         Some(RagField::Enabled(false)) => return Ok(None),
         Some(RagField::Enabled(true)) | None => match &caller.tenant.policy.rag {
             Some(s) => s.clone(),
             None if field.is_some() => {
-                return Err(ApiError::invalid(
+                return Err(Error::invalid(
                     "rag",
                     format!(
                         "Tenant `{}` has no default retrieval; give `rag` as an object with a `collection`.",
@@ -48,7 +44,7 @@ pub fn settings(field: Option<RagField>, caller: &Caller) -> Result<Option<RagSe
         },
     };
     if !(1..=MAX_RAG_TOP_K).contains(&s.top_k()) {
-        return Err(ApiError::invalid(
+        return Err(Error::invalid(
             "rag",
             format!("`rag.top_k` must be 1 to {MAX_RAG_TOP_K}."),
         ));
@@ -56,50 +52,53 @@ pub fn settings(field: Option<RagField>, caller: &Caller) -> Result<Option<RagSe
     Ok(Some(s))
 }
 
-/// Context chunks found for the last user message, and their citations, numbered from
-/// `first` (after any passages the client sent), as the prompt numbers them.
-pub async fn retrieve(
-    state: &Arc<AppState>,
-    caller: &Caller,
-    settings: &RagSettings,
-    messages: &[ChatMessage],
-    specials: &[String],
-    first: usize,
-) -> Result<(Vec<ContextChunk>, Vec<Value>), ApiError> {
-    let query = messages
-        .iter()
-        .rev()
-        .find(|m| m.role == "user" && !m.content.trim().is_empty())
-        .map(|m| m.content.clone())
-        .ok_or_else(|| {
-            ApiError::invalid(
-                "messages",
-                "Retrieval (`rag`) searches with the last user message, and there is none.",
-            )
-        })?;
-    let col = collections::open(state, caller, &settings.collection)?;
-    let hits = collections::search(state, caller, col, &settings.search(query))
-        .await?
-        .hits;
-    let mut chunks = Vec::with_capacity(hits.len());
-    let mut citations = Vec::with_capacity(hits.len());
-    for (i, h) in hits.into_iter().enumerate() {
-        citations.push(json!({
-            "index": first + i, "collection": settings.collection, "document_id": h.id,
-            "chunk_id": h.chunk_id, "start": h.start, "end": h.end, "score": h.score,
-        }));
-        let title = h
-            .metadata
-            .get("title")
-            .and_then(Value::as_str)
-            .map(|t| strip_specials(t, specials));
-        chunks.push(ContextChunk {
-            id: strip_specials(&h.id, specials),
-            text: strip_specials(&h.text, specials),
-            title,
-        });
+impl Retrieval {
+    /// Context chunks found for the last user message, and their citations, numbered from
+    /// `first` (after any passages the client sent), as the prompt numbers them.
+    pub async fn retrieve(
+        &self,
+        caller: &Caller,
+        settings: &RagSettings,
+        messages: &[ChatMessage],
+        specials: &[String],
+        first: usize,
+    ) -> Result<(Vec<ContextChunk>, Vec<Value>), Error> {
+        let query = messages
+            .iter()
+            .rev()
+            .find(|m| m.role == "user" && !m.content.trim().is_empty())
+            .map(|m| m.content.clone())
+            .ok_or_else(|| {
+                Error::invalid(
+                    "messages",
+                    "Retrieval (`rag`) searches with the last user message, and there is none.",
+                )
+            })?;
+        let col = self.open(caller, &settings.collection)?;
+        let hits = self
+            .search(caller, col, &settings.search(query))
+            .await?
+            .hits;
+        let mut chunks = Vec::with_capacity(hits.len());
+        let mut citations = Vec::with_capacity(hits.len());
+        for (i, h) in hits.into_iter().enumerate() {
+            citations.push(json!({
+                "index": first + i, "collection": settings.collection, "document_id": h.id,
+                "chunk_id": h.chunk_id, "start": h.start, "end": h.end, "score": h.score,
+            }));
+            let title = h
+                .metadata
+                .get("title")
+                .and_then(Value::as_str)
+                .map(|t| strip_specials(t, specials));
+            chunks.push(ContextChunk {
+                id: strip_specials(&h.id, specials),
+                text: strip_specials(&h.text, specials),
+                title,
+            });
+        }
+        Ok((chunks, citations))
     }
-    Ok((chunks, citations))
 }
 
 /// `text` with every occurrence of the model's special tokens removed, repeatedly, so that

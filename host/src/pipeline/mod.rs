@@ -1,0 +1,35 @@
+//! The request pipeline between the HTTP edge and the domains. A generation request goes
+//! admission (`tenancy`) → grounding (client passages, RAG retrieval: `grounding`,
+//! `retrieval`) → prompt stage (template plugin or the model's chat template: `prompt`) →
+//! engine (local) or upstream → output stage (the tenant's parser: `output`) → settlement of
+//! the reservation. Search and `/v1/rerank` use the same retrieval and plugin stages.
+//!
+//! Each stage takes the admitted `Caller` and the handles it needs (`PluginCalls`,
+//! `Retrieval`), never the server's state, and fails with a typed `Error` that the edge maps to
+//! a status and an OpenAI error body once (`server/error.rs`). Nothing here knows HTTP.
+
+mod error;
+pub mod grounding;
+pub mod output;
+pub mod plugin_calls;
+pub mod prompt;
+pub mod retrieval;
+
+pub use error::{Error, PluginFailure};
+pub use plugin_calls::PluginCalls;
+pub use retrieval::Retrieval;
+
+/// Runs `f` on the blocking pool (tokenizers, encoders, indexes, plugins, compilation: work
+/// that must not stall the runtime's I/O threads); a panic there fails the request, naming
+/// `what`.
+pub async fn blocking<T: Send + 'static>(
+    what: &'static str,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, Error> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| Error::Task {
+            what,
+            cause: e.to_string(),
+        })
+}

@@ -1,7 +1,7 @@
 //! The request pipeline between the HTTP edge and the domains. A generation request goes
 //! admission (`tenancy`) → grounding (client passages, RAG retrieval: `grounding`,
 //! `retrieval`) → prompt stage (template plugin or the model's chat template: `prompt`) →
-//! engine (local) or upstream → output stage (the tenant's parser: `output`) → settlement of
+//! logits processors (`processors`) → engine (local) or upstream → output stage (the tenant's parser: `output`) → settlement of
 //! the reservation. Search and `/v1/rerank` use the same retrieval and plugin stages.
 //!
 //! Each stage takes the admitted `Caller` and the handles it needs (`PluginCalls`,
@@ -12,6 +12,7 @@ mod error;
 pub mod grounding;
 pub mod output;
 pub mod plugin_calls;
+pub mod processors;
 pub mod prompt;
 pub mod retrieval;
 

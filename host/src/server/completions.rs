@@ -6,7 +6,6 @@ use std::sync::Arc;
 
 use super::error::ApiError;
 use super::openai::*;
-use super::processors;
 use super::reply::{Kind, Reply};
 use super::structured;
 use super::validation::{self, MAX_TOP_LOGPROBS};
@@ -84,7 +83,10 @@ pub async fn chat(
         .await?
         .remove(0);
     let mut reqs = gen.requests(&engine, prompt, "messages")?;
-    processors::attach(state, caller, &req.model, &engine, &mut reqs).await?;
+    state
+        .processor_stage()
+        .attach(caller, &req.model, &engine, &mut reqs)
+        .await?;
     let reservation = reserve(
         state,
         caller,
@@ -239,7 +241,10 @@ pub async fn completion(
         .map(|p| gen.requests(&engine, p, "prompt"))
         .collect::<Result<Vec<_>, _>>()?;
     for choices in reqs.iter_mut() {
-        processors::attach(state, caller, &req.model, &engine, choices).await?;
+        state
+            .processor_stage()
+            .attach(caller, &req.model, &engine, choices)
+            .await?;
     }
     let reservation = reserve(state, caller, &req.model, "completions", &reqs).await?;
     let streams =

@@ -364,6 +364,30 @@ impl From<crate::pipeline::Error> for ApiError {
     }
 }
 
+/// A generation that failed midway: a processor's fault as the plugin error it is, a grammar
+/// that ran into the parser's limits as the request's 400, anything else as the server's.
+impl From<crate::engine::EngineError> for ApiError {
+    fn from(e: crate::engine::EngineError) -> Self {
+        use crate::engine::EngineError;
+        use crate::pipeline::processors::ProcessorFailure;
+        match &e {
+            EngineError::Processor(p) => {
+                if let Some(f) = p.downcast_ref::<ProcessorFailure>() {
+                    return Self::plugin(&f.tenant, &f.plugin, &f.error);
+                }
+            }
+            EngineError::Grammar(why) => {
+                return Self::invalid(
+                    None,
+                    format!("The output constraint failed partway through the answer: {why}. Simplify the schema, regex or grammar."),
+                )
+            }
+            _ => {}
+        }
+        Self::internal(e.to_string())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -15,7 +15,6 @@ pub mod error;
 mod logprobs;
 pub mod openai;
 mod plugins;
-mod processors;
 mod relay;
 mod reply;
 mod routes;
@@ -26,7 +25,7 @@ mod tool_calls;
 mod upstream;
 mod validation;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Instant;
@@ -65,7 +64,7 @@ pub struct AppState {
     /// Connection and body deadlines and caps.
     pub http: crate::config::HttpConfig,
     /// Each model's vocabulary index for logits processors, built on first use.
-    pub vocabularies: parking_lot::Mutex<HashMap<String, Arc<crate::plugins::vocab::VocabIndex>>>,
+    pub vocabularies: Arc<crate::pipeline::processors::Vocabularies>,
     /// Models served by upstream replicas.
     pub upstreams: crate::upstream::Upstreams,
     /// Local models' fallback chains.
@@ -120,6 +119,14 @@ impl AppState {
         crate::pipeline::PluginCalls {
             registry: self.plugins.clone(),
             metrics: self.metrics.clone(),
+        }
+    }
+
+    /// The handles the processor stage takes.
+    pub fn processor_stage(&self) -> crate::pipeline::processors::ProcessorStage {
+        crate::pipeline::processors::ProcessorStage {
+            calls: self.plugin_calls(),
+            vocabularies: self.vocabularies.clone(),
         }
     }
 

@@ -14,7 +14,6 @@ use tokio::sync::mpsc;
 use super::error::ApiError;
 use super::logprobs;
 use super::openai::*;
-use super::processors::engine_error;
 use super::sse::Sse;
 use super::tool_calls::{self, StreamCalls};
 use super::validation::Generation;
@@ -142,7 +141,7 @@ impl Reply {
                         c.usage = u;
                         c.finish = Some(f);
                     }
-                    Event::Failed(e) => return Err(engine_error(e)),
+                    Event::Failed(e) => return Err(e.into()),
                 }
             }
             if c.finish.is_none() {
@@ -364,7 +363,7 @@ impl Reply {
                 },
                 Event::Failed(m) => {
                     self.end(Outcome::Failed);
-                    return sse.fail(&engine_error(m)).await;
+                    return sse.fail(&ApiError::from(m)).await;
                 }
             };
             let last = choices.len().saturating_sub(1);

@@ -19,13 +19,14 @@ mod relay;
 mod reply;
 mod routes;
 mod sse;
+mod state;
+pub use state::{AppState, Fallback, Shutdown};
 mod structured;
 pub mod tls;
 mod tool_calls;
 mod upstream;
 mod validation;
 
-use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Instant;
@@ -38,7 +39,6 @@ use serde_json::json;
 use tokio::net::TcpListener;
 
 use crate::engine::Engine;
-use crate::metrics::Metrics;
 use bodies::{discard, read_body, text_response};
 pub use bodies::{json_response, sse_response};
 use dispatch::Api;
@@ -48,155 +48,6 @@ use routes::{Endpoint, Resolved};
 pub type Response = http::Response<UnsyncBoxBody<Bytes, Infallible>>;
 
 pub const SYSTEM_FINGERPRINT: &str = concat!("fp_gateway_", env!("CARGO_PKG_VERSION"));
-
-pub struct AppState {
-    pub engines: BTreeMap<String, Arc<Engine>>,
-    pub embedders: BTreeMap<String, Arc<crate::search::embedder::Embedder>>,
-    pub collections: Arc<crate::search::Collections>,
-    pub metrics: Arc<Metrics>,
-    pub max_body_bytes: usize,
-    pub started: u64,
-    pub plugins: Arc<crate::plugins::Registry>,
-    pub tenancy: Arc<crate::tenancy::Tenancy>,
-    pub admin_token: Option<String>,
-    pub max_upload_bytes: usize,
-    pub shutdown: Shutdown,
-    /// Connection and body deadlines and caps.
-    pub http: crate::config::HttpConfig,
-    /// Each model's vocabulary index for logits processors, built on first use.
-    pub vocabularies: Arc<crate::pipeline::processors::Vocabularies>,
-    /// Models served by upstream replicas.
-    pub upstreams: crate::upstream::Upstreams,
-    /// Local models' fallback chains.
-    pub fallbacks: BTreeMap<String, Fallback>,
-    /// Where admin-API changes to plugins and policies are stored for the other replicas.
-    pub cluster: Option<Arc<crate::cluster::Replication>>,
-}
-
-/// Where a local model's requests go when its queue is long.
-pub struct Fallback {
-    pub chain: Vec<String>,
-    pub saturated_waiting: usize,
-}
-
-/// What a SIGTERM sets in motion. First `draining`: `/ready` turns 503 and no connection is
-/// taken while requests in flight finish. Then, at the drain deadline, `cut`: generations still
-/// running end with a `server_shutting_down` error (and their tenant is charged what was
-/// generated) instead of vanishing with the process.
-pub struct Shutdown {
-    draining: std::sync::atomic::AtomicBool,
-    cut: tokio::sync::watch::Sender<bool>,
-}
-
-impl Default for Shutdown {
-    fn default() -> Self {
-        Self {
-            draining: Default::default(),
-            cut: tokio::sync::watch::Sender::new(false),
-        }
-    }
-}
-
-impl Shutdown {
-    pub fn draining(&self) -> bool {
-        self.draining.load(std::sync::atomic::Ordering::Relaxed)
-    }
-
-    /// Resolves once the drain deadline has passed; never, until then.
-    pub fn cut(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
-        let mut rx = self.cut.subscribe();
-        async move {
-            if rx.wait_for(|cut| *cut).await.is_err() {
-                std::future::pending::<()>().await;
-            }
-        }
-    }
-}
-
-impl AppState {
-    /// The handles the plugin stages take.
-    pub fn plugin_calls(&self) -> crate::pipeline::PluginCalls {
-        crate::pipeline::PluginCalls {
-            registry: self.plugins.clone(),
-            metrics: self.metrics.clone(),
-        }
-    }
-
-    /// The handles the processor stage takes.
-    pub fn processor_stage(&self) -> crate::pipeline::processors::ProcessorStage {
-        crate::pipeline::processors::ProcessorStage {
-            calls: self.plugin_calls(),
-            vocabularies: self.vocabularies.clone(),
-        }
-    }
-
-    /// The handles the retrieval stage takes.
-    pub fn retrieval(&self) -> crate::pipeline::Retrieval {
-        crate::pipeline::Retrieval {
-            collections: self.collections.clone(),
-            tenancy: self.tenancy.clone(),
-            metrics: self.metrics.clone(),
-            plugins: self.plugin_calls(),
-        }
-    }
-
-    /// `model` and then its fallbacks, in order.
-    pub fn fallback_chain(&self, model: &str) -> Vec<String> {
-        let rest = match self.upstreams.get(model) {
-            Some(pool) => pool.cfg.fallback.clone(),
-            None => self
-                .fallbacks
-                .get(model)
-                .map(|f| f.chain.clone())
-                .unwrap_or_default(),
-        };
-        std::iter::once(model.to_string()).chain(rest).collect()
-    }
-
-    /// The embedding model `model`, if the tenant may use it.
-    pub fn embedder(
-        &self,
-        tenant: &crate::tenancy::Tenant,
-        model: &str,
-    ) -> Result<Arc<crate::search::embedder::Embedder>, ApiError> {
-        allowed_model(&self.embedders, std::iter::empty(), tenant, model)
-    }
-
-    /// The engine serving `model`, if the tenant may use it.
-    pub fn engine(
-        &self,
-        tenant: &crate::tenancy::Tenant,
-        model: &str,
-    ) -> Result<Arc<Engine>, ApiError> {
-        allowed_model(&self.engines, self.upstreams.names(), tenant, model)
-    }
-}
-
-/// `model` from `models`: 404 (listing the tenant's models, and `others` of the same kind
-/// served elsewhere) when it does not exist, 403 when the tenant's policy does not allow it.
-fn allowed_model<'a, T>(
-    models: &'a BTreeMap<String, Arc<T>>,
-    others: impl Iterator<Item = &'a String>,
-    tenant: &crate::tenancy::Tenant,
-    model: &str,
-) -> Result<Arc<T>, ApiError> {
-    let found = models.get(model).cloned().ok_or_else(|| {
-        let allowed: Vec<String> = models
-            .keys()
-            .chain(others)
-            .filter(|m| tenant.allows_model(m))
-            .cloned()
-            .collect();
-        ApiError::model_not_found(model, &allowed)
-    })?;
-    if !tenant.allows_model(model) {
-        return Err(ApiError::forbidden(
-            "model",
-            format!("Tenant `{}` may not use model `{model}`.", tenant.name),
-        ));
-    }
-    Ok(found)
-}
 
 /// Runs `f` on the blocking pool (tokenizers, encoders, indexes, plugins, compilation: work
 /// that must not stall the runtime's I/O threads); a panic there is a 500 naming `what`.
@@ -492,10 +343,7 @@ pub async fn serve(
         })
         .collect();
     shutdown_signal().await;
-    state
-        .shutdown
-        .draining
-        .store(true, std::sync::atomic::Ordering::Relaxed);
+    state.shutdown.start_draining();
     let _ = stop_tx.send(true);
     for a in accepting {
         let _ = a.await;
@@ -518,7 +366,7 @@ pub async fn serve(
         _ = tokio::time::sleep(drain) => {}
     }
     tracing::warn!("requests still in flight at the drain deadline; cutting them");
-    state.shutdown.cut.send_replace(true);
+    state.shutdown.cut_now();
     // The cut responses end with an error event, which the clients still have to be sent.
     if tokio::time::timeout(CUT_GRACE, drained).await.is_err() {
         tracing::warn!("connections still open after the cut; exiting");

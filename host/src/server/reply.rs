@@ -158,12 +158,13 @@ impl Reply {
             }
             choices.push(c);
         }
-        let body = self.body(choices);
+        // Settled with the very usage the client is told, typed, not read back from the body.
+        let usage = self.usage(choices.iter().map(|c| &c.usage).enumerate());
         if let Some(r) = &self.reservation {
-            let u = &body["usage"];
-            let n = |k: &str| u[k].as_u64().unwrap_or(0);
-            r.settle(n("prompt_tokens"), n("completion_tokens"), Outcome::Ok);
+            let (p, c) = (usage.prompt_tokens, usage.completion_tokens);
+            r.settle(p as u64, c as u64, Outcome::Ok);
         }
+        let body = self.body(choices, usage);
         Ok(json_response(http::StatusCode::OK, &body))
     }
 
@@ -172,8 +173,7 @@ impl Reply {
         self.output.as_ref().filter(|_| self.tools.is_none())
     }
 
-    fn body(&self, choices: Vec<Choice>) -> Value {
-        let usage = self.usage(choices.iter().map(|c| &c.usage).enumerate());
+    fn body(&self, choices: Vec<Choice>, usage: UsageOut) -> Value {
         let raw: Option<Vec<Value>> = self.debug.as_ref().map(|_| {
             choices
                 .iter()

@@ -12,7 +12,7 @@
 //! sum is 16 · 4096 · 32767 < 2³¹.
 
 use super::aligned::Aligned;
-use super::{Format, Segment};
+use super::Segment;
 use crate::engine::team::{split, split_mut, Team};
 
 /// Elements per super-block.
@@ -110,15 +110,51 @@ pub(super) fn tile(
         };
     }
     match s.format {
-        Format::Q4K => by_batch!(avx512::Q4K),
-        Format::Q5K => by_batch!(avx512::Q5K),
-        Format::Q6K => by_batch!(avx512::Q6K),
+        super::Format::Q4K => by_batch!(avx512::Q4K),
+        super::Format::Q5K => by_batch!(avx512::Q5K),
+        super::Format::Q6K => by_batch!(avx512::Q6K),
         other => unreachable!("{other:?} is not a k-quant"),
     }
 }
 
+/// AVX2 + FMA without AVX-512BW: the 256-bit kernel (also built for tests everywhere it
+/// compiles, so this machine checks it against the scalar sums).
+#[cfg(all(
+    target_arch = "x86_64",
+    target_feature = "avx2",
+    target_feature = "fma",
+    any(test, not(target_feature = "avx512bw"))
+))]
+pub(super) mod avx2;
+
+#[cfg(all(
+    target_arch = "x86_64",
+    target_feature = "avx2",
+    target_feature = "fma",
+    not(target_feature = "avx512bw")
+))]
+#[allow(clippy::too_many_arguments)]
+pub(super) fn tile(
+    s: &Segment,
+    r0: usize,
+    nr: usize,
+    a: &KActs,
+    i0: usize,
+    g: usize,
+    dst: &mut [f32],
+    _prefetch: bool,
+) {
+    avx2::tile(s, r0, nr, a, i0, g, dst)
+}
+
 /// Portable path: the same integer sums, one weight row and activation row at a time.
-#[cfg(not(all(target_arch = "x86_64", target_feature = "avx512bw")))]
+#[cfg(not(all(
+    target_arch = "x86_64",
+    any(
+        target_feature = "avx512bw",
+        all(target_feature = "avx2", target_feature = "fma")
+    )
+)))]
 #[allow(clippy::too_many_arguments)]
 pub(super) fn tile(
     s: &Segment,
@@ -140,9 +176,19 @@ pub(super) fn tile(
 }
 
 /// One weight row (k-quant bytes) times activation row `i`, in scalar code.
-#[cfg(any(test, not(all(target_arch = "x86_64", target_feature = "avx512bw"))))]
-pub(super) fn dot_row(format: Format, row: &[u8], a: &KActs, i: usize) -> f32 {
+#[cfg(any(
+    test,
+    not(all(
+        target_arch = "x86_64",
+        any(
+            target_feature = "avx512bw",
+            all(target_feature = "avx2", target_feature = "fma")
+        )
+    ))
+))]
+pub(super) fn dot_row(format: super::Format, row: &[u8], a: &KActs, i: usize) -> f32 {
     use super::blocks::{f16_at, k45_values, k4_scales_mins, q6k_values};
+    use super::Format;
     let (k, bb) = (a.k, format.block_bytes());
     let nb = k / QK;
     let mut total = 0f32;

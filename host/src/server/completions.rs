@@ -15,6 +15,7 @@ use crate::engine::{Engine, EventStream, SubmitError};
 use crate::pipeline::grounding::{self, strip_specials};
 use crate::pipeline::output::OutputStage;
 use crate::pipeline::prompt::PromptStage;
+use crate::pipeline::PluginCalls;
 use crate::plugins::{ContextChunk, PluginKind};
 use crate::structured::tools;
 use crate::tenancy::{Caller, Reservation};
@@ -50,7 +51,7 @@ pub async fn chat(
     gen.cache_salt = tenant.cache_salt;
     gen.weight = tenant.policy.weight;
     gen.constraint = structured::constraint(&engine, format, tools.as_ref()).await?;
-    let output = output_stage(state, caller, req.response_format.as_ref())?;
+    let output = output_stage(state.plugin_calls(), caller, req.response_format.as_ref())?;
     let rag = grounding::settings(req.rag, caller)?;
     // Every added token, special or not: each is matched as one control token when the prompt
     // is encoded (`<|im_end|>`, but also e.g. `<tool_call>` or `</think>` in other models).
@@ -140,7 +141,7 @@ fn documents(docs: Vec<Document>, specials: &[String]) -> Vec<ContextChunk> {
 /// The output parser to run, if the request asks for JSON (or the tenant always parses) and
 /// the tenant has a parser bound. Without a parser, `response_format` passes through.
 pub(super) fn output_stage(
-    state: &Arc<AppState>,
+    calls: PluginCalls,
     caller: &Caller,
     format: Option<&ResponseFormat>,
 ) -> Result<Option<OutputStage>, ApiError> {
@@ -162,7 +163,6 @@ pub(super) fn output_stage(
     let Some(name) = &tenant.policy.output_parser else {
         return Ok(None);
     };
-    let calls = state.plugin_calls();
     Ok(Some(OutputStage {
         plugin: calls.bound(tenant, name, PluginKind::OutputParser)?,
         calls,

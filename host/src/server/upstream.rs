@@ -17,6 +17,7 @@ use super::{relay, AppState, Response};
 use crate::engine::chat_template::ChatMessage;
 use crate::pipeline::grounding;
 use crate::pipeline::output::OutputStage;
+use crate::pipeline::{PluginCalls, Retrieval};
 use crate::plugins::{ContextChunk, RenderedPrompt};
 use crate::tenancy::{Caller, Outcome, Reservation};
 use crate::upstream::{Pool, SendError};
@@ -140,10 +141,10 @@ async fn prepare(
     let max_tokens = completion_budget(api, &req, pool)?;
     let output = match api {
         Api::Embeddings => None,
-        _ => parser(state, caller, &req)?,
+        _ => parser(state.plugin_calls(), caller, &req)?,
     };
     let (text, citations) = match api {
-        Api::Chat => chat_prompt(state, caller, pool, &mut req).await?,
+        Api::Chat => chat_prompt(&state.retrieval(), caller, pool, &mut req).await?,
         Api::Completion => (input_text(&req, "prompt")?, None),
         Api::Embeddings => (input_text(&req, "input")?, None),
     };
@@ -236,7 +237,7 @@ fn completion_budget(api: Api, req: &Map<String, Value>, pool: &Pool) -> Result<
 /// The tenant's output parser when `response_format` (or the tenant's policy) asks for one,
 /// unless tools are offered (calls are not the parser's JSON).
 fn parser(
-    state: &Arc<AppState>,
+    calls: PluginCalls,
     caller: &Caller,
     req: &Map<String, Value>,
 ) -> Result<Option<OutputStage>, ApiError> {
@@ -250,14 +251,14 @@ fn parser(
                 .map_err(|e| ApiError::invalid("response_format", e.to_string()))?,
         ),
     };
-    output_stage(state, caller, format.as_ref())
+    output_stage(calls, caller, format.as_ref())
 }
 
 /// The chat prompt stage for an upstream model: `documents` and RAG chunks ground the
 /// messages (or go to the tenant's prompt-template plugin, which must return messages).
 /// Returns the messages as text (for the estimate and affinity) and the citations.
 async fn chat_prompt(
-    state: &Arc<AppState>,
+    retrieval: &Retrieval,
     caller: &Caller,
     pool: &Pool,
     req: &mut Map<String, Value>,
@@ -301,13 +302,12 @@ async fn chat_prompt(
     let mut citations = None;
     if let Some(s) = &settings {
         let first = context.len() + 1;
-        let retrieval = state.retrieval();
         let (chunks, cites) = retrieval.retrieve(caller, s, &plain, &[], first).await?;
         context.extend(chunks);
         citations = Some(cites);
     }
     let messages = match template {
-        Some(name) => templated(state, caller, pool, &name, plain, context).await?,
+        Some(name) => templated(&retrieval.plugins, caller, pool, &name, plain, context).await?,
         None => grounded(messages, &context),
     };
     let text = Value::Array(messages.clone()).to_string();
@@ -318,15 +318,14 @@ async fn chat_prompt(
 /// The tenant's prompt-template plugin over the conversation; an upstream takes messages, so
 /// a plugin that renders a finished prompt cannot serve it.
 async fn templated(
-    state: &Arc<AppState>,
+    calls: &PluginCalls,
     caller: &Caller,
     pool: &Pool,
     name: &str,
     messages: Vec<ChatMessage>,
     context: Vec<ContextChunk>,
 ) -> Result<Vec<Value>, ApiError> {
-    let rendered = state
-        .plugin_calls()
+    let rendered = calls
         .render(caller, name, &pool.name, messages, context)
         .await?;
     match rendered {

@@ -257,24 +257,8 @@ impl Reply {
         })
     }
 
-    /// Usage over all choices: each prompt counts once however many choices it has.
     fn usage<'a>(&self, usages: impl Iterator<Item = (usize, &'a Usage)>) -> UsageOut {
-        let (mut prompt, mut completion, mut cached) = (0, 0, 0);
-        for (i, u) in usages {
-            if i % self.n == 0 {
-                prompt += u.prompt_tokens;
-                cached += u.cached_tokens;
-            }
-            completion += u.completion_tokens;
-        }
-        UsageOut {
-            prompt_tokens: prompt,
-            completion_tokens: completion,
-            total_tokens: prompt + completion,
-            prompt_tokens_details: CachedTokens {
-                cached_tokens: cached,
-            },
-        }
+        total_usage(self.n, usages)
     }
 
     fn count_token(&self) {
@@ -290,5 +274,56 @@ impl Reply {
             Kind::Chat => logprobs::chat(tok, tokens),
             Kind::Completion => logprobs::completion(tok, tokens, text_start),
         }
+    }
+}
+
+/// Usage over all choices (`n` per prompt, in order): each prompt and its cached part count once
+/// however many choices it has; every choice's completion counts.
+fn total_usage<'a>(n: usize, usages: impl Iterator<Item = (usize, &'a Usage)>) -> UsageOut {
+    let (mut prompt, mut completion, mut cached) = (0, 0, 0);
+    for (i, u) in usages {
+        if i % n == 0 {
+            prompt += u.prompt_tokens;
+            cached += u.cached_tokens;
+        }
+        completion += u.completion_tokens;
+    }
+    UsageOut {
+        prompt_tokens: prompt,
+        completion_tokens: completion,
+        total_tokens: prompt + completion,
+        prompt_tokens_details: CachedTokens {
+            cached_tokens: cached,
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn usage_counts_each_prompt_once_and_every_choice() {
+        let u = |p, c, cached| Usage {
+            prompt_tokens: p,
+            completion_tokens: c,
+            cached_tokens: cached,
+        };
+        // Two prompts, two choices each (completions with a list prompt and n = 2).
+        let usages = [u(10, 3, 4), u(10, 5, 4), u(7, 1, 0), u(7, 2, 0)];
+        let total = total_usage(2, usages.iter().enumerate());
+        assert_eq!(
+            serde_json::to_value(total).unwrap(),
+            json!({"prompt_tokens": 17, "completion_tokens": 11, "total_tokens": 28,
+                   "prompt_tokens_details": {"cached_tokens": 4}})
+        );
+        // A stream reports choices as they finish, in any order.
+        let late = [
+            (3, &usages[3]),
+            (0, &usages[0]),
+            (2, &usages[2]),
+            (1, &usages[1]),
+        ];
+        assert_eq!(total_usage(2, late.into_iter()).total_tokens, 28);
     }
 }

@@ -234,6 +234,37 @@ pub(super) fn dot_row(format: super::Format, row: &[u8], a: &KActs, i: usize) ->
     total
 }
 
+/// A Q6_K block's 6-bit values for elements `128n..128n + 128`, as four runs of 32 bytes in
+/// element order: low nibbles from `ql`, the two high bits from `qh` (bits 0-1, 2-3, 4-5, 6-7
+/// for the four runs). 16-bit shifts are safe because the masks keep each byte's own bits.
+#[cfg(all(target_arch = "x86_64", target_feature = "avx2"))]
+#[inline(always)]
+unsafe fn q6k_runs(b: *const u8, n: usize) -> [std::arch::x86_64::__m256i; 4] {
+    use std::arch::x86_64::*;
+    let (m4, m30) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x30));
+    let lo = _mm256_loadu_si256(b.add(64 * n).cast());
+    let hi = _mm256_loadu_si256(b.add(64 * n + 32).cast());
+    let h = _mm256_loadu_si256(b.add(128 + 32 * n).cast());
+    [
+        _mm256_or_si256(
+            _mm256_and_si256(lo, m4),
+            _mm256_and_si256(_mm256_slli_epi16(h, 4), m30),
+        ),
+        _mm256_or_si256(
+            _mm256_and_si256(hi, m4),
+            _mm256_and_si256(_mm256_slli_epi16(h, 2), m30),
+        ),
+        _mm256_or_si256(
+            _mm256_and_si256(_mm256_srli_epi16(lo, 4), m4),
+            _mm256_and_si256(h, m30),
+        ),
+        _mm256_or_si256(
+            _mm256_and_si256(_mm256_srli_epi16(hi, 4), m4),
+            _mm256_and_si256(_mm256_srli_epi16(h, 2), m30),
+        ),
+    ]
+}
+
 /// AVX-512BW kernel: a super-block becomes eight 32-lane i16 weight vectors with the sub-block
 /// scales folded in, each met by 32 activations in one `vpdpwssd` (VNNI; `vpmaddwd` + add
 /// without it); one float conversion per super-block and activation row.
@@ -315,30 +346,9 @@ mod avx512 {
         if F == Q6K {
             let sc =
                 _mm512_castsi256_si512(_mm256_cvtepi8_epi16(_mm_loadu_si128(b.add(192).cast())));
-            let (m4, m30) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x30));
             let off = _mm512_set1_epi16(32);
             for n in 0..2 {
-                let lo = _mm256_loadu_si256(b.add(64 * n).cast());
-                let hi = _mm256_loadu_si256(b.add(64 * n + 32).cast());
-                let h = _mm256_loadu_si256(b.add(128 + 32 * n).cast());
-                let q = [
-                    _mm256_or_si256(
-                        _mm256_and_si256(lo, m4),
-                        _mm256_and_si256(_mm256_slli_epi16(h, 4), m30),
-                    ),
-                    _mm256_or_si256(
-                        _mm256_and_si256(hi, m4),
-                        _mm256_and_si256(_mm256_slli_epi16(h, 2), m30),
-                    ),
-                    _mm256_or_si256(
-                        _mm256_and_si256(_mm256_srli_epi16(lo, 4), m4),
-                        _mm256_and_si256(h, m30),
-                    ),
-                    _mm256_or_si256(
-                        _mm256_and_si256(_mm256_srli_epi16(hi, 4), m4),
-                        _mm256_and_si256(_mm256_srli_epi16(h, 2), m30),
-                    ),
-                ];
+                let q = super::q6k_runs(b, n);
                 for (i, q) in q.into_iter().enumerate() {
                     let v = 4 * n + i;
                     let idx = _mm512_loadu_si512(Q6K_SCALE_IDX[v].as_ptr().cast());

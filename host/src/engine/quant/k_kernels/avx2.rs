@@ -120,32 +120,9 @@ unsafe fn prep<const F: u8>(blk: &[u8], w: &mut [__m256i; 16]) -> (f32, __m256) 
     };
     if F == Q6K {
         let sc = &blk[192..208];
-        let (m4, m30) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x30));
         let off = _mm256_set1_epi16(32);
         for n in 0..2 {
-            let lo = _mm256_loadu_si256(p.add(64 * n).cast());
-            let hi = _mm256_loadu_si256(p.add(64 * n + 32).cast());
-            let h = _mm256_loadu_si256(p.add(128 + 32 * n).cast());
-            // The 2-bit high parts sit in `h` at bits 0-1, 2-3, 4-5, 6-7 for the four runs of
-            // 32 weights; 16-bit shifts are safe because the masks keep each byte's own bits.
-            let q = [
-                _mm256_or_si256(
-                    _mm256_and_si256(lo, m4),
-                    _mm256_and_si256(_mm256_slli_epi16(h, 4), m30),
-                ),
-                _mm256_or_si256(
-                    _mm256_and_si256(hi, m4),
-                    _mm256_and_si256(_mm256_slli_epi16(h, 2), m30),
-                ),
-                _mm256_or_si256(
-                    _mm256_and_si256(_mm256_srli_epi16(lo, 4), m4),
-                    _mm256_and_si256(h, m30),
-                ),
-                _mm256_or_si256(
-                    _mm256_and_si256(_mm256_srli_epi16(hi, 4), m4),
-                    _mm256_and_si256(_mm256_srli_epi16(h, 2), m30),
-                ),
-            ];
+            let q = super::q6k_runs(p, n);
             for (i, q) in q.into_iter().enumerate() {
                 let v = 4 * n + i;
                 let (a, b) = widen(q);

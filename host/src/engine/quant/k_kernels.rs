@@ -12,7 +12,6 @@
 //! sum is 16 · 4096 · 32767 < 2³¹.
 
 use super::aligned::Aligned;
-use super::Segment;
 use crate::engine::team::{split, split_mut, Team};
 
 /// Elements per super-block.
@@ -87,11 +86,39 @@ fn quantize_block(x: &[f32], q: &mut [i16]) -> f32 {
     amax / 32767.0
 }
 
+/// What the SIMD kernels (AVX-512 and AVX2) share.
+#[cfg(all(
+    target_arch = "x86_64",
+    any(
+        target_feature = "avx512bw",
+        all(target_feature = "avx2", target_feature = "fma")
+    )
+))]
+mod simd {
+    /// The format parameter (a const generic, so each format gets its own loop).
+    pub const Q4K: u8 = 0;
+    pub const Q5K: u8 = 1;
+    pub const Q6K: u8 = 2;
+
+    /// Super-blocks summed before a partial result is added to the output (24 KiB of
+    /// activations for a group of eight): every result is summed per such chunk in column
+    /// order, whatever the loop order, so a row's bits do not depend on its batch.
+    pub const CHUNK: usize = 6;
+}
+#[cfg(all(
+    target_arch = "x86_64",
+    any(
+        target_feature = "avx512bw",
+        all(target_feature = "avx2", target_feature = "fma")
+    )
+))]
+use simd::{CHUNK, Q4K, Q5K, Q6K};
+
 /// Rows `r0..r0 + nr` of `s` against activation rows `i0..i0 + g` of `a`, into `dst[row][g]`.
 #[cfg(all(target_arch = "x86_64", target_feature = "avx512bw"))]
 #[allow(clippy::too_many_arguments)] // the f32 kernels' signature plus the prepared activations
 pub(super) fn tile(
-    s: &Segment,
+    s: &super::Segment,
     r0: usize,
     nr: usize,
     a: &KActs,
@@ -110,9 +137,9 @@ pub(super) fn tile(
         };
     }
     match s.format {
-        super::Format::Q4K => by_batch!(avx512::Q4K),
-        super::Format::Q5K => by_batch!(avx512::Q5K),
-        super::Format::Q6K => by_batch!(avx512::Q6K),
+        super::Format::Q4K => by_batch!(Q4K),
+        super::Format::Q5K => by_batch!(Q5K),
+        super::Format::Q6K => by_batch!(Q6K),
         other => unreachable!("{other:?} is not a k-quant"),
     }
 }
@@ -133,19 +160,7 @@ pub(super) mod avx2;
     target_feature = "fma",
     not(target_feature = "avx512bw")
 ))]
-#[allow(clippy::too_many_arguments)]
-pub(super) fn tile(
-    s: &Segment,
-    r0: usize,
-    nr: usize,
-    a: &KActs,
-    i0: usize,
-    g: usize,
-    dst: &mut [f32],
-    _prefetch: bool,
-) {
-    avx2::tile(s, r0, nr, a, i0, g, dst)
-}
+pub(super) use avx2::tile;
 
 /// Portable path: the same integer sums, one weight row and activation row at a time.
 #[cfg(not(all(
@@ -157,7 +172,7 @@ pub(super) fn tile(
 )))]
 #[allow(clippy::too_many_arguments)]
 pub(super) fn tile(
-    s: &Segment,
+    s: &super::Segment,
     r0: usize,
     nr: usize,
     a: &KActs,
@@ -272,11 +287,8 @@ unsafe fn q6k_runs(b: *const u8, n: usize) -> [std::arch::x86_64::__m256i; 4] {
 mod avx512 {
     use std::arch::x86_64::*;
 
-    use super::{KActs, Segment, QK, SUMS};
-
-    pub const Q4K: u8 = 0;
-    pub const Q5K: u8 = 1;
-    pub const Q6K: u8 = 2;
+    use super::super::Segment;
+    use super::{KActs, CHUNK, Q5K, Q6K, QK, SUMS};
 
     /// How far ahead of the block being multiplied weights are prefetched (4–32 KiB measured
     /// alike; 8 KiB was best).
@@ -285,9 +297,6 @@ mod avx512 {
     /// Activation bytes of a group that fit L1 beside the weights streaming past (half of
     /// Zen 4/5's 48 KiB).
     const L1_ACTS: usize = 24 * 1024;
-    /// Super-blocks summed before a partial result is added to the output: 24 KiB of
-    /// activations for a group of eight.
-    const CHUNK: usize = 6;
 
     /// Lane → scale index for Q6_K weight vector `v` (16-weight sub-blocks: two per vector).
     static Q6K_SCALE_IDX: [[i16; 32]; 8] = {

@@ -11,17 +11,12 @@ use std::arch::x86_64::*;
 
 use super::super::blocks::{f16_at, k4_scales_mins};
 use super::super::{Format, Segment};
-use super::{KActs, QK, SUMS};
-
-const Q4K: u8 = 0;
-const Q5K: u8 = 1;
-const Q6K: u8 = 2;
-
-/// Super-blocks per partial sum (as in the AVX-512 kernel).
-const CHUNK: usize = 6;
+use super::{KActs, CHUNK, Q4K, Q5K, Q6K, QK, SUMS};
 
 /// Rows `r0..r0 + nr` of `s` against activation rows `i0..i0 + g` (g ≤ 8), into
-/// `dst[row * g + j]`.
+/// `dst[row * g + j]`. The same signature as the other paths' `tile`; one weight row at a
+/// time reads in order, so it needs no software prefetch.
+#[allow(clippy::too_many_arguments)]
 pub(in super::super) fn tile(
     s: &Segment,
     r0: usize,
@@ -30,6 +25,7 @@ pub(in super::super) fn tile(
     i0: usize,
     g: usize,
     dst: &mut [f32],
+    _prefetch: bool,
 ) {
     let args = (s, r0, nr, a, i0, g, dst);
     match s.format {

@@ -32,7 +32,7 @@ pub struct Searched {
 }
 
 /// Index work on the blocking pool, its failure typed.
-async fn index<T: Send + 'static>(
+pub async fn index<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, crate::search::SearchError> + Send + 'static,
 ) -> Result<T, Error> {
     Ok(super::blocking("index", f).await??)

@@ -43,7 +43,7 @@ pub async fn route(
             if let Some(cluster) = state.cluster.clone() {
                 state.tenancy.check(&text).map_err(rejected)?;
                 let t = text.clone();
-                super::blocking("policy store", move || cluster.put_policy(&t))
+                crate::pipeline::blocking("policy store", move || cluster.put_policy(&t))
                     .await?
                     .map_err(|e| ApiError::store_unavailable(&e))?;
             }
@@ -54,7 +54,7 @@ pub async fn route(
         ("GET", "/admin/usage") => {
             // The ledger's reads block (SQLite, or a PostgreSQL round trip).
             let (st, q) = (state.clone(), query.map(str::to_string));
-            super::blocking("usage", move || usage(&st, q.as_deref())).await?
+            crate::pipeline::blocking("usage", move || usage(&st, q.as_deref())).await?
         }
         (_, "/admin/policies" | "/admin/usage") => Err(ApiError::method_not_allowed(method, path)),
         _ => Err(ApiError::not_found(path)),
@@ -221,7 +221,7 @@ async fn put_plugin(
     let wasm = body.unwrap_or_default();
     let existed = state.plugins.get(tenant, name).is_some();
     let (st, t, n) = (state.clone(), tenant.to_string(), name.to_string());
-    let installed = super::blocking("plugin install", move || {
+    let installed = crate::pipeline::blocking("plugin install", move || {
         let plugin = st.plugins.prepare(&t, &n, &wasm, kind)?;
         if let Some(cluster) = &st.cluster {
             cluster
@@ -275,7 +275,7 @@ async fn delete_plugin(
 ) -> Result<Result<bool, crate::plugins::LoadError>, ApiError> {
     if let (Some(cluster), true) = (&state.cluster, state.plugins.get(tenant, name).is_some()) {
         let (c, t, n) = (cluster.clone(), tenant.to_string(), name.to_string());
-        super::blocking("plugin store", move || c.delete_plugin(&t, &n))
+        crate::pipeline::blocking("plugin store", move || c.delete_plugin(&t, &n))
             .await?
             .map_err(|e| ApiError::store_unavailable(&e))?;
         // Stored, so deleted: this replica's own follower may have seen the stored delete and

@@ -10,18 +10,12 @@ use serde_json::{json, Value};
 
 use super::error::ApiError;
 use super::{json_response, AppState, Response};
+use crate::pipeline::retrieval::index;
 use crate::search::collection::{Collection, DocInput};
 use crate::search::filter::Filter;
 use crate::search::request::SearchRequest;
 use crate::search::CreateOptions;
 use crate::tenancy::{Caller, Outcome};
-
-/// Runs blocking index work off the runtime's I/O threads.
-async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> Result<T, crate::search::SearchError> + Send + 'static,
-) -> Result<T, ApiError> {
-    super::blocking("index", f).await?.map_err(ApiError::from)
-}
 
 /// The caller's collection `name`, if its policy allows it.
 fn open(state: &AppState, caller: &Caller, name: &str) -> Result<Arc<Collection>, ApiError> {
@@ -74,7 +68,7 @@ pub async fn route(
         (&Method::DELETE, [name]) => {
             open(state, caller, name)?;
             let (st, n) = (state.clone(), name.to_string());
-            blocking(move || st.collections.delete(&tenant, &n)).await?;
+            index(move || st.collections.delete(&tenant, &n)).await?;
             Ok(json_response(
                 StatusCode::OK,
                 &json!({"id": name, "object": "collection.deleted", "deleted": true}),
@@ -87,7 +81,7 @@ pub async fn route(
         (&Method::DELETE, [name, "documents", id]) => {
             let c = open(state, caller, name)?;
             let id = percent_decode(id);
-            let n = blocking(move || c.delete(vec![id])).await?;
+            let n = index(move || c.delete(vec![id])).await?;
             Ok(json_response(StatusCode::OK, &json!({"deleted": n})))
         }
         (&Method::POST, [name, "documents", "delete"]) => {
@@ -141,7 +135,7 @@ async fn create(state: &Arc<AppState>, caller: &Caller, body: &[u8]) -> Result<R
         ));
     }
     let st = state.clone();
-    let c = blocking(move || st.collections.create(&tenant, &req.name, opts)).await?;
+    let c = index(move || st.collections.create(&tenant, &req.name, opts)).await?;
     Ok(json_response(StatusCode::CREATED, &card(&c)))
 }
 
@@ -210,7 +204,7 @@ async fn upsert(
         ));
     }
     let col = c.clone();
-    let prepared = blocking(move || col.prepare(docs)).await?;
+    let prepared = index(move || col.prepare(docs)).await?;
     let tokens = prepared.tokens as u64;
     let reservation = state
         .tenancy
@@ -231,7 +225,7 @@ async fn upsert(
         .await
         .map_err(|e| ApiError::internal(e.to_string()))?;
     let col = c.clone();
-    let done = blocking(move || col.commit(prepared)).await;
+    let done = index(move || col.commit(prepared)).await;
     reservation.settle(tokens, 0, Outcome::of(&done));
     let done = done?;
     state
@@ -262,7 +256,7 @@ async fn delete(c: Arc<Collection>, body: &[u8]) -> Result<Response, ApiError> {
     let req: Delete = serde_json::from_slice(body)?;
     let everything = Filter::And(Vec::new());
     let n = match (req.ids, req.filter) {
-        (Some(ids), None) => blocking(move || c.delete(ids)).await?,
+        (Some(ids), None) => index(move || c.delete(ids)).await?,
         (None, f) if f.is_some() || req.all => {
             let f = match f {
                 Some(f) => Filter::parse(&f).map_err(|m| ApiError::invalid("filter", m))?,
@@ -274,7 +268,7 @@ async fn delete(c: Arc<Collection>, body: &[u8]) -> Result<Response, ApiError> {
                     "This filter matches every document; to delete them all, add `\"all\": true`.",
                 ));
             }
-            blocking(move || c.delete_where(&f)).await?
+            index(move || c.delete_where(&f)).await?
         }
         _ => {
             return Err(ApiError::invalid(

@@ -290,7 +290,7 @@ async fn encode(
     param: &'static str,
 ) -> Result<Vec<Vec<u32>>, ApiError> {
     let engine = engine.clone();
-    super::blocking("tokenizer", move || {
+    crate::pipeline::blocking("tokenizer", move || {
         texts
             .iter()
             .map(|t| engine.encode(t, add_bos))

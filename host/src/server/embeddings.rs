@@ -83,7 +83,7 @@ pub async fn embeddings(
     let (texts, tokens) = inputs(req.input)?;
     let e = embedder.clone();
     let ids = match texts {
-        Some(ts) => super::blocking("tokenizer", move || e.tokenize(&ts))
+        Some(ts) => crate::pipeline::blocking("tokenizer", move || e.tokenize(&ts))
             .await?
             .map_err(|e| ApiError::invalid("input", e.to_string()))?,
         None => tokens.unwrap_or_default(),
@@ -101,7 +101,7 @@ pub async fn embeddings(
         .await
         .map_err(ApiError::denied)?;
     let e = embedder.clone();
-    let vectors = super::blocking("embedding", move || e.embed(&ids))
+    let vectors = crate::pipeline::blocking("embedding", move || e.embed(&ids))
         .await?
         .map_err(|e| match e {
             EmbedError::TooLong { .. } | EmbedError::BadToken { .. } => {

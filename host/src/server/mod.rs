@@ -49,15 +49,6 @@ pub type Response = http::Response<UnsyncBoxBody<Bytes, Infallible>>;
 
 pub const SYSTEM_FINGERPRINT: &str = concat!("fp_gateway_", env!("CARGO_PKG_VERSION"));
 
-/// Runs `f` on the blocking pool (tokenizers, encoders, indexes, plugins, compilation: work
-/// that must not stall the runtime's I/O threads); a panic there is a 500 naming `what`.
-pub(super) async fn blocking<T: Send + 'static>(
-    what: &'static str,
-    f: impl FnOnce() -> T + Send + 'static,
-) -> Result<T, ApiError> {
-    Ok(crate::pipeline::blocking(what, f).await?)
-}
-
 /// The tenant behind the request's bearer key, within its limits; `billable` requests are also
 /// refused while the usage ledger cannot record them.
 async fn admit(

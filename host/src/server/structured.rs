@@ -113,7 +113,7 @@ async fn compiled(
     grammar: TopLevelGrammar,
 ) -> Result<Result<Constraint, GrammarError>, ApiError> {
     let grammars = engine.grammars.clone();
-    super::blocking("grammar", move || grammars.compile(&grammar)).await
+    Ok(crate::pipeline::blocking("grammar", move || grammars.compile(&grammar)).await?)
 }
 
 /// `tools`, `tool_choice` and `parallel_tool_calls` checked; `None` when the request has no

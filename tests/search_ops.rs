@@ -69,8 +69,12 @@ fn acknowledged_writes_survive_kill_9() {
         201
     );
     s.post_as("k-acme", "/v1/collections/kb/documents", &kb());
-    // A writer upserts one document per request; every acknowledged id is remembered.
+    // A writer upserts one document per request; every acknowledged id is remembered. The
+    // server is killed once a few writes are in (not after a fixed time: on a loaded machine one
+    // embedded upsert can take seconds), so the kill lands while writes are still in flight.
     let base = s.base.clone();
+    let acks = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = acks.clone();
     let writer = std::thread::spawn(move || {
         let client = reqwest::blocking::Client::new();
         let mut acked = Vec::new();
@@ -82,16 +86,35 @@ fn acknowledged_writes_survive_kill_9() {
                 .json(&doc)
                 .send()
             {
-                Ok(r) if r.status().is_success() => acked.push(i),
-                _ => return acked,
+                Ok(r) if r.status().is_success() => {
+                    acked.push(i);
+                    counter.store(acked.len(), std::sync::atomic::Ordering::SeqCst);
+                }
+                Ok(r) => {
+                    return (
+                        acked,
+                        format!("{}: {}", r.status(), r.text().unwrap_or_default()),
+                    )
+                }
+                Err(e) => return (acked, e.to_string()),
             }
         }
-        acked
+        (acked, String::new())
     });
-    std::thread::sleep(std::time::Duration::from_millis(2500));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(180);
+    while acks.load(std::sync::atomic::Ordering::SeqCst) < 5
+        && !writer.is_finished()
+        && std::time::Instant::now() < deadline
+    {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
     s.kill();
-    let acked = writer.join().unwrap();
-    assert!(acked.len() >= 3, "the writer got {} writes in", acked.len());
+    let (acked, stopped_by) = writer.join().unwrap();
+    assert!(
+        acked.len() >= 5,
+        "the writer got {} writes in; it stopped on: {stopped_by}",
+        acked.len()
+    );
     let s = start(&dir, &cols);
     for i in acked {
         let (st, v) = search(

@@ -110,13 +110,15 @@ fn silent_trickling_and_stalling_clients_are_closed_in_time() {
     idle.write_all(b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n")
         .unwrap();
 
-    let (_, t) = closed_after(&mut trickle, t0, Duration::from_secs(5));
+    // Bounds are the header/body deadline (600 ms) plus the 1 s shutdown grace plus room for
+    // a loaded CI machine; a server that never cuts these clients off still fails.
+    let (_, t) = closed_after(&mut trickle, t0, Duration::from_secs(10));
     assert!(
-        t < Duration::from_millis(2_500),
+        t < Duration::from_millis(5_000),
         "trickling headers closed after {t:?}"
     );
     trickler.join().unwrap();
-    let (answer, t) = closed_after(&mut stall, t0, Duration::from_secs(5));
+    let (answer, t) = closed_after(&mut stall, t0, Duration::from_secs(10));
     let answer = String::from_utf8_lossy(&answer);
     assert!(
         answer.starts_with("HTTP/1.1 408"),
@@ -124,7 +126,7 @@ fn silent_trickling_and_stalling_clients_are_closed_in_time() {
     );
     assert!(answer.contains("request_timeout"), "{answer}");
     assert!(
-        t < Duration::from_millis(2_500),
+        t < Duration::from_millis(5_000),
         "stalled body closed after {t:?}"
     );
     let (answer, t) = closed_after(&mut idle, t0, Duration::from_secs(6));
@@ -133,9 +135,9 @@ fn silent_trickling_and_stalling_clients_are_closed_in_time() {
         t > Duration::from_millis(1_000),
         "idle keep-alive closed early, after {t:?}"
     );
-    let (_, t) = closed_after(&mut silent, t0, Duration::from_secs(6));
+    let (_, t) = closed_after(&mut silent, t0, Duration::from_secs(10));
     assert!(
-        t < Duration::from_millis(3_500),
+        t < Duration::from_millis(6_000),
         "silent client closed after {t:?}"
     );
     assert!(server.metric("gateway_connections_closed_total{reason=\"header_timeout\"}") >= 1.0);

@@ -6,14 +6,14 @@
 
 mod support;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::{json, Value};
 use support::collections::{ids, kb, EMBED};
 use support::postgres::Postgres;
 use support::redis::redis;
 use support::wasm::component;
-use support::{key_sha256, model_path, rerank_order, Server, MODEL};
+use support::{key_sha256, model_path, rerank_order, wait_for, Server, MODEL};
 
 const KEY: &str = "acme-pg-key";
 const ADMIN: &str = "pg-admin-token-of-the-test";
@@ -80,15 +80,6 @@ fn usage_requests(s: &Server) -> i64 {
         .iter()
         .map(|r| r["requests"].as_i64().unwrap())
         .sum()
-}
-
-fn wait_for(what: &str, limit: Duration, mut ok: impl FnMut() -> bool) -> Duration {
-    let start = Instant::now();
-    while !ok() {
-        assert!(start.elapsed() < limit, "{what}: not within {limit:?}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    start.elapsed()
 }
 
 #[test]

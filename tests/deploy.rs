@@ -8,10 +8,10 @@ mod support;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::Value;
-use support::{key_sha256, Server, MODEL};
+use support::{key_sha256, wait_for, Server, MODEL};
 
 fn manifests() -> PathBuf {
     PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/kubernetes"))
@@ -168,14 +168,6 @@ impl ConfigMapDir {
     }
 }
 
-fn eventually(what: &str, ok: impl Fn() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !ok() {
-        assert!(Instant::now() < deadline, "{what} never happened");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 #[test]
 fn configmap_updates_reload_policies_and_plugins() {
     let root = std::env::temp_dir().join(format!(
@@ -210,7 +202,9 @@ fn configmap_updates_reload_policies_and_plugins() {
 
     let v2 = tenant("new-key");
     policies.update(&[("policies.toml", v2.as_bytes())]);
-    eventually("the policy reload", || models("new-key") == 200);
+    wait_for("the policy reload", Duration::from_secs(20), || {
+        models("new-key") == 200
+    });
     assert_eq!(models("old-key"), 401);
 
     plugins.update(&[
@@ -225,5 +219,5 @@ fn configmap_updates_reload_policies_and_plugins() {
             .iter()
             .any(|p| p["name"] == "crm-field-reranker")
     };
-    eventually("the plugin reload", listed);
+    wait_for("the plugin reload", Duration::from_secs(20), listed);
 }

@@ -221,7 +221,7 @@ fn hot_reload_by_file_and_by_admin_upload_drops_nothing() {
     // Replace the file in place, as `cp` would: the reversing reranker takes over.
     let ranker = dir.join("acme/ranker.wasm");
     std::fs::copy(component("faulty-reranker"), &ranker).unwrap();
-    let took = wait_for("the new version", || {
+    let took = support::wait_for("the new version", Duration::from_secs(20), || {
         acme_order(&s, None).unwrap() == [2, 1, 0]
     });
     println!("file replacement served after {took:?}");

@@ -36,10 +36,14 @@ fn start() -> Server {
 /// Waits until `plugin` has logged `n` lines, and returns them.
 fn lines_of(s: &Server, seen: &mut Vec<String>, plugin: &str, n: usize) -> Vec<String> {
     let want = format!("plugin=\"{plugin}\"");
-    support::plugin_gateway::wait_for("the plugin's log lines", || {
-        seen.extend(s.log_lines());
-        seen.iter().filter(|l| l.contains(&want)).count() >= n
-    });
+    support::wait_for(
+        "the plugin's log lines",
+        std::time::Duration::from_secs(20),
+        || {
+            seen.extend(s.log_lines());
+            seen.iter().filter(|l| l.contains(&want)).count() >= n
+        },
+    );
     seen.iter()
         .filter(|l| l.contains(&want))
         .filter_map(|l| {

@@ -4,8 +4,11 @@
 
 mod support;
 
+use std::time::Duration;
+
 use serde_json::json;
 use support::collections::{ids, kb, search, start, temp};
+use support::wait_for;
 
 #[test]
 fn query_embeddings_are_charged_to_the_tenant() {
@@ -73,11 +76,11 @@ fn acknowledged_writes_survive_kill_9() {
     // server is killed once a few writes are in (not after a fixed time: on a loaded machine one
     // embedded upsert can take seconds), so the kill lands while writes are still in flight.
     let base = s.base.clone();
-    let acks = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let counter = acks.clone();
+    let acked = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let log = acked.clone();
+    // Returns why it stopped: the refused write's status and body, or the transport error.
     let writer = std::thread::spawn(move || {
         let client = reqwest::blocking::Client::new();
-        let mut acked = Vec::new();
         for i in 0.. {
             let doc = json!({"documents": [{"id": format!("w{i}"), "text": format!("Ticket number zq{i}x was resolved by restarting the sync agent.")}]});
             match client
@@ -86,30 +89,19 @@ fn acknowledged_writes_survive_kill_9() {
                 .json(&doc)
                 .send()
             {
-                Ok(r) if r.status().is_success() => {
-                    acked.push(i);
-                    counter.store(acked.len(), std::sync::atomic::Ordering::SeqCst);
-                }
-                Ok(r) => {
-                    return (
-                        acked,
-                        format!("{}: {}", r.status(), r.text().unwrap_or_default()),
-                    )
-                }
-                Err(e) => return (acked, e.to_string()),
+                Ok(r) if r.status().is_success() => log.lock().unwrap().push(i),
+                Ok(r) => return format!("{}: {}", r.status(), r.text().unwrap_or_default()),
+                Err(e) => return e.to_string(),
             }
         }
-        (acked, String::new())
+        unreachable!("the writer runs until a write fails")
     });
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(180);
-    while acks.load(std::sync::atomic::Ordering::SeqCst) < 5
-        && !writer.is_finished()
-        && std::time::Instant::now() < deadline
-    {
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
+    wait_for("five acknowledged writes", Duration::from_secs(180), || {
+        acked.lock().unwrap().len() >= 5 || writer.is_finished()
+    });
     s.kill();
-    let (acked, stopped_by) = writer.join().unwrap();
+    let stopped_by = writer.join().unwrap();
+    let acked = std::mem::take(&mut *acked.lock().unwrap());
     assert!(
         acked.len() >= 5,
         "the writer got {} writes in; it stopped on: {stopped_by}",

@@ -4,7 +4,7 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::process::{Child, Command, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
@@ -373,4 +373,15 @@ impl Drop for Server {
             let _ = std::fs::remove_dir_all(dir);
         }
     }
+}
+
+/// Polls `ok` every 20 ms until it holds, failing the test after `limit`; returns how long it
+/// took.
+pub fn wait_for(what: &str, limit: Duration, mut ok: impl FnMut() -> bool) -> Duration {
+    let start = Instant::now();
+    while !ok() {
+        assert!(start.elapsed() < limit, "{what}: not within {limit:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    start.elapsed()
 }

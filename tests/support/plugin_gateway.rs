@@ -2,7 +2,6 @@
 //! in its plugin folder, and the helpers the plugin tests share.
 
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
@@ -124,16 +123,4 @@ pub fn acme_order(s: &Server, model: Option<&str>) -> Result<Vec<u64>, (u16, Val
         return Err((st, body));
     }
     Ok(rerank_order(&body))
-}
-
-pub fn wait_for(what: &str, mut f: impl FnMut() -> bool) -> Duration {
-    let start = Instant::now();
-    while !f() {
-        assert!(
-            start.elapsed() < Duration::from_secs(20),
-            "timed out waiting for {what}"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    start.elapsed()
 }

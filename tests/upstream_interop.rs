@@ -4,10 +4,11 @@
 mod support;
 
 use std::net::TcpListener;
+use std::time::Duration;
 
 use serde_json::json;
 use support::upstream::*;
-use support::{key_sha256, model_path, Server};
+use support::{key_sha256, model_path, wait_for, Server};
 
 /// llama.cpp's `llama-server` (built by host/scripts/test.sh from the llama-cpp-python sdist)
 /// as an upstream: a server we did not write.
@@ -19,39 +20,16 @@ fn llama_cpp_server_serves_as_an_upstream() {
         );
         return;
     };
-    let port = TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let child = std::process::Command::new(bin)
-        .args([
-            "-m",
-            &model_path(),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            &port.to_string(),
-        ])
-        .args(["-t", "1", "-c", "2048", "--metrics"])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("llama-server starts");
-    struct Kill(std::process::Child);
-    impl Drop for Kill {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-    let _llama = Kill(child);
+    let (mut llama, port) = LlamaServer::start(bin.as_ref());
     let url = format!("\"http://127.0.0.1:{port}/v1\"");
     let front = front(&pool_of("llama", &url, "/health", ""));
-    front.wait_until(
-        "gateway_upstream_up{model=\"llama\",replica=\"0\"}",
-        |v| v == 1.0,
-        "= 1",
+    wait_for(
+        "the front's probe of llama-server",
+        Duration::from_secs(60),
+        || {
+            llama.assert_running();
+            front.metric("gateway_upstream_up{model=\"llama\",replica=\"0\"}") == 1.0
+        },
     );
     let (st, _, model, body) = chat(&front, &ask("llama", "What is the capital of France?", 12));
     assert_eq!(st, 200, "{body}");
@@ -166,4 +144,81 @@ fn embeddings_route_upstream_too() {
     assert!(prompt > 0.0);
     let charged = front.metric("gateway_tenant_tokens_total{kind=\"prompt\",tenant=\"acme\"}");
     assert_eq!(charged, prompt);
+}
+
+/// A `llama-server` child, killed when dropped, with its log in a file a failure can show.
+struct LlamaServer {
+    child: std::process::Child,
+    log: std::path::PathBuf,
+}
+
+impl LlamaServer {
+    /// Starts `bin` on the default model and waits until its own `/health` answers 200. The
+    /// port is picked by binding port 0 and released for the child, so another process can
+    /// take it in between: a child that exits is started again on a fresh port.
+    fn start(bin: &std::ffi::OsStr) -> (Self, u16) {
+        for _ in 0..3 {
+            let port = TcpListener::bind("127.0.0.1:0")
+                .unwrap()
+                .local_addr()
+                .unwrap()
+                .port();
+            let log = scratch("llama").join("llama-server.log");
+            let out = std::fs::File::create(&log).unwrap();
+            let child = std::process::Command::new(bin)
+                .args(["-m", &model_path(), "--host", "127.0.0.1"])
+                .args(["--port", &port.to_string()])
+                .args(["-t", "1", "-c", "2048", "--metrics"])
+                .stdout(out.try_clone().unwrap())
+                .stderr(out)
+                .spawn()
+                .expect("llama-server starts");
+            let mut server = Self { child, log };
+            // Loading and the warm-up run share two cores with the other tests: allow minutes.
+            let health = format!("http://127.0.0.1:{port}/health");
+            let http = reqwest::blocking::Client::builder()
+                .timeout(Duration::from_secs(5))
+                .build()
+                .unwrap();
+            let deadline = std::time::Instant::now() + Duration::from_secs(180);
+            while std::time::Instant::now() < deadline {
+                if server.child.try_wait().unwrap().is_some() {
+                    break;
+                }
+                let ok = http.get(&health).send().map(|r| r.status().as_u16());
+                if ok.is_ok_and(|s| s == 200) {
+                    return (server, port);
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            eprintln!(
+                "llama-server on port {port} did not come up:\n{}",
+                server.tail()
+            );
+        }
+        panic!("llama-server did not become healthy in three starts");
+    }
+
+    /// Fails with the child's log if it has exited.
+    fn assert_running(&mut self) {
+        if let Some(status) = self.child.try_wait().unwrap() {
+            panic!("llama-server exited ({status}):\n{}", self.tail());
+        }
+    }
+
+    fn tail(&self) -> String {
+        let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = log.lines().collect();
+        lines[lines.len().saturating_sub(30)..].join("\n")
+    }
+}
+
+impl Drop for LlamaServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if let Some(dir) = self.log.parent() {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
 }

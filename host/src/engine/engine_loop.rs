@@ -18,7 +18,7 @@ use super::detokenizer::{IncrementalDecoder, StopMatcher, StopOutcome};
 use super::runner::Runner;
 use super::sampler::Sampler;
 use super::scheduler::{Scheduled, Scheduler, SchedulerConfig, SeqId, Sequence};
-use super::spec::{prompt_lookup, DraftLength};
+use super::spec::Drafter;
 use super::steering::Steering;
 use super::{Command, EngineError, Event, FinishReason, GenerationRequest, TokenLogprobs, Usage};
 use crate::config::ModelConfig;
@@ -39,7 +39,7 @@ struct SeqState {
     admitted: bool,
     /// Prompt-lookup drafting allowed for this request, and its current draft length.
     speculative: bool,
-    draft_len: DraftLength,
+    drafter: Drafter,
     /// The grammar this sequence follows and the processor steering it, if any.
     steering: Steering,
     /// Logprobs were asked for: every token then goes through sampling, none is forced.
@@ -202,7 +202,7 @@ impl EngineLoop {
                 // Drafts are not checked against the grammar or the processor; constrained
                 // sequences get forced tokens instead.
                 speculative: speculative && constraint.is_none() && processor.is_none(),
-                draft_len: DraftLength::new(self.spec_tokens),
+                drafter: Drafter::new(self.spec_tokens),
                 wants_logprobs,
                 steering: Steering::new(constraint.map(Guide::new), processor),
             },
@@ -309,7 +309,7 @@ impl EngineLoop {
             let decoding = seq.draft == 0 && seq.num_computed + 1 == seq.tokens.len();
             let Some(st) = self
                 .states
-                .get(&seq.id)
+                .get_mut(&seq.id)
                 .filter(|st| st.speculative && decoding)
             else {
                 continue;
@@ -318,7 +318,7 @@ impl EngineLoop {
             // max_tokens and the model's window.
             let left = st.max_tokens.saturating_sub(seq.generated().len() + 1);
             let window = self.max_model_len.saturating_sub(seq.tokens.len() + 1);
-            let drafts = prompt_lookup(&seq.tokens, st.draft_len.get().min(left).min(window));
+            let drafts = st.drafter.propose(&seq.tokens, left.min(window));
             seq.draft = drafts.len();
             seq.tokens.extend(drafts);
         }
@@ -349,7 +349,7 @@ impl EngineLoop {
                 .with_label_values(&[model])
                 .inc_by(accepted as u64);
             if let Some(st) = self.states.get_mut(&id) {
-                st.draft_len.update(drafts.len(), accepted);
+                st.drafter.update(drafts.len(), accepted);
             }
             self.sched.settle_drafts(id);
         }

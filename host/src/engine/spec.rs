@@ -42,8 +42,8 @@ pub fn prompt_lookup(tokens: &[u32], max: usize, min_n: usize) -> (Vec<u32>, usi
 ///
 /// Lookups go down to a single token: a copied span often starts with a token the prompt
 /// never has in that context (an email at the start of a line is "ada" in the answer, " ada"
-/// in the text), and its last token recovers it (Qwen2.5 1.5B, email extraction: 1.21x with
-/// bigrams at least, 1.43x with single tokens). But one token nearly always matches
+/// in the text), and its last token recovers it (Qwen2.5 1.5B, email extraction: 1.18x with
+/// bigrams at least, 1.56x with single tokens). But one token nearly always matches
 /// somewhere, so a single-token draft that misses pauses single-token lookups for 1, 2, 4 …
 /// `MAX_PAUSE` steps (an accepted draft resets it), while longer matches keep drafting.
 #[derive(Debug, Clone, Copy)]

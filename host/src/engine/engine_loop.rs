@@ -37,7 +37,7 @@ struct SeqState {
     last_token: Option<Instant>,
     /// Scheduled at least once; until then it counts against the submission queue.
     admitted: bool,
-    /// Prompt-lookup drafting allowed for this request, and its current draft length.
+    /// Prompt-lookup drafting allowed for this request, and its drafting state.
     speculative: bool,
     drafter: Drafter,
     /// The grammar this sequence follows and the processor steering it, if any.

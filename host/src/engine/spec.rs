@@ -17,7 +17,7 @@ const MAX_PAUSE: usize = 16;
 /// Up to `max` draft tokens for the continuation of `tokens`: what followed the most recent
 /// earlier occurrence of its longest matching suffix n-gram of at least `min_n` tokens, and
 /// that n; empty when none matches.
-pub fn prompt_lookup(tokens: &[u32], max: usize, min_n: usize) -> (Vec<u32>, usize) {
+fn prompt_lookup(tokens: &[u32], max: usize, min_n: usize) -> (Vec<u32>, usize) {
     let len = tokens.len();
     if max == 0 {
         return (Vec::new(), 0);

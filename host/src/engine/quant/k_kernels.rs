@@ -125,15 +125,30 @@ pub(super) fn tile(
     i0: usize,
     g: usize,
     dst: &mut [f32],
-    prefetch: bool,
+    walk: super::Walk,
 ) {
-    use avx512::rows;
+    use avx512::{rows, span_rows};
     let args = (s, r0, nr, a, i0, dst);
     // Batches over four walk one weight row at a time: its eight weight vectors stay in
     // registers beside the float accumulators.
     macro_rules! by_batch {
         ($f:expr) => {
-            super::by_batch!(rows, $f, 1, g, prefetch, args)
+            match walk {
+                super::Walk::Stream => super::by_batch!(rows, $f, 1, g, true, args),
+                // Only Q6_K's unpacking (bit merges and a lane permute per vector) costs
+                // more than reading back its 576 bytes per super-block; Q4_K came out slower.
+                super::Walk::Span(_) if $f != Q6K => super::by_batch!(rows, $f, 1, g, false, args),
+                super::Walk::Span(n) => match g {
+                    8 => span_rows::<{ $f }, 8>(n, args),
+                    7 => span_rows::<{ $f }, 7>(n, args),
+                    6 => span_rows::<{ $f }, 6>(n, args),
+                    5 => span_rows::<{ $f }, 5>(n, args),
+                    4 => span_rows::<{ $f }, 4>(n, args),
+                    3 => span_rows::<{ $f }, 3>(n, args),
+                    2 => span_rows::<{ $f }, 2>(n, args),
+                    _ => span_rows::<{ $f }, 1>(n, args),
+                },
+            }
         };
     }
     match s.format {
@@ -179,7 +194,7 @@ pub(super) fn tile(
     i0: usize,
     g: usize,
     dst: &mut [f32],
-    _prefetch: bool,
+    _walk: super::Walk,
 ) {
     let rb = s.row_bytes();
     for t in 0..nr {

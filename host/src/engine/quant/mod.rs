@@ -50,7 +50,7 @@ mod blocks;
 mod f32_kernels;
 mod k_kernels;
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use candle_core::quantized::{GgmlDType, QTensor};
@@ -67,6 +67,24 @@ const GROUP: usize = 8;
 /// Groups per team run in prefill: a 32-row weight tile serves all of them from L2 (for
 /// the widest Qwen2.5 1.5B matrix 161 KiB of weights and 573 KiB of activations).
 const SPAN: usize = 4;
+
+/// How a kernel call meets the weights.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Walk {
+    /// Each weight read once, from memory: prefetched ahead (decode, small batches).
+    Stream,
+    /// Prefill span `n`: each tile of weight rows meets every group of the span in turn, from
+    /// L2. Spans are numbered once per process, so a kernel may keep what it derived from a
+    /// tile for the span's next group.
+    #[cfg_attr(
+        not(all(target_arch = "x86_64", target_feature = "avx512bw")),
+        allow(dead_code) // only the AVX-512 kernel keeps unpacked tiles
+    )]
+    Span(u64),
+}
+
+/// The next prefill span's number.
+static SPANS: AtomicU64 = AtomicU64::new(0);
 
 /// Where a segment's bytes live.
 pub enum Bytes {
@@ -251,7 +269,7 @@ impl QuantMatrix {
                 let end = range.end.min(r0 + TILE);
                 let o = (r0 - range.start) * g;
                 let d = &mut dst[o..o + (end - r0) * g];
-                self.tile(x, kacts, (0, g), r0..end, d, true);
+                self.tile(x, kacts, (0, g), r0..end, d, Walk::Stream);
             }
         });
     }
@@ -278,6 +296,7 @@ impl QuantMatrix {
             // contiguous chunks, in tile order.
             let regions = split_mut(&mut out_t, tiles.iter().map(|t| t.len() * rows));
             let next = AtomicUsize::new(0);
+            let span = Walk::Span(SPANS.fetch_add(1, Ordering::Relaxed));
             team.run(&|_, _| loop {
                 let t = next.fetch_add(1, Ordering::Relaxed);
                 let Some(region) = regions.get(t) else { break };
@@ -292,20 +311,18 @@ impl QuantMatrix {
                         (i0, g),
                         tiles[t].clone(),
                         &mut dst[o..o + g * len],
-                        false,
+                        span,
                     );
                 }
             });
             drop(regions);
-            let mut region = &out_t[..];
-            for tile in &tiles {
-                let (mine, rest) = region.split_at(tile.len() * rows);
-                region = rest;
-                for &(i0, g) in &groups {
-                    let block = &mine[(i0 - p0) * tile.len()..][..g * tile.len()];
-                    untranspose(block, (i0, g), tile.start, n, out);
-                }
-            }
+            gather(
+                team,
+                &out_t,
+                &tiles,
+                rows,
+                &mut out[p0 * n..(p0 + rows) * n],
+            );
         }
     }
 
@@ -320,7 +337,7 @@ impl QuantMatrix {
         (i0, g): (usize, usize),
         rows: std::ops::Range<usize>,
         dst: &mut [f32],
-        prefetch: bool,
+        walk: Walk,
     ) {
         let mut r = rows.start;
         while r < rows.end {
@@ -328,12 +345,45 @@ impl QuantMatrix {
             let e = rows.end.min(s.row0 + s.rows);
             let d = &mut dst[(r - rows.start) * g..(e - rows.start) * g];
             match (s.format.is_k(), kacts) {
-                (true, Some(a)) => k_kernels::tile(s, r - s.row0, e - r, a, i0, g, d, prefetch),
-                _ => f32_kernels::tile(s, r - s.row0, e - r, x, g, d, prefetch),
+                (true, Some(a)) => k_kernels::tile(s, r - s.row0, e - r, a, i0, g, d, walk),
+                _ => f32_kernels::tile(s, r - s.row0, e - r, x, g, d, walk == Walk::Stream),
             }
             r = e;
         }
     }
+}
+
+/// Writes a prefill span's results (tile after tile, group after group, each `[tile
+/// rows][g]`) into its `rows` rows of the output (`[rows][n]`), rows split across the team
+/// (one thread doing it alone left the other waiting).
+fn gather(
+    team: &Team,
+    out_t: &[f32],
+    tiles: &[std::ops::Range<usize>],
+    rows: usize,
+    out: &mut [f32],
+) {
+    let n = out.len() / rows;
+    let parts = team.threads().min(rows);
+    let ranges: Vec<_> = (0..parts).map(|p| split(rows, 1, p, parts)).collect();
+    let slices = split_mut(out, ranges.iter().map(|r| r.len() * n));
+    team.run(&|p, _| {
+        let Some(range) = ranges.get(p) else { return };
+        let mut dst = slices[p].lock().unwrap_or_else(|e| e.into_inner());
+        for i in range.clone() {
+            let (i0, j) = (i - i % GROUP, i % GROUP);
+            let g = (rows - i0).min(GROUP);
+            let row = &mut dst[(i - range.start) * n..][..n];
+            let mut region = 0;
+            for tile in tiles {
+                let block = &out_t[region + i0 * tile.len()..][..g * tile.len()];
+                for (o, col) in row[tile.clone()].iter_mut().zip(block.chunks_exact(g)) {
+                    *o = col[j];
+                }
+                region += tile.len() * rows;
+            }
+        }
+    });
 }
 
 /// Writes `block` (`[rows][g]`, weight rows from `r0`, activation rows `i0..i0 + g`) into

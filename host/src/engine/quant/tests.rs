@@ -158,10 +158,10 @@ fn avx2_k_kernel_agrees_with_the_scalar_dot_whatever_the_group() {
         let acts = KActs::new(&team, &x, m, k);
         let seg = &qm.segments[0];
         let mut group = vec![0f32; n * m];
-        k_kernels::avx2::tile(seg, 0, n, &acts, 0, m, &mut group, false);
+        k_kernels::avx2::tile(seg, 0, n, &acts, 0, m, &mut group, Walk::Stream);
         for i in 0..m {
             let mut alone = vec![0f32; n];
-            k_kernels::avx2::tile(seg, 0, n, &acts, i, 1, &mut alone, false);
+            k_kernels::avx2::tile(seg, 0, n, &acts, i, 1, &mut alone, Walk::Stream);
             for r in 0..n {
                 let row = &seg.bytes()[r * seg.row_bytes()..(r + 1) * seg.row_bytes()];
                 let want = k_kernels::dot_row(seg.format, row, &acts, i);

@@ -25,7 +25,7 @@ pub(in super::super) fn tile(
     i0: usize,
     g: usize,
     dst: &mut [f32],
-    _prefetch: bool,
+    _walk: super::super::Walk,
 ) {
     let args = (s, r0, nr, a, i0, g, dst);
     match s.format {

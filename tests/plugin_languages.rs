@@ -144,6 +144,8 @@ fn the_python_intent_parser_parses_chat_answers() {
             wasm.to_str().unwrap(),
             "--input",
             f.to_str().unwrap(),
+            "--config",
+            run_config().to_str().unwrap(),
         ]);
         let _ = std::fs::remove_file(f);
         serde_json::from_str::<Value>(&out).unwrap()["result"].clone()
@@ -174,6 +176,8 @@ fn a_python_plugin_error_reaches_the_caller_with_its_code() {
             wasm.to_str().unwrap(),
             "--input",
             f.to_str().unwrap(),
+            "--config",
+            run_config().to_str().unwrap(),
         ])
         .output()
         .unwrap();
@@ -184,6 +188,20 @@ fn a_python_plugin_error_reaches_the_caller_with_its_code() {
         err.contains("no-intent") && err.contains("names none of the intents"),
         "{err}"
     );
+}
+
+/// A config for `gateway plugin run` with a 10 s call deadline. These tests check what the
+/// plugins compute; a Python component's call, 9 ms on an idle machine, ran past the default
+/// 50 ms while the other tests of this binary compiled components on the same two cores.
+fn run_config() -> PathBuf {
+    static PATH: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    PATH.get_or_init(|| {
+        let p =
+            std::env::temp_dir().join(format!("gateway-plugin-run-{}.toml", std::process::id()));
+        std::fs::write(&p, "[plugins]\ntimeout_ms = 10000\n").unwrap();
+        p
+    })
+    .clone()
 }
 
 /// `new`, `build`, `check`, then `run` of the scaffolded case (which checks its `expect`).
@@ -211,6 +229,8 @@ fn scaffold_and_run(parent: &Path, kind: &str, lang: &str) -> PathBuf {
         wasm.to_str().unwrap(),
         "--input",
         case.to_str().unwrap(),
+        "--config",
+        run_config().to_str().unwrap(),
     ]))
     .unwrap();
     assert_eq!(out["expect"], "ok", "{name}: {out}");

@@ -13,7 +13,7 @@ use half::f16;
 use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
 
 use super::cpu_ops::{axpy, dot, softmax};
-use super::team::{split, split_mut, Team};
+use super::team::{split_by_cost, split_mut, Team};
 
 pub struct KvCache {
     /// f16 bit patterns, allocated as `u16` zeros: `vec![0u16; n]` comes from `calloc`, whose
@@ -141,7 +141,13 @@ impl KvCache {
         } else {
             team.threads().min(items)
         };
-        let ranges: Vec<_> = (0..parts).map(|p| split(items, 1, p, parts)).collect();
+        // Equal shares of work, not of rows: in a causal prefill the last rows attend to many
+        // more positions than the first (split by rows, one thread of two did three quarters of
+        // a 512-token prompt's attention while the other waited). The constant is a row's
+        // fixed cost (its query, output and softmax), in positions.
+        let ranges = split_by_cost(items, parts, |idx| {
+            span(rows[idx / self.num_kv_heads].1) + 8
+        });
         let slices = split_mut(out, ranges.iter().map(|r| r.len() * group * d));
         let part = |p: usize| {
             let mut o = slices[p].lock().unwrap_or_else(|e| e.into_inner());

@@ -168,6 +168,29 @@ pub fn split(n: usize, unit: usize, part: usize, parts: usize) -> std::ops::Rang
     (start * unit).min(n)..((start + len) * unit).min(n)
 }
 
+/// Splits `0..n` into `parts` contiguous ranges of near-equal total `cost` (item `i` costs
+/// `cost(i)`), for work whose items differ in size; some ranges may be empty.
+pub fn split_by_cost(
+    n: usize,
+    parts: usize,
+    cost: impl Fn(usize) -> usize,
+) -> Vec<std::ops::Range<usize>> {
+    let total: usize = (0..n).map(&cost).sum();
+    let mut ranges = Vec::with_capacity(parts);
+    let (mut start, mut i, mut done) = (0, 0, 0);
+    for p in 1..=parts {
+        // Part p - 1 ends once the work so far reaches its share of the total.
+        let goal = total * p / parts;
+        while i < n && (done < goal || p == parts) {
+            done += cost(i);
+            i += 1;
+        }
+        ranges.push(start..i);
+        start = i;
+    }
+    ranges
+}
+
 /// Cuts `s` into consecutive pieces of the given lengths, each behind its own (uncontended)
 /// lock, so the parts of a job can each write their own piece.
 pub fn split_mut<T>(mut s: &mut [T], lens: impl Iterator<Item = usize>) -> Vec<Mutex<&mut [T]>> {
@@ -211,6 +234,27 @@ mod tests {
                 assert_eq!(w[0].end, w[1].start);
             }
         }
+    }
+
+    #[test]
+    fn split_by_cost_balances_uneven_items() {
+        // A causal prefill: item i attends to i + 1 positions.
+        let ranges = split_by_cost(512, 2, |i| i + 1);
+        assert_eq!(ranges[0].start, 0);
+        assert_eq!(ranges[0].end, ranges[1].start);
+        assert_eq!(ranges[1].end, 512);
+        let work = |r: &std::ops::Range<usize>| r.clone().map(|i| i + 1).sum::<usize>();
+        let (a, b) = (work(&ranges[0]), work(&ranges[1]));
+        assert!(a.abs_diff(b) <= 512, "{a} vs {b}");
+        // Fewer items than parts, zero-cost items, nothing at all.
+        for (n, parts) in [(1, 4), (3, 2), (0, 3)] {
+            let ranges = split_by_cost(n, parts, |_| 1);
+            assert_eq!(ranges.len(), parts);
+            assert_eq!(ranges.iter().map(|r| r.len()).sum::<usize>(), n);
+            assert!(ranges.windows(2).all(|w| w[0].end == w[1].start));
+        }
+        let ranges = split_by_cost(5, 2, |_| 0);
+        assert_eq!(ranges.iter().map(|r| r.len()).sum::<usize>(), 5);
     }
 
     #[test]

@@ -354,8 +354,8 @@ impl QuantMatrix {
 }
 
 /// Writes a prefill span's results (tile after tile, group after group, each `[tile
-/// rows][g]`) into its `rows` rows of the output (`[rows][n]`), rows split across the team
-/// (one thread doing it alone left the other waiting).
+/// rows][g]`) into its `rows` rows of the output (`[rows][n]`), split across the team (one
+/// thread doing it alone left the other waiting).
 fn gather(
     team: &Team,
     out_t: &[f32],
@@ -364,22 +364,21 @@ fn gather(
     out: &mut [f32],
 ) {
     let n = out.len() / rows;
-    let parts = team.threads().min(rows);
-    let ranges: Vec<_> = (0..parts).map(|p| split(rows, 1, p, parts)).collect();
+    // Whole groups per thread: each group's block of a tile is read once, in order, and
+    // written to its rows (reading one output row at a time across every tile strided through
+    // the blocks and measured slower than the single thread it replaced).
+    let parts = team.threads().min(rows.div_ceil(GROUP));
+    let ranges: Vec<_> = (0..parts).map(|p| split(rows, GROUP, p, parts)).collect();
     let slices = split_mut(out, ranges.iter().map(|r| r.len() * n));
     team.run(&|p, _| {
         let Some(range) = ranges.get(p) else { return };
         let mut dst = slices[p].lock().unwrap_or_else(|e| e.into_inner());
-        for i in range.clone() {
-            let (i0, j) = (i - i % GROUP, i % GROUP);
+        for i0 in range.clone().step_by(GROUP) {
             let g = (rows - i0).min(GROUP);
-            let row = &mut dst[(i - range.start) * n..][..n];
             let mut region = 0;
             for tile in tiles {
                 let block = &out_t[region + i0 * tile.len()..][..g * tile.len()];
-                for (o, col) in row[tile.clone()].iter_mut().zip(block.chunks_exact(g)) {
-                    *o = col[j];
-                }
+                untranspose(block, (i0 - range.start, g), tile.start, n, &mut dst);
                 region += tile.len() * rows;
             }
         }

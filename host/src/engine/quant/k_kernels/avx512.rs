@@ -122,19 +122,9 @@ unsafe fn prep<const F: u8>(b: *const u8) -> ([__m512i; 8], f32, __m512) {
 pub(super) fn rows<const F: u8, const R: usize, const G: usize, const P: bool>(
     (s, r0, nr, a, i0, dst): (&Segment, usize, usize, &KActs, usize, &mut [f32]),
 ) {
-    let k = s.cols;
+    let (k, rb, data) = (s.cols, s.row_bytes(), s.bytes());
     let nb = k / QK;
-    let rb = s.row_bytes();
-    let data = s.bytes();
-    assert!(
-        data.len() >= (r0 + nr) * rb
-            && a.k == k
-            && a.q().len() >= (i0 + G) * k
-            && a.scale.len() >= (i0 + G) * nb
-            && a.sums.len() >= (i0 + G) * nb * SUMS
-            && dst.len() >= nr * G
-    );
-    let x = Acts::new(a, i0);
+    let x = Acts::new(s, r0..r0 + nr, a, i0, dst.len());
     let w = Weights {
         data,
         r0,
@@ -143,20 +133,10 @@ pub(super) fn rows<const F: u8, const R: usize, const G: usize, const P: bool>(
         // Whole groups of R rows ahead, about PREFETCH bytes.
         pf: PREFETCH.div_ceil(R * rb) * R * rb,
     };
-    let (chunks, groups) = (nb.div_ceil(CHUNK), nr.div_ceil(R));
-    // When the group's activations do not fit L1 (eight rows of an 8960-wide matrix are
-    // 143 KiB), one chunk of them stays there while every row of the tile passes it,
-    // instead of coming from L2 once per weight row. Otherwise row after row, so each
-    // weight row streams in order (decode reads DRAM).
-    let chunk_outer = G * k * 2 > L1_ACTS;
-    for i in 0..chunks * groups {
-        let (c, g) = match chunk_outer {
-            true => (i / groups, i % groups),
-            false => (i % chunks, i / chunks),
-        };
+    for (c, g) in order::<G>(k, nr.div_ceil(R)) {
         let (t, c0) = (g * R, c * CHUNK);
         let rr = (nr - t).min(R);
-        // SAFETY: the assert above bounds every pointer: super-blocks < nb of rows
+        // SAFETY: `Acts::new` asserted the bounds of every pointer: super-blocks < nb of rows
         // < r0 + nr, activation blocks < nb of rows < i0 + G.
         let acc = unsafe { chunk::<F, R, G, P>(&w, &x, t..t + rr, c0..nb.min(c0 + CHUNK)) };
         for (q, acc) in acc.iter().enumerate().take(rr) {
@@ -173,15 +153,45 @@ struct Acts<const G: usize> {
 }
 
 impl<const G: usize> Acts<G> {
-    /// Rows `i0..i0 + G` of `a` (the callers assert they exist).
-    fn new(a: &KActs, i0: usize) -> Self {
+    /// Rows `i0..i0 + G` of `a`, for weight rows `rows` of `s` and `dst_len` results: asserts
+    /// that every super-block the kernels read, of weights and activations, and every result
+    /// they write is in bounds.
+    fn new(
+        s: &Segment,
+        rows: std::ops::Range<usize>,
+        a: &KActs,
+        i0: usize,
+        dst_len: usize,
+    ) -> Self {
         let (k, nb) = (a.k, a.k / QK);
+        assert!(
+            s.bytes().len() >= rows.end * s.row_bytes()
+                && s.cols == k
+                && a.q().len() >= (i0 + G) * k
+                && a.scale.len() >= (i0 + G) * nb
+                && a.sums.len() >= (i0 + G) * nb * SUMS
+                && dst_len >= rows.len() * G
+        );
         Self {
             q: std::array::from_fn(|j| a.q()[(i0 + j) * k..].as_ptr()),
             scale: std::array::from_fn(|j| a.scale[(i0 + j) * nb..].as_ptr()),
             sums: std::array::from_fn(|j| a.sums[(i0 + j) * nb * SUMS..].as_ptr()),
         }
     }
+}
+
+/// The (chunk, group of weight rows) pairs of a tile of `groups` groups, `k` wide, in the
+/// order the kernels walk them. When a group of G activation rows does not fit L1 (eight rows
+/// of an 8960-wide matrix are 143 KiB), one chunk of them stays there while every row of the
+/// tile passes it, instead of coming from L2 once per weight row. Otherwise row after row, so
+/// each weight row streams in order (decode reads DRAM).
+fn order<const G: usize>(k: usize, groups: usize) -> impl Iterator<Item = (usize, usize)> {
+    let chunks = (k / QK).div_ceil(CHUNK);
+    let chunk_outer = G * k * 2 > L1_ACTS;
+    (0..chunks * groups).map(move |i| match chunk_outer {
+        true => (i / groups, i % groups),
+        false => (i % chunks, i / chunks),
+    })
 }
 
 /// Where a segment's weight rows are.
@@ -299,17 +309,9 @@ pub(super) fn span_rows<const F: u8, const G: usize>(
     span: u64,
     (s, r0, nr, a, i0, dst): (&Segment, usize, usize, &KActs, usize, &mut [f32]),
 ) {
-    let (k, rb) = (s.cols, s.row_bytes());
+    let (k, rb, data) = (s.cols, s.row_bytes(), s.bytes());
     let nb = k / QK;
-    let data = s.bytes();
-    assert!(
-        data.len() >= (r0 + nr) * rb
-            && a.k == k
-            && a.q().len() >= (i0 + G) * k
-            && a.scale.len() >= (i0 + G) * nb
-            && a.sums.len() >= (i0 + G) * nb * SUMS
-            && dst.len() >= nr * G
-    );
+    let x = Acts::<G>::new(s, r0..r0 + nr, a, i0, dst.len());
     TILE.with_borrow_mut(|u| {
         let key = (span, data.as_ptr() as usize, r0, nr);
         if u.key != Some(key) {
@@ -319,7 +321,8 @@ pub(super) fn span_rows<const F: u8, const G: usize>(
             let bb = s.format.block_bytes();
             for t in 0..nr {
                 for b in 0..nb {
-                    // SAFETY: super-block b < nb of row r0 + t < r0 + nr, within the assert.
+                    // SAFETY: super-block b < nb of row r0 + t < r0 + nr, within the bounds
+                    // `Acts::new` asserted.
                     let (wv, d, mins) =
                         unsafe { prep::<F>(data[(r0 + t) * rb + b * bb..].as_ptr()) };
                     u.w.extend(wv);
@@ -330,15 +333,7 @@ pub(super) fn span_rows<const F: u8, const G: usize>(
             }
             u.key = Some(key);
         }
-        let x = Acts::<G>::new(a, i0);
-        let chunks = nb.div_ceil(CHUNK);
-        // The loop order of `rows`, for the same reason.
-        let chunk_outer = G * k * 2 > L1_ACTS;
-        for i in 0..chunks * nr {
-            let (c, t) = match chunk_outer {
-                true => (i / nr, i % nr),
-                false => (i % chunks, i / chunks),
-            };
+        for (c, t) in order::<G>(k, nr) {
             let c0 = c * CHUNK;
             // SAFETY: plain AVX-512F.
             let mut acc = [unsafe { _mm512_setzero_ps() }; G];
@@ -346,7 +341,7 @@ pub(super) fn span_rows<const F: u8, const G: usize>(
                 let at = t * nb + b;
                 let v = &u.w[at * UNPACKED..(at + 1) * UNPACKED];
                 let wv: [__m512i; 8] = std::array::from_fn(|q| v[q]);
-                // SAFETY: activation blocks < nb of rows < i0 + G (the assert); plain AVX-512F.
+                // SAFETY: activation blocks < nb of rows < i0 + G (`Acts::new`); AVX-512F.
                 unsafe { block::<F, G>(&wv, u.d[at], _mm512_castsi512_ps(v[8]), &x, b, &mut acc) };
             }
             add_chunk(&acc, &mut dst[t * G..(t + 1) * G], c0 == 0);

@@ -10,6 +10,12 @@
 //! Bounds (why i32 never overflows): |x16| ≤ 32767 and each i32 lane takes 16 products of a
 //! super-block: Q4_K |sc·q| ≤ 63·15, Q5_K ≤ 63·31, Q6_K ≤ 128·32 = 4096, so the largest lane
 //! sum is 16 · 4096 · 32767 < 2³¹.
+//!
+//! Which products share a lane is fixed: lane `l` of super-block run `r` (64 elements) takes
+//! elements `64r + 4l .. 64r + 4l + 4`, over the four runs. The 16-bit activations are stored
+//! so that `vpdpwssd` meets them that way (`slot`), and the one-row kernel's byte multiplies
+//! (`maddubs`, four neighbours per lane) do too: a lane's integer sum, and so every result's
+//! bits, are the same whichever kernel a row goes through.
 
 use super::aligned::Aligned;
 use crate::engine::team::{split, split_mut, Team};
@@ -28,6 +34,82 @@ pub(super) struct KActs {
     scale: Vec<f32>,
     /// `[m][k / 256][16]`: each 32-element sub-block's float sum, zero padded.
     sums: Vec<f32>,
+    /// A single row (decode) also as bytes, for the one-row kernel.
+    #[cfg(all(target_arch = "x86_64", target_feature = "avx512bw"))]
+    bytes: Option<RowBytes>,
+}
+
+#[cfg(all(target_arch = "x86_64", target_feature = "avx512bw"))]
+/// One activation row split into bytes, in element order: `q = 256·hi + lo`.
+///
+/// A row's weights are read once from memory, so the one-row kernel's cost is the unpacking:
+/// it multiplies the packed 4-6-bit values as bytes (`maddubs`, no widening and no per-vector
+/// 16-bit scale multiply), high and low activation bytes apart, and applies the sub-block
+/// scales to the 16-bit pair sums.
+pub(super) struct RowBytes {
+    hi: Aligned<i8, 64>,
+    lo: Aligned<u8, 64>,
+    /// `[k / 2]`: `32·(hi[2i] + hi[2i + 1])`, Q6_K's offset of 32 on the high bytes of a pair.
+    hs: Aligned<i16, 32>,
+}
+
+#[cfg(all(target_arch = "x86_64", target_feature = "avx512bw"))]
+impl RowBytes {
+    /// From one row of stored 16-bit activations (`slot` order).
+    fn new(q: &[i16]) -> Self {
+        let k = q.len();
+        let (mut hi, mut lo, mut hs) = (
+            Aligned::zeroed(k),
+            Aligned::zeroed(k),
+            Aligned::zeroed(k / 2),
+        );
+        let runs = q.chunks_exact(64).zip(
+            hi.as_mut_slice()
+                .chunks_exact_mut(64)
+                .zip(lo.as_mut_slice().chunks_exact_mut(64))
+                .zip(hs.as_mut_slice().chunks_exact_mut(32)),
+        );
+        for (run, ((hi, lo), hs)) in runs {
+            // A stored run is its 32 even elements, then its 32 odd ones.
+            let (even, odd) = run.split_at(32);
+            for (m, (&e, &o)) in even.iter().zip(odd).enumerate() {
+                let (he, ho) = ((e >> 8) as i8, (o >> 8) as i8);
+                (hi[2 * m], hi[2 * m + 1]) = (he, ho);
+                (lo[2 * m], lo[2 * m + 1]) = (e as u8, o as u8);
+                hs[m] = 32 * (i16::from(he) + i16::from(ho));
+            }
+        }
+        Self { hi, lo, hs }
+    }
+}
+
+/// Where element `e` of a super-block is stored in the 16-bit activations: each run of 64
+/// holds its even elements, then its odd ones, so a `vpdpwssd` lane (two neighbouring 16-bit
+/// values of each of two vectors) takes elements `4l .. 4l + 4` of the run.
+#[cfg(any(
+    test,
+    not(all(
+        target_arch = "x86_64",
+        any(
+            target_feature = "avx512bw",
+            all(target_feature = "avx2", target_feature = "fma")
+        )
+    ))
+))]
+const fn slot(e: usize) -> usize {
+    e / 64 * 64 + e % 2 * 32 + e % 64 / 2
+}
+
+/// Reorders a block quantized in element order into `slot` order (`slot(e)` for element `e`:
+/// the portable kernel reads them back that way).
+fn deinterleave(q: &mut [i16]) {
+    for run in q.chunks_exact_mut(64) {
+        let natural: [i16; 64] = std::array::from_fn(|e| run[e]);
+        let (even, odd) = run.split_at_mut(32);
+        for (m, pair) in natural.chunks_exact(2).enumerate() {
+            (even[m], odd[m]) = (pair[0], pair[1]);
+        }
+    }
 }
 
 impl KActs {
@@ -54,6 +136,7 @@ impl KActs {
             let x = &x[ranges[p].start * k..ranges[p].end * k];
             for (i, xb) in x.chunks_exact(QK).enumerate() {
                 s[i] = quantize_block(xb, &mut q[i * QK..(i + 1) * QK]);
+                deinterleave(&mut q[i * QK..(i + 1) * QK]);
                 for (j, sub) in xb.chunks_exact(32).enumerate() {
                     u[i * SUMS + j] = sub.iter().sum();
                 }
@@ -64,7 +147,14 @@ impl KActs {
         } else {
             job(0, 1);
         }
-        Self { k, q, scale, sums }
+        Self {
+            k,
+            #[cfg(all(target_arch = "x86_64", target_feature = "avx512bw"))]
+            bytes: (m == 1).then(|| RowBytes::new(q.as_slice())),
+            q,
+            scale,
+            sums,
+        }
     }
 
     fn q(&self) -> &[i16] {
@@ -127,13 +217,14 @@ pub(super) fn tile(
     dst: &mut [f32],
     walk: super::Walk,
 ) {
-    use avx512::{rows, span_rows};
+    use avx512::{one_row, rows, span_rows};
     let args = (s, r0, nr, a, i0, dst);
     // Batches over four walk one weight row at a time: its eight weight vectors stay in
     // registers beside the float accumulators.
     macro_rules! by_batch {
         ($f:expr) => {
             match walk {
+                super::Walk::Stream if g == 1 && a.bytes.is_some() => one_row::<{ $f }>(args),
                 super::Walk::Stream => super::by_batch!(rows, $f, 1, g, true, args),
                 // Only Q6_K's unpacking (bit merges and a lane permute per vector) costs
                 // more than reading back its 576 bytes per super-block; Q4_K came out slower.
@@ -223,7 +314,8 @@ pub(super) fn dot_row(format: super::Format, row: &[u8], a: &KActs, i: usize) ->
     let nb = k / QK;
     let mut total = 0f32;
     for (b, blk) in row.chunks_exact(bb).enumerate() {
-        let x = &a.q()[i * k + b * QK..i * k + (b + 1) * QK];
+        let stored = &a.q()[i * k + b * QK..i * k + (b + 1) * QK];
+        let x: [i16; QK] = std::array::from_fn(|e| stored[slot(e)]);
         let xs = a.scale[i * nb + b];
         // i64: 16-bit activations times 6-bit weights times 8-bit scales, summed over a
         // super-block, pass i32's range (debug builds panicked, release wrapped).
@@ -262,37 +354,6 @@ pub(super) fn dot_row(format: super::Format, row: &[u8], a: &KActs, i: usize) ->
         }
     }
     total
-}
-
-/// A Q6_K block's 6-bit values for elements `128n..128n + 128`, as four runs of 32 bytes in
-/// element order: low nibbles from `ql`, the two high bits from `qh` (bits 0-1, 2-3, 4-5, 6-7
-/// for the four runs). 16-bit shifts are safe because the masks keep each byte's own bits.
-#[cfg(all(target_arch = "x86_64", target_feature = "avx2"))]
-#[inline(always)]
-unsafe fn q6k_runs(b: *const u8, n: usize) -> [std::arch::x86_64::__m256i; 4] {
-    use std::arch::x86_64::*;
-    let (m4, m30) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x30));
-    let lo = _mm256_loadu_si256(b.add(64 * n).cast());
-    let hi = _mm256_loadu_si256(b.add(64 * n + 32).cast());
-    let h = _mm256_loadu_si256(b.add(128 + 32 * n).cast());
-    [
-        _mm256_or_si256(
-            _mm256_and_si256(lo, m4),
-            _mm256_and_si256(_mm256_slli_epi16(h, 4), m30),
-        ),
-        _mm256_or_si256(
-            _mm256_and_si256(hi, m4),
-            _mm256_and_si256(_mm256_slli_epi16(h, 2), m30),
-        ),
-        _mm256_or_si256(
-            _mm256_and_si256(_mm256_srli_epi16(lo, 4), m4),
-            _mm256_and_si256(h, m30),
-        ),
-        _mm256_or_si256(
-            _mm256_and_si256(_mm256_srli_epi16(hi, 4), m4),
-            _mm256_and_si256(_mm256_srli_epi16(h, 2), m30),
-        ),
-    ]
 }
 
 /// The AVX-512BW kernel (`vpdpwssd` on i16 weights with the sub-block scales folded in).

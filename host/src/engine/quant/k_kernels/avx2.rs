@@ -1,6 +1,7 @@
 //! AVX2 + FMA kernel for the many x86 machines without AVX-512BW (Zen 2/3, client Intel):
-//! the same arithmetic as the AVX-512 kernel on 256-bit vectors. A super-block becomes sixteen
-//! 16-lane i16 weight vectors with the sub-block scales folded in; `vpmaddwd` against the
+//! the same arithmetic as the AVX-512 batch kernel on 256-bit vectors. A super-block becomes
+//! sixteen 16-lane i16 weight vectors with the sub-block scales folded in (even and odd
+//! elements apart, as the activations are stored); `vpmaddwd` against the
 //! 16-bit activations, summed in i32 per half super-block (16 products per lane, the bound the
 //! module header proves), then one float conversion per half.
 //!
@@ -103,28 +104,30 @@ unsafe fn chunk<const F: u8>(
     acc
 }
 
-/// One super-block into `w` (element order, 16 per vector, scales folded in); returns `d`
-/// and `dmin·m_j` per sub-block (zero for Q6_K).
+/// One super-block into `w`, ordered as the activations are stored (`slot`): run `r`'s even
+/// elements of its first and second halves, then its odd ones, 16 per vector, scales folded
+/// in. Returns `d` and `dmin·m_j` per sub-block (zero for Q6_K).
 #[inline(always)]
 unsafe fn prep<const F: u8>(blk: &[u8], w: &mut [__m256i; 16]) -> (f32, __m256) {
     let p = blk.as_ptr();
-    let widen = |v: __m256i| {
-        (
-            _mm256_cvtepu8_epi16(_mm256_castsi256_si128(v)),
-            _mm256_cvtepu8_epi16(_mm256_extracti128_si256::<1>(v)),
-        )
+    let low = _mm256_set1_epi16(0xFF);
+    // Q6_K's values carry an offset of 32 (zero otherwise: the subtraction folds away).
+    let off = _mm256_set1_epi16(if F == Q6K { 32 } else { 0 });
+    // Half `h` of run `r` (32 values as bytes) times its scales.
+    let mut put = |r: usize, h: usize, v: __m256i, s: __m256i| {
+        let even = _mm256_sub_epi16(_mm256_and_si256(v, low), off);
+        let odd = _mm256_sub_epi16(_mm256_srli_epi16::<8>(v), off);
+        w[4 * r + h] = _mm256_mullo_epi16(even, s);
+        w[4 * r + 2 + h] = _mm256_mullo_epi16(odd, s);
     };
     if F == Q6K {
-        let sc = &blk[192..208];
-        let off = _mm256_set1_epi16(32);
+        let sc = |j: usize| _mm_set1_epi16(i16::from(blk[192 + j] as i8));
         for n in 0..2 {
-            let q = super::q6k_runs(p, n);
-            for (i, q) in q.into_iter().enumerate() {
-                let v = 4 * n + i;
-                let (a, b) = widen(q);
-                let s = |j: usize| _mm256_set1_epi16(i16::from(sc[j] as i8));
-                w[2 * v] = _mm256_mullo_epi16(_mm256_sub_epi16(a, off), s(2 * v));
-                w[2 * v + 1] = _mm256_mullo_epi16(_mm256_sub_epi16(b, off), s(2 * v + 1));
+            for (i, q) in q6k_runs(p, n).into_iter().enumerate() {
+                // Elements 128n + 32i.. : half i % 2 of run 2n + i / 2; the even (and odd)
+                // ones of its first 16 are in sub-block 8n + 2i, of its last 16 in the next.
+                let j = 8 * n + 2 * i;
+                put(2 * n + i / 2, i % 2, q, _mm256_set_m128i(sc(j + 1), sc(j)));
             }
         }
         return (f16_at(blk, 208), _mm256_setzero_ps());
@@ -152,10 +155,7 @@ unsafe fn prep<const F: u8>(blk: &[u8], w: &mut [__m256i; 16]) -> (f32, __m256) 
                 let set = _mm256_cmpeq_epi8(_mm256_and_si256(qh, bit), bit);
                 v = _mm256_or_si256(v, _mm256_and_si256(set, _mm256_set1_epi8(16)));
             }
-            let (a, b) = widen(v);
-            let s = _mm256_set1_epi16(i16::from(sc[j]));
-            w[2 * j] = _mm256_mullo_epi16(a, s);
-            w[2 * j + 1] = _mm256_mullo_epi16(b, s);
+            put(c, h, v, _mm256_set1_epi16(i16::from(sc[j])));
         }
     }
     (d, mins)
@@ -166,4 +166,34 @@ unsafe fn hsum(v: __m256) -> f32 {
     let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
     let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps::<1>(s, s)))
+}
+
+/// A Q6_K block's 6-bit values for elements `128n..128n + 128`, as four runs of 32 bytes in
+/// element order: low nibbles from `ql`, the two high bits from `qh` (bits 0-1, 2-3, 4-5, 6-7
+/// for the four runs). 16-bit shifts are safe because the masks keep each byte's own bits.
+#[inline(always)]
+unsafe fn q6k_runs(b: *const u8, n: usize) -> [__m256i; 4] {
+    use std::arch::x86_64::*;
+    let (m4, m30) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x30));
+    let lo = _mm256_loadu_si256(b.add(64 * n).cast());
+    let hi = _mm256_loadu_si256(b.add(64 * n + 32).cast());
+    let h = _mm256_loadu_si256(b.add(128 + 32 * n).cast());
+    [
+        _mm256_or_si256(
+            _mm256_and_si256(lo, m4),
+            _mm256_and_si256(_mm256_slli_epi16(h, 4), m30),
+        ),
+        _mm256_or_si256(
+            _mm256_and_si256(hi, m4),
+            _mm256_and_si256(_mm256_slli_epi16(h, 2), m30),
+        ),
+        _mm256_or_si256(
+            _mm256_and_si256(_mm256_srli_epi16(lo, 4), m4),
+            _mm256_and_si256(h, m30),
+        ),
+        _mm256_or_si256(
+            _mm256_and_si256(_mm256_srli_epi16(hi, 4), m4),
+            _mm256_and_si256(_mm256_srli_epi16(h, 2), m30),
+        ),
+    ]
 }

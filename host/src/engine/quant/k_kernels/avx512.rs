@@ -1,6 +1,12 @@
-//! AVX-512BW kernel: a super-block becomes eight 32-lane i16 weight vectors with the sub-block
-//! scales folded in, each met by 32 activations in one `vpdpwssd` (VNNI; `vpmaddwd` + add
-//! without it); one float conversion per super-block and activation row.
+//! AVX-512BW kernels.
+//! - Batches (`rows`, `span_rows`): a super-block becomes eight 32-lane i16 weight vectors with
+//!   the sub-block scales folded in, each met by 32 activations in one `vpdpwssd` (VNNI;
+//!   `vpmaddwd` + add without it), unpacked once for the group's rows.
+//! - One row (`one_row`, decode): the packed values stay bytes and meet the activation's high
+//!   and low bytes in `vpmaddubsw`; the 16-bit pair sums take the scales in `vpdpwssd`.
+//!
+//! Both give each i32 lane the same integers (see the parent module), then one float
+//! conversion per super-block and activation row.
 
 use std::arch::x86_64::*;
 
@@ -14,21 +20,6 @@ const PREFETCH: usize = 8192;
 /// Activation bytes of a group that fit L1 beside the weights streaming past (half of
 /// Zen 4/5's 48 KiB).
 const L1_ACTS: usize = 24 * 1024;
-
-/// Lane → scale index for Q6_K weight vector `v` (16-weight sub-blocks: two per vector).
-static Q6K_SCALE_IDX: [[i16; 32]; 8] = {
-    let mut t = [[0i16; 32]; 8];
-    let mut v = 0;
-    while v < 8 {
-        let mut l = 0;
-        while l < 32 {
-            t[v][l] = (2 * v + l / 16) as i16;
-            l += 1;
-        }
-        v += 1;
-    }
-    t
-};
 
 #[inline(always)]
 unsafe fn f16_at(p: *const u8) -> f32 {
@@ -64,51 +55,116 @@ unsafe fn scales_mins(p: *const u8) -> (u64, u64) {
     (sc, mn)
 }
 
-/// One super-block: eight weight vectors (element order, scales folded in), `d`, and
-/// `dmin·m_j` in lanes 0..8 (zero for Q6_K).
+/// Sub-block of each i16 position of run `r`'s scale vector, `[Q6_K][r][m]`: position `m`
+/// covers elements `64r + 2m` and `64r + 2m + 1` (a `maddubs` pair, or the `m`-th of the even
+/// or odd elements in `prep`), which share a sub-block of 32 (16 for Q6_K).
+static RUN_SCALE_IDX: [[[i16; 32]; 4]; 2] = {
+    let mut t = [[[0i16; 32]; 4]; 2];
+    let mut f = 0;
+    while f < 2 {
+        let sub = if f == 1 { 16 } else { 32 };
+        let mut r = 0;
+        while r < 4 {
+            let mut m = 0;
+            while m < 32 {
+                t[f][r][m] = ((64 * r + 2 * m) / sub) as i16;
+                m += 1;
+            }
+            r += 1;
+        }
+        f += 1;
+    }
+    t
+};
+
+/// A super-block's values as four 64-byte runs in element order (Q6_K's without the offset of
+/// 32). 16-bit shifts are safe where the masks keep each byte's own bits.
+#[inline(always)]
+unsafe fn runs<const F: u8>(b: *const u8) -> [__m512i; 4] {
+    let m4 = _mm512_set1_epi8(0x0F);
+    let mut out = [_mm512_setzero_si512(); 4];
+    if F == Q6K {
+        // Run 2n: low nibbles of ql[64n..64n + 64], high bits 0-1 then 2-3 of qh[32n..32n + 32];
+        // run 2n + 1: high nibbles, bits 4-5 then 6-7.
+        let m30 = _mm512_set1_epi8(0x30);
+        let by2 = _mm512_inserti64x4::<1>(_mm512_setzero_si512(), _mm256_set1_epi16(2));
+        for n in 0..2 {
+            let ql = _mm512_loadu_si512(b.add(64 * n).cast());
+            let qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(b.add(128 + 32 * n).cast()));
+            let qh = _mm512_srlv_epi16(qh, by2);
+            out[2 * n] = _mm512_or_si512(
+                _mm512_and_si512(ql, m4),
+                _mm512_and_si512(_mm512_slli_epi16::<4>(qh), m30),
+            );
+            out[2 * n + 1] = _mm512_or_si512(
+                _mm512_and_si512(_mm512_srli_epi16::<4>(ql), m4),
+                _mm512_and_si512(qh, m30),
+            );
+        }
+        return out;
+    }
+    // Run r: the low nibbles of qs[32r..32r + 32], then their high nibbles; Q5_K adds bit 2r,
+    // then bit 2r + 1, of qh[0..32] as the fifth bit.
+    let qs = if F == Q5K { b.add(48) } else { b.add(16) };
+    let by4 = _mm512_inserti64x4::<1>(_mm512_setzero_si512(), _mm256_set1_epi16(4));
+    let qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(b.add(16).cast()));
+    for (r, out) in out.iter_mut().enumerate() {
+        let q = _mm512_broadcast_i64x4(_mm256_loadu_si256(qs.add(32 * r).cast()));
+        *out = _mm512_and_si512(_mm512_srlv_epi16(q, by4), m4);
+        if F == Q5K {
+            let bits = _mm512_inserti64x4::<1>(
+                _mm512_set1_epi8(1 << (2 * r)),
+                _mm256_set1_epi8(1 << (2 * r + 1)),
+            );
+            let set = _mm512_test_epi8_mask(qh, bits);
+            *out = _mm512_mask_add_epi8(*out, set, *out, _mm512_set1_epi8(16));
+        }
+    }
+    out
+}
+
+/// The i16 scale vectors of a super-block's four runs (`RUN_SCALE_IDX`), `d`, and `dmin·m_j`
+/// in lanes 0..8 (zero for Q6_K).
+#[inline(always)]
+unsafe fn run_scales<const F: u8>(b: *const u8) -> ([__m512i; 4], f32, __m512) {
+    let (sc, d, mins) = if F == Q6K {
+        let sc = _mm_loadu_si128(b.add(192).cast());
+        let sc = _mm512_cvtepi8_epi16(_mm256_castsi128_si256(sc));
+        (sc, f16_at(b.add(208)), _mm512_setzero_ps())
+    } else {
+        let (d, dmin) = (f16_at(b), f16_at(b.add(2)));
+        let (sc, mn) = scales_mins(b.add(4));
+        let mins = _mm512_mul_ps(
+            _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_cvtsi64_si128(mn as i64))),
+            _mm512_set1_ps(dmin),
+        );
+        let sc = _mm512_cvtepu8_epi16(_mm256_castsi128_si256(_mm_cvtsi64_si128(sc as i64)));
+        (sc, d, mins)
+    };
+    let idx = &RUN_SCALE_IDX[usize::from(F == Q6K)];
+    let s = std::array::from_fn(|r| {
+        _mm512_permutexvar_epi16(_mm512_loadu_si512(idx[r].as_ptr().cast()), sc)
+    });
+    (s, d, mins)
+}
+
+/// One super-block for the batch kernels: eight weight vectors (run r's even elements, then
+/// its odd ones, as the activations are stored; scales folded in), `d`, and `dmin·m_j`.
 #[inline(always)]
 unsafe fn prep<const F: u8>(b: *const u8) -> ([__m512i; 8], f32, __m512) {
+    let n = runs::<F>(b);
+    let (s, d, mins) = run_scales::<F>(b);
+    let (low, off) = (_mm512_set1_epi16(0xFF), _mm512_set1_epi16(32));
     let mut w = [_mm512_setzero_si512(); 8];
-    if F == Q6K {
-        let sc = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(_mm_loadu_si128(b.add(192).cast())));
-        let off = _mm512_set1_epi16(32);
-        for n in 0..2 {
-            let q = super::q6k_runs(b, n);
-            for (i, q) in q.into_iter().enumerate() {
-                let v = 4 * n + i;
-                let idx = _mm512_loadu_si512(Q6K_SCALE_IDX[v].as_ptr().cast());
-                let s = _mm512_permutexvar_epi16(idx, sc);
-                w[v] = _mm512_mullo_epi16(_mm512_sub_epi16(_mm512_cvtepu8_epi16(q), off), s);
-            }
+    for r in 0..4 {
+        let mut even = _mm512_and_si512(n[r], low);
+        let mut odd = _mm512_srli_epi16::<8>(n[r]);
+        if F == Q6K {
+            even = _mm512_sub_epi16(even, off);
+            odd = _mm512_sub_epi16(odd, off);
         }
-        return (w, f16_at(b.add(208)), _mm512_setzero_ps());
-    }
-    let (d, dmin) = (f16_at(b), f16_at(b.add(2)));
-    let (sc, mn) = scales_mins(b.add(4));
-    let mins = _mm512_mul_ps(
-        _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_cvtsi64_si128(mn as i64))),
-        _mm512_set1_ps(dmin),
-    );
-    let qs = if F == Q5K { b.add(48) } else { b.add(16) };
-    let qh = _mm256_loadu_si256(b.add(16).cast());
-    let m4 = _mm256_set1_epi8(0x0F);
-    let sixteen = _mm512_set1_epi16(16);
-    for c in 0..4 {
-        let q = _mm256_loadu_si256(qs.add(32 * c).cast());
-        let nib = [
-            _mm256_and_si256(q, m4),
-            _mm256_and_si256(_mm256_srli_epi16(q, 4), m4),
-        ];
-        for (h, nib) in nib.into_iter().enumerate() {
-            let j = 2 * c + h;
-            let mut v = _mm512_cvtepu8_epi16(nib);
-            if F == Q5K {
-                let bit = _mm256_test_epi8_mask(qh, _mm256_set1_epi8((1u8 << j) as i8));
-                v = _mm512_mask_add_epi16(v, bit, v, sixteen);
-            }
-            let s = ((sc >> (8 * j)) & 0xFF) as i16;
-            w[j] = _mm512_mullo_epi16(v, _mm512_set1_epi16(s));
-        }
+        w[2 * r] = _mm512_mullo_epi16(even, s[r]);
+        w[2 * r + 1] = _mm512_mullo_epi16(odd, s[r]);
     }
     (w, d, mins)
 }
@@ -221,23 +277,30 @@ unsafe fn chunk<const F: u8, const R: usize, const G: usize, const P: bool>(
         for q in 0..R {
             let blk = rp[q].add(b * w.bb);
             // The hardware prefetcher loses R interleaved streams: fetch the same block of
-            // rows further ahead (a prefetch never faults, so running past the matrix is
-            // harmless). Measured on DRAM-resident Q4_K: 5.8 GB/s without, 24 GB/s with,
-            // single thread.
+            // rows further ahead. Measured on DRAM-resident Q4_K: 5.8 GB/s without, 24 GB/s
+            // with, single thread.
             if P {
-                let ahead = blk.wrapping_add(w.pf);
-                _mm_prefetch::<_MM_HINT_T0>(ahead.cast());
-                _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64).cast());
-                _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(128).cast());
-                if w.bb > 192 {
-                    _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(192).cast());
-                }
+                prefetch(blk, w);
             }
             let (wv, d, mins) = prep::<F>(blk);
             block::<F, G>(&wv, d, mins, x, b, &mut acc[q]);
         }
     }
     acc
+}
+
+/// Fetches the super-block `w.pf` bytes past `blk` into L1 (a prefetch never faults, so
+/// running past the matrix is harmless).
+#[inline(always)]
+unsafe fn prefetch(blk: *const u8, w: &Weights) {
+    let ahead = blk.wrapping_add(w.pf);
+    // Three or four lines: super-blocks are 144 to 210 bytes.
+    _mm_prefetch::<_MM_HINT_T0>(ahead.cast());
+    _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64).cast());
+    _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(128).cast());
+    if w.bb > 192 {
+        _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(192).cast());
+    }
 }
 
 /// One super-block `b` of a weight row (`wv`, `d`, `mins` from `prep`) times the group's
@@ -347,4 +410,94 @@ pub(super) fn span_rows<const F: u8, const G: usize>(
             add_chunk(&acc, &mut dst[t * G..(t + 1) * G], c0 == 0);
         }
     });
+}
+
+/// How far ahead of the block being multiplied the one-row kernel prefetches (1–6 KiB
+/// measured alike, two threads on DRAM-resident matrices).
+const PREFETCH_ONE: usize = 4096;
+
+/// Weight rows `r0..r0 + nr` times activation row `i0` given as bytes (`KActs::bytes`), into
+/// `dst[row]`: decode's kernel, one weight row after another.
+///
+/// A weight is read once from memory here, so unpacking decides the speed: Q4_K 1536 × 256,
+/// L2-resident, one thread, went from 9–12 GB/s (`rows`) to 14 GB/s. Rows stream one at a
+/// time in address order, which the hardware prefetcher follows: twelve DRAM-resident
+/// 8960 × 1536 matrices, two threads, read Q4_K at 20–25.7 GB/s (`rows`: 14–19) and Q6_K at
+/// 18–23 (16–19); walking four rows together, as `rows` does, fell to 13–20.
+#[allow(clippy::type_complexity)]
+pub(super) fn one_row<const F: u8>(
+    (s, r0, nr, a, i0, dst): (&Segment, usize, usize, &KActs, usize, &mut [f32]),
+) {
+    let (k, rb, data) = (s.cols, s.row_bytes(), s.bytes());
+    let nb = k / QK;
+    let x = Acts::<1>::new(s, r0..r0 + nr, a, i0, dst.len());
+    let bytes = a.bytes.as_ref().expect("one_row needs the row as bytes");
+    assert!(i0 == 0 && bytes.hi.as_slice().len() == k && bytes.hs.as_slice().len() == k / 2);
+    let w = Weights {
+        data,
+        r0,
+        rb,
+        bb: s.format.block_bytes(),
+        pf: PREFETCH_ONE,
+    };
+    for t in 0..nr {
+        let row = data[(r0 + t) * rb..].as_ptr();
+        for c0 in (0..nb).step_by(CHUNK) {
+            // SAFETY: plain AVX-512F.
+            let mut acc = unsafe { _mm512_setzero_ps() };
+            for b in c0..nb.min(c0 + CHUNK) {
+                // SAFETY: super-block b < nb of row r0 + t < r0 + nr, and activation block
+                // b < nb, within the bounds `Acts::new` and the assert above checked.
+                unsafe {
+                    let blk = row.add(b * w.bb);
+                    prefetch(blk, &w);
+                    let at = b * QK;
+                    let (hi, lo) = (bytes.hi.as_slice().as_ptr(), bytes.lo.as_slice().as_ptr());
+                    let hs = bytes.hs.as_slice().as_ptr().add(at / 2);
+                    let ia = byte_block::<F>(blk, hi.add(at), lo.add(at), hs);
+                    let (d, mins) = (ia.1, ia.2);
+                    let scale = _mm512_set1_ps(d * *x.scale[0].add(b));
+                    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia.0), scale, acc);
+                    if F != Q6K {
+                        acc = _mm512_fnmadd_ps(mins, _mm512_loadu_ps(x.sums[0].add(b * SUMS)), acc);
+                    }
+                }
+            }
+            add_chunk(&[acc], &mut dst[t..t + 1], c0 == 0);
+        }
+    }
+}
+
+/// One super-block against one activation row as bytes: the i32 lane sums, `d` and the mins.
+///
+/// Per run, `vpmaddubsw` sums neighbouring pairs of value × activation byte into i16 without
+/// saturating (|pair| ≤ 2·63·255 < 2¹⁵), and `vpdpwssd` multiplies the pairs by their
+/// sub-block scale. Q6_K's values carry an offset of 32: the low bytes meet `q − 32` (signed),
+/// the high bytes meet `q` and lose `32·(hi + hi')` per pair (`RowBytes::hs`). Summing high
+/// and low halves apart and combining them as `256·high + low` gives the lane the same
+/// integer as `prep`'s vectors (i32 wraps, so only the final sum has to fit, and it does).
+#[inline(always)]
+unsafe fn byte_block<const F: u8>(
+    b: *const u8,
+    hi: *const i8,
+    lo: *const u8,
+    hs: *const i16,
+) -> (__m512i, f32, __m512) {
+    let n = runs::<F>(b);
+    let (s, d, mins) = run_scales::<F>(b);
+    let (mut high, mut low) = (_mm512_setzero_si512(), _mm512_setzero_si512());
+    for r in 0..4 {
+        let h = _mm512_load_si512(hi.add(64 * r).cast());
+        let l = _mm512_load_si512(lo.add(64 * r).cast());
+        let mut hp = _mm512_maddubs_epi16(n[r], h);
+        let lp = if F == Q6K {
+            hp = _mm512_sub_epi16(hp, _mm512_load_si512(hs.add(32 * r).cast()));
+            _mm512_maddubs_epi16(l, _mm512_sub_epi8(n[r], _mm512_set1_epi8(32)))
+        } else {
+            _mm512_maddubs_epi16(l, n[r])
+        };
+        high = dot_acc(high, hp, s[r]);
+        low = dot_acc(low, lp, s[r]);
+    }
+    (_mm512_add_epi32(_mm512_slli_epi32::<8>(high), low), d, mins)
 }

@@ -13,7 +13,7 @@
 //!
 //! Which products share a lane is fixed: lane `l` of super-block run `r` (64 elements) takes
 //! elements `64r + 4l .. 64r + 4l + 4`, over the four runs. The 16-bit activations are stored
-//! so that `vpdpwssd` meets them that way (`slot`), and the one-row kernel's byte multiplies
+//! so that `vpdpwssd` meets them that way (`deinterleave`), and the one-row kernel's byte multiplies
 //! (`maddubs`, four neighbours per lane) do too: a lane's integer sum, and so every result's
 //! bits, are the same whichever kernel a row goes through.
 
@@ -55,7 +55,7 @@ pub(super) struct RowBytes {
 
 #[cfg(all(target_arch = "x86_64", target_feature = "avx512bw"))]
 impl RowBytes {
-    /// From one row of stored 16-bit activations (`slot` order).
+    /// From one row of stored 16-bit activations (`deinterleave` order).
     fn new(q: &[i16]) -> Self {
         let k = q.len();
         let (mut hi, mut lo, mut hs) = (
@@ -83,25 +83,10 @@ impl RowBytes {
     }
 }
 
-/// Where element `e` of a super-block is stored in the 16-bit activations: each run of 64
-/// holds its even elements, then its odd ones, so a `vpdpwssd` lane (two neighbouring 16-bit
-/// values of each of two vectors) takes elements `4l .. 4l + 4` of the run.
-#[cfg(any(
-    test,
-    not(all(
-        target_arch = "x86_64",
-        any(
-            target_feature = "avx512bw",
-            all(target_feature = "avx2", target_feature = "fma")
-        )
-    ))
-))]
-const fn slot(e: usize) -> usize {
-    e / 64 * 64 + e % 2 * 32 + e % 64 / 2
-}
-
-/// Reorders a block quantized in element order into `slot` order (`slot(e)` for element `e`:
-/// the portable kernel reads them back that way).
+/// Reorders a block quantized in element order into the stored order: each run of 64 holds
+/// its even elements, then its odd ones, so a `vpdpwssd` lane (two neighbouring 16-bit values
+/// of each of two vectors) takes elements `4l .. 4l + 4` of the run (`dot_row`'s `slot` reads
+/// them back).
 fn deinterleave(q: &mut [i16]) {
     for run in q.chunks_exact_mut(64) {
         let natural: [i16; 64] = std::array::from_fn(|e| run[e]);
@@ -308,6 +293,10 @@ pub(super) fn tile(
     ))
 ))]
 pub(super) fn dot_row(format: super::Format, row: &[u8], a: &KActs, i: usize) -> f32 {
+    /// Where `deinterleave` stored element `e` of a super-block.
+    const fn slot(e: usize) -> usize {
+        e / 64 * 64 + e % 2 * 32 + e % 64 / 2
+    }
     use super::blocks::{f16_at, k45_values, k4_scales_mins, q6k_values};
     use super::Format;
     let (k, bb) = (a.k, format.block_bytes());

@@ -104,7 +104,7 @@ unsafe fn chunk<const F: u8>(
     acc
 }
 
-/// One super-block into `w`, ordered as the activations are stored (`slot`): run `r`'s even
+/// One super-block into `w`, ordered as the activations are stored (`deinterleave`): run `r`'s even
 /// elements of its first and second halves, then its odd ones, 16 per vector, scales folded
 /// in. Returns `d` and `dmin·m_j` per sub-block (zero for Q6_K).
 #[inline(always)]

@@ -320,13 +320,29 @@ unsafe fn block<const F: u8, const G: usize>(
         for (v, &wv) in wv.iter().enumerate() {
             ia = dot_acc(ia, wv, _mm512_loadu_si512(xq.add(v)));
         }
-        let scale = _mm512_set1_ps(d * *x.scale[j].add(b));
-        *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia), scale, *acc);
-        if F != Q6K {
-            let sums = _mm512_loadu_ps(x.sums[j].add(b * SUMS));
-            *acc = _mm512_fnmadd_ps(mins, sums, *acc);
-        }
+        *acc = fold::<F, G>(*acc, ia, d, mins, x, j, b);
     }
+}
+
+/// `acc` plus super-block `b`'s i32 lane sums `ia` against activation row `j`, scaled, less the
+/// mins: the float steps every kernel takes in this one order, so a row's bits do not depend
+/// on which kernel it went through.
+#[inline(always)]
+unsafe fn fold<const F: u8, const G: usize>(
+    acc: __m512,
+    ia: __m512i,
+    d: f32,
+    mins: __m512,
+    x: &Acts<G>,
+    j: usize,
+    b: usize,
+) -> __m512 {
+    let scale = _mm512_set1_ps(d * *x.scale[j].add(b));
+    let acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia), scale, acc);
+    if F == Q6K {
+        return acc;
+    }
+    _mm512_fnmadd_ps(mins, _mm512_loadu_ps(x.sums[j].add(b * SUMS)), acc)
 }
 
 /// Adds one chunk's partial sums of a weight row to its results `dst[j]` (the first chunk,
@@ -440,6 +456,11 @@ pub(super) fn one_row<const F: u8>(
         bb: s.format.block_bytes(),
         pf: PREFETCH_ONE,
     };
+    let (hi, lo, hs) = (
+        bytes.hi.as_slice().as_ptr(),
+        bytes.lo.as_slice().as_ptr(),
+        bytes.hs.as_slice().as_ptr(),
+    );
     for t in 0..nr {
         let row = data[(r0 + t) * rb..].as_ptr();
         for c0 in (0..nb).step_by(CHUNK) {
@@ -452,15 +473,9 @@ pub(super) fn one_row<const F: u8>(
                     let blk = row.add(b * w.bb);
                     prefetch(blk, &w);
                     let at = b * QK;
-                    let (hi, lo) = (bytes.hi.as_slice().as_ptr(), bytes.lo.as_slice().as_ptr());
-                    let hs = bytes.hs.as_slice().as_ptr().add(at / 2);
-                    let ia = byte_block::<F>(blk, hi.add(at), lo.add(at), hs);
-                    let (d, mins) = (ia.1, ia.2);
-                    let scale = _mm512_set1_ps(d * *x.scale[0].add(b));
-                    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia.0), scale, acc);
-                    if F != Q6K {
-                        acc = _mm512_fnmadd_ps(mins, _mm512_loadu_ps(x.sums[0].add(b * SUMS)), acc);
-                    }
+                    let (ia, d, mins) =
+                        byte_block::<F>(blk, hi.add(at), lo.add(at), hs.add(at / 2));
+                    acc = fold::<F, 1>(acc, ia, d, mins, &x, 0, b);
                 }
             }
             add_chunk(&[acc], &mut dst[t..t + 1], c0 == 0);

@@ -10,7 +10,7 @@
 
 use std::cell::UnsafeCell;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -191,6 +191,63 @@ pub fn split_by_cost(
     ranges
 }
 
+/// Units `0..n` handed out to the parts of a job as they go: each part takes units from the
+/// front of its own contiguous share (so it streams through memory in address order) and,
+/// once that is empty, from the back of the others'. A static split leaves one thread
+/// spinning whenever the host slows the other's vCPU; measured on decode, that spin was 12%
+/// of the step.
+pub struct Shares {
+    /// Per part: its remaining units `front..back`, packed as `front << 32 | back`, each on
+    /// its own cache line so an owner's takes don't bounce a line between cores (sharing one
+    /// cost ~3% of decode).
+    slots: Vec<Line>,
+}
+
+#[repr(align(128))]
+struct Line(AtomicU64);
+
+impl Shares {
+    pub fn new(n: usize, parts: usize) -> Self {
+        let n = u32::try_from(n).expect("at most 2^32 units");
+        let slots = (0..parts)
+            .map(|p| {
+                let r = split(n as usize, 1, p, parts);
+                Line(AtomicU64::new(((r.start as u64) << 32) | r.end as u64))
+            })
+            .collect();
+        Self { slots }
+    }
+
+    /// The next unit for `part`, or `None` when every unit has been taken.
+    pub fn next(&self, part: usize) -> Option<usize> {
+        let parts = self.slots.len();
+        (0..parts).find_map(|i| {
+            let p = (part + i) % parts;
+            self.take(p, p == part)
+        })
+    }
+
+    /// Takes the front unit of `p`'s share (its owner) or the back one (another part).
+    fn take(&self, p: usize, front: bool) -> Option<usize> {
+        let slot = &self.slots[p].0;
+        let mut cur = slot.load(SeqCst);
+        loop {
+            let (f, b) = (cur >> 32, cur & u64::from(u32::MAX));
+            if f >= b {
+                return None;
+            }
+            let (new, unit) = match front {
+                true => (((f + 1) << 32) | b, f),
+                false => ((f << 32) | (b - 1), b - 1),
+            };
+            match slot.compare_exchange_weak(cur, new, SeqCst, SeqCst) {
+                Ok(_) => return Some(unit as usize),
+                Err(now) => cur = now,
+            }
+        }
+    }
+}
+
 /// Cuts `s` into consecutive pieces of the given lengths, each behind its own (uncontended)
 /// lock, so the parts of a job can each write their own piece.
 pub fn split_mut<T>(mut s: &mut [T], lens: impl Iterator<Item = usize>) -> Vec<Mutex<&mut [T]>> {
@@ -255,6 +312,25 @@ mod tests {
         }
         let ranges = split_by_cost(5, 2, |_| 0);
         assert_eq!(ranges.iter().map(|r| r.len()).sum::<usize>(), 5);
+    }
+
+    #[test]
+    fn shares_hand_out_every_unit_once_under_contention() {
+        let team = Team::new(3);
+        for n in [0, 1, 5, 64, 1000] {
+            let shares = Shares::new(n, 3);
+            let seen: Vec<AtomicUsize> = (0..n).map(|_| AtomicUsize::new(0)).collect();
+            team.run(&|p, _| {
+                while let Some(u) = shares.next(p) {
+                    seen[u].fetch_add(1, SeqCst);
+                }
+            });
+            assert!(seen.iter().all(|s| s.load(SeqCst) == 1), "n = {n}");
+        }
+        // A part alone takes its own share in order, then the others' from their backs.
+        let shares = Shares::new(6, 2);
+        let order: Vec<_> = std::iter::from_fn(|| shares.next(0)).collect();
+        assert_eq!(order, [0, 1, 2, 5, 4, 3]);
     }
 
     #[test]

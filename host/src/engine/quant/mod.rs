@@ -58,7 +58,7 @@ use candle_core::quantized::{GgmlDType, QTensor};
 pub use blocks::{dequantize_block, Format};
 use k_kernels::KActs;
 
-use super::team::{split, split_mut, Team};
+use super::team::{split, split_mut, Shares, Team};
 
 /// Weight rows per kernel call (a unit of the split across threads).
 const TILE: usize = 32;
@@ -256,20 +256,18 @@ impl QuantMatrix {
     /// One pass over all weight rows for the `g` (≤ GROUP) activation rows `x`, into
     /// `dst[row][g]`. It reads each weight once and is bound by memory (decode, verification
     /// of drafts, small batches): weights are prefetched, and each thread streams its own
-    /// contiguous half of the rows, which the prefetch distance assumes.
+    /// contiguous share of the tiles in address order, which the prefetch distance assumes,
+    /// then helps with the others' from their ends.
     fn pass(&self, team: &Team, x: &[f32], kacts: Option<&KActs>, g: usize, dst: &mut [f32]) {
         let n = self.rows;
-        let parts = team.threads();
-        let ranges: Vec<_> = (0..parts).map(|p| split(n, TILE, p, parts)).collect();
-        let slices = split_mut(dst, ranges.iter().map(|r| r.len() * g));
+        let tiles = n.div_ceil(TILE);
+        let shares = Shares::new(tiles, team.threads());
+        let regions = split_mut(dst, (0..tiles).map(|t| (n - t * TILE).min(TILE) * g));
         team.run(&|p, _| {
-            let mut dst = slices[p].lock().unwrap_or_else(|e| e.into_inner());
-            let range = ranges[p].clone();
-            for r0 in range.clone().step_by(TILE) {
-                let end = range.end.min(r0 + TILE);
-                let o = (r0 - range.start) * g;
-                let d = &mut dst[o..o + (end - r0) * g];
-                self.tile(x, kacts, (0, g), r0..end, d, Walk::Stream);
+            while let Some(t) = shares.next(p) {
+                let mut d = regions[t].lock().unwrap_or_else(|e| e.into_inner());
+                let rows = t * TILE..n.min((t + 1) * TILE);
+                self.tile(x, kacts, (0, g), rows, &mut d, Walk::Stream);
             }
         });
     }

@@ -32,6 +32,8 @@ impl Gguf {
             .map_err(|e| ModelError::Format(format!("{}: {e}", path.display())))?;
         // SAFETY: mapped read-only; like any model file it must not change while serving.
         let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io)?;
+        #[cfg(target_os = "linux")]
+        let _ = map.advise(memmap2::Advice::HugePage);
         Ok(Self {
             content,
             map: Arc::new(map),

@@ -32,6 +32,9 @@ impl Gguf {
             .map_err(|e| ModelError::Format(format!("{}: {e}", path.display())))?;
         // SAFETY: mapped read-only; like any model file it must not change while serving.
         let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io)?;
+        // Decode streams every weight once per token: in 2 MiB pages (where the page cache
+        // holds large folios) that is one TLB miss per 2 MiB instead of per 4 KiB. Advisory
+        // only, so a kernel without THP just keeps 4 KiB pages.
         #[cfg(target_os = "linux")]
         let _ = map.advise(memmap2::Advice::HugePage);
         Ok(Self {

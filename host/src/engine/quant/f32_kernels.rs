@@ -32,6 +32,21 @@ use super::Format;
 ))]
 const BLOCK: usize = 32;
 
+/// Weight rows walked together for `g` activation rows (R·g ≤ 16 accumulators). A single
+/// activation row in decode (`stream`) walks one weight row at a time, which the hardware
+/// prefetcher follows: DRAM-resident Q8_0 (Gemma 3's 262k × 640 output matrix) read
+/// 19.8–22.6 GB/s on two threads that way against 14–18 for four rows together; Q4_1 and
+/// Q5_0, bound by their unpacking at ~7 GB/s per thread, were the same either way. A row's
+/// sum takes the same steps in the same order whatever R, so results do not depend on it.
+#[cfg(all(target_arch = "x86_64", target_feature = "avx512f"))]
+const fn walk(g: usize, stream: bool) -> usize {
+    match (g, stream) {
+        (1, true) => 1,
+        (1..=4, _) => 4,
+        _ => 2,
+    }
+}
+
 /// Rows `r0..r0 + nr` of `s` against the `g` activation rows of `x`, into `dst[row][g]`.
 #[cfg(all(target_arch = "x86_64", target_feature = "avx512f"))]
 pub(super) fn tile(
@@ -45,19 +60,10 @@ pub(super) fn tile(
 ) {
     use avx512::rows;
     debug_assert!(nr <= TILE);
-    // R weight rows × g activation rows per pass, R·g ≤ 16 accumulators. A single activation
-    // row (decode) walks one weight row at a time, which the hardware prefetcher follows:
-    // DRAM-resident Q8_0 (Gemma 3's 262k × 640 output matrix) read 19.8–22.6 GB/s on two
-    // threads that way against 14–18 for four rows together; Q4_1 and Q5_0, bound by their
-    // unpacking at ~7 GB/s per thread, were the same either way. A row's sum takes the same
-    // steps in the same order whatever R, so results do not depend on the batch.
     let args = (s, r0, nr, x, 0, g, dst);
     macro_rules! by_batch {
         ($f:expr) => {
-            match (g, prefetch) {
-                (1, true) => rows::<{ $f }, 1, 1, true>(args),
-                _ => super::by_batch!(rows, $f, 2, g, prefetch, args),
-            }
+            super::by_batch!(rows, $f, walk, g, prefetch, args)
         };
     }
     match s.format {

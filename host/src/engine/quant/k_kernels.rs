@@ -189,6 +189,21 @@ mod simd {
 ))]
 use simd::{CHUNK, Q4K, Q5K, Q6K};
 
+/// Weight rows `rows` walks together for `g` activation rows. Memory-bound passes (decode,
+/// small batches: `stream`) walk one weight row at a time, which the hardware prefetcher
+/// follows: DRAM-resident Q4_K, four activation rows, two threads, read 11.8–14.3 GB/s that
+/// way against 8.7–11.5 for four weight rows together (two rows of Q4_K and four of Q6_K:
+/// level or better). Prefill batches over four do the same, so their eight weight vectors
+/// stay in registers beside the float accumulators. A row's sum is the same whatever R.
+#[cfg(all(target_arch = "x86_64", target_feature = "avx512bw"))]
+const fn rows_walked(g: usize, stream: bool) -> usize {
+    if stream || g > 4 {
+        1
+    } else {
+        4
+    }
+}
+
 /// Rows `r0..r0 + nr` of `s` against activation rows `i0..i0 + g` of `a`, into `dst[row][g]`.
 #[cfg(all(target_arch = "x86_64", target_feature = "avx512bw"))]
 #[allow(clippy::too_many_arguments)] // the f32 kernels' signature plus the prepared activations
@@ -204,28 +219,16 @@ pub(super) fn tile(
 ) {
     use avx512::{one_row, rows, span_rows};
     let args = (s, r0, nr, a, i0, dst);
-    // Memory-bound passes (decode, small batches) walk one weight row at a time, which the
-    // hardware prefetcher follows: DRAM-resident Q4_K, four activation rows, two threads,
-    // read 11.8–14.3 GB/s that way against 8.7–11.5 for four weight rows together (two rows
-    // of Q4_K and four of Q6_K: level or better). Prefill batches over four do the same, so
-    // their eight weight vectors stay in registers beside the float accumulators.
     macro_rules! by_batch {
         ($f:expr) => {
             match walk {
                 super::Walk::Stream if g == 1 && a.bytes.is_some() => one_row::<{ $f }>(args),
-                super::Walk::Stream => match g {
-                    8 => rows::<{ $f }, 1, 8, true>(args),
-                    7 => rows::<{ $f }, 1, 7, true>(args),
-                    6 => rows::<{ $f }, 1, 6, true>(args),
-                    5 => rows::<{ $f }, 1, 5, true>(args),
-                    4 => rows::<{ $f }, 1, 4, true>(args),
-                    3 => rows::<{ $f }, 1, 3, true>(args),
-                    2 => rows::<{ $f }, 1, 2, true>(args),
-                    _ => rows::<{ $f }, 1, 1, true>(args),
-                },
+                super::Walk::Stream => super::by_batch!(rows, $f, rows_walked, g, true, args),
                 // Only Q6_K's unpacking (bit merges and a lane permute per vector) costs
                 // more than reading back its 576 bytes per super-block; Q4_K came out slower.
-                super::Walk::Span(_) if $f != Q6K => super::by_batch!(rows, $f, 1, g, false, args),
+                super::Walk::Span(_) if $f != Q6K => {
+                    super::by_batch!(rows, $f, rows_walked, g, false, args)
+                }
                 super::Walk::Span(n) => match g {
                     8 => span_rows::<{ $f }, 8>(n, args),
                     7 => span_rows::<{ $f }, 7>(n, args),

@@ -16,29 +16,29 @@
 //! never forces a dense copy. Segment bytes are usually a window of the memory-mapped GGUF.
 
 /// Calls the kernel `$rows::<F, R, G, P>(args)` for a batch of `$g` (1 to 8) activation rows
-/// and the prefetch flag `$p`: R = 4 weight rows walked together for batches up to four, `$rb`
-/// for larger ones (R·G accumulators must fit the registers). G and P are constants, so each
-/// kernel's loops are unrolled for its batch and carry no trace of prefetching when it is off.
+/// and the prefetch flag `$p`, walking R = `$r(G, P)` weight rows together (`$r` a const fn;
+/// R·G accumulators must fit the registers). R, G and P are constants, so each kernel's loops
+/// are unrolled for its batch and carry no trace of prefetching when it is off.
 #[cfg(all(target_arch = "x86_64", target_feature = "avx512f"))]
 macro_rules! by_batch {
-    ($rows:ident, $f:expr, $rb:literal, $g:expr, $p:expr, $args:expr) => {
+    ($rows:ident, $f:expr, $r:path, $g:expr, $p:expr, $args:expr) => {
         match ($g, $p) {
-            (8, true) => $rows::<{ $f }, $rb, 8, true>($args),
-            (7, true) => $rows::<{ $f }, $rb, 7, true>($args),
-            (6, true) => $rows::<{ $f }, $rb, 6, true>($args),
-            (5, true) => $rows::<{ $f }, $rb, 5, true>($args),
-            (4, true) => $rows::<{ $f }, 4, 4, true>($args),
-            (3, true) => $rows::<{ $f }, 4, 3, true>($args),
-            (2, true) => $rows::<{ $f }, 4, 2, true>($args),
-            (_, true) => $rows::<{ $f }, 4, 1, true>($args),
-            (8, false) => $rows::<{ $f }, $rb, 8, false>($args),
-            (7, false) => $rows::<{ $f }, $rb, 7, false>($args),
-            (6, false) => $rows::<{ $f }, $rb, 6, false>($args),
-            (5, false) => $rows::<{ $f }, $rb, 5, false>($args),
-            (4, false) => $rows::<{ $f }, 4, 4, false>($args),
-            (3, false) => $rows::<{ $f }, 4, 3, false>($args),
-            (2, false) => $rows::<{ $f }, 4, 2, false>($args),
-            (_, false) => $rows::<{ $f }, 4, 1, false>($args),
+            (8, true) => $rows::<{ $f }, { $r(8, true) }, 8, true>($args),
+            (7, true) => $rows::<{ $f }, { $r(7, true) }, 7, true>($args),
+            (6, true) => $rows::<{ $f }, { $r(6, true) }, 6, true>($args),
+            (5, true) => $rows::<{ $f }, { $r(5, true) }, 5, true>($args),
+            (4, true) => $rows::<{ $f }, { $r(4, true) }, 4, true>($args),
+            (3, true) => $rows::<{ $f }, { $r(3, true) }, 3, true>($args),
+            (2, true) => $rows::<{ $f }, { $r(2, true) }, 2, true>($args),
+            (_, true) => $rows::<{ $f }, { $r(1, true) }, 1, true>($args),
+            (8, false) => $rows::<{ $f }, { $r(8, false) }, 8, false>($args),
+            (7, false) => $rows::<{ $f }, { $r(7, false) }, 7, false>($args),
+            (6, false) => $rows::<{ $f }, { $r(6, false) }, 6, false>($args),
+            (5, false) => $rows::<{ $f }, { $r(5, false) }, 5, false>($args),
+            (4, false) => $rows::<{ $f }, { $r(4, false) }, 4, false>($args),
+            (3, false) => $rows::<{ $f }, { $r(3, false) }, 3, false>($args),
+            (2, false) => $rows::<{ $f }, { $r(2, false) }, 2, false>($args),
+            (_, false) => $rows::<{ $f }, { $r(1, false) }, 1, false>($args),
         }
     };
 }

@@ -25,6 +25,7 @@ fn greedy(model: &Model, prompt: &[u32], n: usize) -> Vec<(u32, Vec<f32>)> {
             tokens: &ids[start..],
             want_logits: true,
             draft_rows: 0,
+            prompt_len: prompt.len(),
         };
         let logits = model.forward(&[seq], &mut cache).unwrap().remove(0);
         let best = (0..logits.len())

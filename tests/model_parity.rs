@@ -99,6 +99,7 @@ fn logits(model: &Model, tokens: &[u32]) -> Vec<f32> {
         tokens,
         want_logits: true,
         draft_rows: 0,
+        prompt_len: tokens.len(),
     };
     model.forward(&[seq], &mut cache).unwrap().remove(0)
 }

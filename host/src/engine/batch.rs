@@ -14,6 +14,11 @@ pub struct BatchSeq<'a> {
     /// With `want_logits`, also return logits for this many rows before the last (the rows
     /// of speculative drafts being verified), in row order.
     pub draft_rows: usize,
+    /// Positions before this one hold the prompt's tokens: their rows may take the prompt
+    /// kernels, which round differently from the kernels of generated rows (see
+    /// `QuantMatrix::matmul_rows`). A sequence recomputed after preemption keeps its original
+    /// prompt length, so its generated tokens are computed as they were the first time.
+    pub prompt_len: usize,
 }
 
 /// The KV pool a runner allocated.

@@ -570,6 +570,7 @@ fn batch_of<'a>(sched: &'a Scheduler, scheduled: &[Scheduled]) -> Vec<BatchSeq<'
                 tokens: &seq.tokens[sc.start..sc.start + sc.len],
                 want_logits: done,
                 draft_rows: if done { seq.draft } else { 0 },
+                prompt_len: seq.prompt_len,
             }
         })
         .collect()

@@ -81,17 +81,19 @@ pub enum Linear {
 }
 
 impl Linear {
-    /// `x` is `[rows, in]` row-major; returns `[rows, out]`.
+    /// `x` is `[rows, in]` row-major, `prompt[i]` whether row `i` is a prompt token's (see
+    /// `QuantMatrix::matmul_rows`); returns `[rows, out]`.
     fn forward(
         &self,
         team: &Team,
         x: &[f32],
-        rows: usize,
+        prompt: &[bool],
         dev: &Device,
     ) -> Result<Vec<f32>, ModelError> {
+        let rows = prompt.len();
         if let Linear::Native(w) = self {
             let mut out = vec![0f32; rows * w.rows()];
-            w.matmul(team, x, rows, &mut out);
+            w.matmul_rows(team, x, prompt, &mut out);
             return Ok(out);
         }
         let xt = Tensor::from_slice(x, (rows, x.len() / rows), dev)?;
@@ -253,7 +255,7 @@ impl Model {
         }
         for (li, layer) in self.layers.iter().enumerate() {
             self.attention_block(li, layer, &step, cache, &mut x)?;
-            self.ffn_block(layer, step.rows(), &mut x)?;
+            self.ffn_block(layer, &step.prompt, &mut x)?;
         }
         self.logits(seqs, &x)
     }
@@ -272,7 +274,9 @@ impl Model {
         let (qdim, kvdim, rows) = (nh * hd, nkv * hd, step.rows());
         let mut h = vec![0f32; x.len()];
         rms_norm(x, &layer.attn_norm, s.rms_eps, &mut h);
-        let mut qkv = layer.qkv.forward(&self.team, &h, rows, &self.device)?;
+        let mut qkv = layer
+            .qkv
+            .forward(&self.team, &h, &step.prompt, &self.device)?;
         let width = qdim + 2 * kvdim;
         if let Some(b) = &layer.qkv_bias {
             for r in qkv.chunks_mut(width) {
@@ -304,7 +308,9 @@ impl Model {
         let window = s.window(li);
         let seqs = &step.attn_seqs;
         cache.attention(&self.team, li, &q, seqs, nh, scale, window, &mut attn);
-        let mut o = layer.o.forward(&self.team, &attn, rows, &self.device)?;
+        let mut o = layer
+            .o
+            .forward(&self.team, &attn, &step.prompt, &self.device)?;
         if let Some(g) = &layer.gemma {
             rms_norm_in_place(&mut o, &g.post_attn, s.rms_eps);
         }
@@ -313,11 +319,13 @@ impl Model {
     }
 
     /// `x += ffn(norm(x))`: SwiGLU, or Gemma's GeGLU with a norm on the output.
-    fn ffn_block(&self, layer: &Layer, rows: usize, x: &mut [f32]) -> Result<(), ModelError> {
-        let s = &self.shape;
+    fn ffn_block(&self, layer: &Layer, prompt: &[bool], x: &mut [f32]) -> Result<(), ModelError> {
+        let (s, rows) = (&self.shape, prompt.len());
         let mut h = vec![0f32; x.len()];
         rms_norm(x, &layer.ffn_norm, s.rms_eps, &mut h);
-        let gu = layer.gate_up.forward(&self.team, &h, rows, &self.device)?;
+        let gu = layer
+            .gate_up
+            .forward(&self.team, &h, prompt, &self.device)?;
         let inter = s.intermediate;
         let mut act = vec![0f32; rows * inter];
         for (a, row) in act.chunks_mut(inter).zip(gu.chunks(2 * inter)) {
@@ -328,7 +336,7 @@ impl Model {
                 None => swiglu(a, u),
             }
         }
-        let mut d = layer.down.forward(&self.team, &act, rows, &self.device)?;
+        let mut d = layer.down.forward(&self.team, &act, prompt, &self.device)?;
         if let Some(g) = &layer.gemma {
             rms_norm_in_place(&mut d, &g.post_ffn, s.rms_eps);
         }
@@ -355,7 +363,9 @@ impl Model {
         let n = last.len() / hidden;
         let mut normed = vec![0f32; last.len()];
         rms_norm(&last, &self.norm, self.shape.rms_eps, &mut normed);
-        let mut logits = self.lm_head.forward(&self.team, &normed, n, &self.device)?;
+        let mut logits =
+            self.lm_head
+                .forward(&self.team, &normed, &vec![false; n], &self.device)?;
         if let Some(cap) = self.shape.gemma.as_ref().and_then(|g| g.final_softcap) {
             logits.iter_mut().for_each(|l| *l = cap * (*l / cap).tanh());
         }
@@ -438,6 +448,8 @@ struct Step<'a> {
     positions: Vec<usize>,
     slots: Vec<usize>,
     attn_seqs: Vec<AttnSeq<'a>>,
+    /// Whether each row is a prompt token's (`BatchSeq::prompt_len`).
+    prompt: Vec<bool>,
 }
 
 impl<'a> Step<'a> {
@@ -462,11 +474,16 @@ impl<'a> Step<'a> {
                 len: q.tokens.len(),
             })
             .collect();
+        let prompt = seqs
+            .iter()
+            .flat_map(|q| (q.start..q.start + q.tokens.len()).map(|p| p < q.prompt_len))
+            .collect();
         Self {
             tokens,
             positions,
             slots,
             attn_seqs,
+            prompt,
         }
     }
 

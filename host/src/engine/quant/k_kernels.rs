@@ -218,12 +218,15 @@ pub(super) fn tile(
     walk: super::Walk,
 ) {
     use avx512::{one_row, rows, span_rows};
+    use lanes::span_lanes;
     let args = (s, r0, nr, a, i0, dst);
     macro_rules! by_batch {
         ($f:expr) => {
             match walk {
                 super::Walk::Stream if g == 1 && a.bytes.is_some() => one_row::<{ $f }>(args),
                 super::Walk::Stream => super::by_batch!(rows, $f, rows_walked, g, true, args),
+                // Only Q6_K's unpacking (bit merges and a lane permute per vector) costs
+                // more than reading back its 576 bytes per super-block; Q4_K came out slower.
                 // Only Q6_K's unpacking (bit merges and a lane permute per vector) costs
                 // more than reading back its 576 bytes per super-block; Q4_K came out slower.
                 super::Walk::Span(_) if $f != Q6K => {
@@ -238,6 +241,16 @@ pub(super) fn tile(
                     3 => span_rows::<{ $f }, 3>(n, args),
                     2 => span_rows::<{ $f }, 2>(n, args),
                     _ => span_rows::<{ $f }, 1>(n, args),
+                },
+                super::Walk::Prompt(n) => match g {
+                    8 => span_lanes::<{ $f }, 8>(n, args),
+                    7 => span_lanes::<{ $f }, 7>(n, args),
+                    6 => span_lanes::<{ $f }, 6>(n, args),
+                    5 => span_lanes::<{ $f }, 5>(n, args),
+                    4 => span_lanes::<{ $f }, 4>(n, args),
+                    3 => span_lanes::<{ $f }, 3>(n, args),
+                    2 => span_lanes::<{ $f }, 2>(n, args),
+                    _ => span_lanes::<{ $f }, 1>(n, args),
                 },
             }
         };
@@ -363,3 +376,6 @@ pub(super) fn dot_row(format: super::Format, row: &[u8], a: &KActs, i: usize) ->
 /// The AVX-512BW kernel (`vpdpwssd` on i16 weights with the sub-block scales folded in).
 #[cfg(all(target_arch = "x86_64", target_feature = "avx512bw"))]
 mod avx512;
+
+#[cfg(all(target_arch = "x86_64", target_feature = "avx512bw"))]
+mod lanes;

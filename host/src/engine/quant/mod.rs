@@ -67,6 +67,11 @@ const GROUP: usize = 8;
 /// Groups per team run in prefill: a 32-row weight tile serves all of them from L2 (for
 /// the widest Qwen2.5 1.5B matrix 161 KiB of weights and 573 KiB of activations).
 const SPAN: usize = 4;
+/// Groups per team run for prompt rows: the lanes kernel packs a tile once per span, and
+/// packing cost 28% of Qwen2.5 prefill at four groups, 9% at sixteen. The span's activations
+/// (2.3 MiB for an 8960-wide matrix) then come from L3, which the kernel's broadcast reads
+/// keep up with.
+const PROMPT_SPAN: usize = 16;
 
 /// How a kernel call meets the weights.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -81,6 +86,13 @@ enum Walk {
         allow(dead_code) // only the AVX-512 kernel keeps unpacked tiles
     )]
     Span(u64),
+    /// A prefill span of prompt rows: k-quant rows go across the lanes (`k_kernels::lanes`),
+    /// whose sums round differently from the other kernels'.
+    #[cfg_attr(
+        not(all(target_arch = "x86_64", target_feature = "avx512bw")),
+        allow(dead_code) // only the AVX-512 kernels have a prompt kernel
+    )]
+    Prompt(u64),
 }
 
 /// The next prefill span's number.
@@ -250,7 +262,46 @@ impl QuantMatrix {
             untranspose(&out_t, (0, m), 0, n, out);
             return;
         }
-        self.prefill(team, x, kacts, m, out);
+        self.prefill(team, x, kacts, m, out, false);
+    }
+
+    /// `matmul` where `prompt[i]` marks the rows of prompt tokens. With at least a group of
+    /// them, those rows go through the prompt kernels (the lanes kernel for k-quants on
+    /// AVX-512, 1.2–1.9x the GMAC/s), whose results differ from the batch kernels' in the last
+    /// bits: every row of one kind stays independent of the batch, so generated rows (decode,
+    /// drafts) give the same bits whatever runs beside them. Fewer prompt rows take the batch
+    /// kernels: packing a tile for them would cost more than it saves.
+    pub fn matmul_rows(&self, team: &Team, x: &[f32], prompt: &[bool], out: &mut [f32]) {
+        let (m, n, k) = (prompt.len(), self.rows, self.cols);
+        let count = prompt.iter().filter(|&&p| p).count();
+        let lanes = cfg!(all(target_arch = "x86_64", target_feature = "avx512bw"))
+            && self.segments.iter().any(|s| s.format.is_k());
+        if count < GROUP || !lanes {
+            return self.matmul(team, x, m, out);
+        }
+        assert_eq!(x.len(), m * k, "activation shape");
+        assert_eq!(out.len(), m * n, "output shape");
+        if count == m {
+            let kacts = KActs::new(team, x, m, k);
+            return self.prefill(team, x, Some(&kacts), m, out, true);
+        }
+        // Each kind apart, gathered into contiguous rows and scattered back.
+        for kind in [true, false] {
+            let rows: Vec<usize> = (0..m).filter(|&i| prompt[i] == kind).collect();
+            let xs: Vec<f32> = rows
+                .iter()
+                .flat_map(|&i| &x[i * k..(i + 1) * k])
+                .copied()
+                .collect();
+            let mut o = vec![0f32; rows.len() * n];
+            match kind {
+                true => self.matmul_rows(team, &xs, &vec![true; rows.len()], &mut o),
+                false => self.matmul(team, &xs, rows.len(), &mut o),
+            }
+            for (&i, o) in rows.iter().zip(o.chunks_exact(n)) {
+                out[i * n..(i + 1) * n].copy_from_slice(o);
+            }
+        }
     }
 
     /// One pass over all weight rows for the `g` (≤ GROUP) activation rows `x`, into
@@ -272,20 +323,29 @@ impl QuantMatrix {
         });
     }
 
-    /// Prefill, bound by arithmetic: SPAN groups per team run. Threads take 32-row weight
+    /// Prefill, bound by arithmetic: SPAN groups per team run (PROMPT_SPAN for `prompt` rows). Threads take 32-row weight
     /// tiles from a shared counter (a vCPU the host slows no longer holds the other spinning
     /// at the end of each run) and run every group of the span over a tile while its weights
     /// are still in L2. Nothing is prefetched: prefetched weights would evict the group's
     /// activations from L1 (SmolLM2 prefill fell from 975 to 670 tok/s with prefetching).
-    fn prefill(&self, team: &Team, x: &[f32], kacts: Option<&KActs>, m: usize, out: &mut [f32]) {
+    fn prefill(
+        &self,
+        team: &Team,
+        x: &[f32],
+        kacts: Option<&KActs>,
+        m: usize,
+        out: &mut [f32],
+        prompt: bool,
+    ) {
         let (n, k) = (self.rows, self.cols);
+        let groups = if prompt { PROMPT_SPAN } else { SPAN };
         let tiles: Vec<_> = (0..n)
             .step_by(TILE)
             .map(|r0| r0..n.min(r0 + TILE))
             .collect();
-        let mut out_t = vec![0f32; n * m.min(GROUP * SPAN)];
-        for p0 in (0..m).step_by(GROUP * SPAN) {
-            let rows = (m - p0).min(GROUP * SPAN);
+        let mut out_t = vec![0f32; n * m.min(GROUP * groups)];
+        for p0 in (0..m).step_by(GROUP * groups) {
+            let rows = (m - p0).min(GROUP * groups);
             let groups: Vec<_> = (p0..p0 + rows)
                 .step_by(GROUP)
                 .map(|i0| (i0, (p0 + rows - i0).min(GROUP)))
@@ -294,7 +354,12 @@ impl QuantMatrix {
             // contiguous chunks, in tile order.
             let regions = split_mut(&mut out_t, tiles.iter().map(|t| t.len() * rows));
             let next = AtomicUsize::new(0);
-            let span = Walk::Span(SPANS.fetch_add(1, Ordering::Relaxed));
+            let number = SPANS.fetch_add(1, Ordering::Relaxed);
+            let span = if prompt {
+                Walk::Prompt(number)
+            } else {
+                Walk::Span(number)
+            };
             team.run(&|_, _| loop {
                 let t = next.fetch_add(1, Ordering::Relaxed);
                 let Some(region) = regions.get(t) else { break };

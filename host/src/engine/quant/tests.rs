@@ -90,18 +90,22 @@ fn matmul_matches_the_dequantized_float_reference_for_every_format_and_batch() {
                     _ => ((i * 31 % 13) as f32 - 6.0) * 0.1,
                 })
                 .collect();
-            let mut out = vec![0f32; m * n];
-            qm.matmul(&team, &x, m, &mut out);
             let want = reference(&x, &deq, m, n, k);
-            for i in 0..m {
-                for r in 0..n {
-                    let tol = tolerance(dtype, &x[i * k..(i + 1) * k], &deq[r * k..(r + 1) * k]);
-                    let got = out[i * n + r] as f64;
-                    let want = want[i * n + r];
-                    assert!(
-                        (got - want).abs() <= tol,
-                        "{dtype:?} m={m} ({i},{r}): {got} vs {want} (tol {tol})"
-                    );
+            // Generated rows, then prompt rows (their own kernels from a group on).
+            for prompt in [false, true] {
+                let mut out = vec![0f32; m * n];
+                qm.matmul_rows(&team, &x, &vec![prompt; m], &mut out);
+                for i in 0..m {
+                    for r in 0..n {
+                        let deq_row = &deq[r * k..(r + 1) * k];
+                        let tol = tolerance(dtype, &x[i * k..(i + 1) * k], deq_row);
+                        let got = out[i * n + r] as f64;
+                        let want = want[i * n + r];
+                        assert!(
+                            (got - want).abs() <= tol,
+                            "{dtype:?} m={m} prompt={prompt} ({i},{r}): {got} vs {want} (tol {tol})"
+                        );
+                    }
                 }
             }
         }
@@ -208,6 +212,48 @@ fn a_row_result_does_not_depend_on_the_batch() {
                     "{dtype:?} batch {m}, row 33"
                 );
             }
+        }
+    }
+}
+
+/// Prompt rows (their own kernels) are independent of their batch too, and generated rows
+/// mixed in with them keep the bits they have alone.
+#[test]
+fn prompt_rows_do_not_depend_on_the_batch_nor_change_generated_rows() {
+    let team = Team::new(2);
+    // 40 rows of a 2048-wide matrix: tiles of two lane groups (the last one partial), two
+    // column chunks, several groups per span.
+    let (n, k) = (40, 2048);
+    for dtype in ALL {
+        let (q, _) = quantize(&weights(n, k, 6), n, k, dtype);
+        let qm = QuantMatrix::from_qtensor(&q).unwrap();
+        let x: Vec<f32> = (0..40 * k)
+            .map(|i| ((i * 11 % 29) as f32 - 14.0) * 0.05)
+            .collect();
+        let run = |rows: std::ops::Range<usize>, prompt: &[bool]| {
+            let mut out = vec![0f32; rows.len() * n];
+            qm.matmul_rows(&team, &x[rows.start * k..rows.end * k], prompt, &mut out);
+            out
+        };
+        let all = run(0..40, &[true; 40]);
+        // Row 33 second in a batch of eight, and row 0 in batches of 8 and 13.
+        let tail = run(32..40, &[true; 8]);
+        assert_eq!(tail[n..2 * n], all[33 * n..34 * n], "{dtype:?} row 33");
+        for m in [8, 13] {
+            assert_eq!(
+                run(0..m, &vec![true; m])[..n],
+                all[..n],
+                "{dtype:?} batch {m}"
+            );
+        }
+        let mixed: Vec<bool> = (0..40).map(|i| i % 3 != 0).collect();
+        let out = run(0..40, &mixed);
+        for (i, &prompt) in mixed.iter().enumerate() {
+            let want = match prompt {
+                true => all[i * n..(i + 1) * n].to_vec(),
+                false => run(i..i + 1, &[false]),
+            };
+            assert_eq!(out[i * n..(i + 1) * n], want[..], "{dtype:?} row {i}");
         }
     }
 }

@@ -29,7 +29,7 @@ unsafe fn f16_at(p: *const u8) -> f32 {
 }
 
 #[inline(always)]
-unsafe fn dot_acc(acc: __m512i, w: __m512i, x: __m512i) -> __m512i {
+pub(super) unsafe fn dot_acc(acc: __m512i, w: __m512i, x: __m512i) -> __m512i {
     #[cfg(target_feature = "avx512vnni")]
     {
         _mm512_dpwssd_epi32(acc, w, x)
@@ -151,7 +151,7 @@ unsafe fn run_scales<const F: u8>(b: *const u8) -> ([__m512i; 4], f32, __m512) {
 /// One super-block for the batch kernels: eight weight vectors (run r's even elements, then
 /// its odd ones, as the activations are stored; scales folded in), `d`, and `dmin·m_j`.
 #[inline(always)]
-unsafe fn prep<const F: u8>(b: *const u8) -> ([__m512i; 8], f32, __m512) {
+pub(super) unsafe fn prep<const F: u8>(b: *const u8) -> ([__m512i; 8], f32, __m512) {
     let n = runs::<F>(b);
     let (s, d, mins) = run_scales::<F>(b);
     let (low, off) = (_mm512_set1_epi16(0xFF), _mm512_set1_epi16(32));
@@ -202,17 +202,17 @@ pub(super) fn rows<const F: u8, const R: usize, const G: usize, const P: bool>(
 }
 
 /// Pointers to a group's prepared activations.
-struct Acts<const G: usize> {
-    q: [*const i16; G],
-    scale: [*const f32; G],
-    sums: [*const f32; G],
+pub(super) struct Acts<const G: usize> {
+    pub(super) q: [*const i16; G],
+    pub(super) scale: [*const f32; G],
+    pub(super) sums: [*const f32; G],
 }
 
 impl<const G: usize> Acts<G> {
     /// Rows `i0..i0 + G` of `a`, for weight rows `rows` of `s` and `dst_len` results: asserts
     /// that every super-block the kernels read, of weights and activations, and every result
     /// they write is in bounds.
-    fn new(
+    pub(super) fn new(
         s: &Segment,
         rows: std::ops::Range<usize>,
         a: &KActs,

@@ -173,6 +173,13 @@ fn pack<const F: u8>(s: &Segment, r0: usize, nr: usize, p: &mut Packed) {
     p.w.reserve(groups * nb * PAIRS);
     p.f.reserve(groups * nb * FLOATS);
     for gi in 0..groups {
+        // Super-block b of sixteen rows is sixteen strided reads, which the hardware
+        // prefetcher does not follow: ask for the group's bytes (contiguous) up front.
+        let bytes = &data[(r0 + gi * LANES) * rb..(r0 + nr.min((gi + 1) * LANES)) * rb];
+        for line in bytes.chunks(64) {
+            // SAFETY: a prefetch of memory inside `data`.
+            unsafe { _mm_prefetch::<_MM_HINT_T1>(line.as_ptr().cast()) };
+        }
         for b in 0..nb {
             // SAFETY: super-block b < nb of row r < r0 + nr, within `data` (asserted above);
             // the rest is plain AVX-512F on local arrays.

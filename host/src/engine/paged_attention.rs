@@ -12,8 +12,9 @@
 use half::f16;
 use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
 
-use super::cpu_ops::{axpy, dot, softmax};
 use super::team::{split_by_cost, split_mut, Team};
+
+mod blocked;
 
 pub struct KvCache {
     /// f16 bit patterns, allocated as `u16` zeros: `vec![0u16; n]` comes from `calloc`, whose
@@ -89,8 +90,10 @@ impl KvCache {
     /// attending to its own sequence's cached tokens up to and including itself. Query head `h`
     /// reads KV head `h / (num_heads / num_kv_heads)` (GQA/MQA). Writes `[tokens][num_heads][head_dim]`.
     ///
-    /// One work item is a (token, KV head) pair: the query heads of its group are scored
-    /// together, so each cached K and V row is read once per group rather than once per head.
+    /// One work item is a (token, KV head) pair, split across the team by cost. A thread takes
+    /// its items' consecutive rows of a sequence in blocks (`blocked`): the queries of a
+    /// block's rows and of the KV head's group are scored side by side, so a cached K or V row
+    /// is widened once per block. A row's results do not depend on its block.
     #[allow(clippy::too_many_arguments)]
     pub fn attention(
         &self,
@@ -113,28 +116,9 @@ impl KvCache {
             .collect();
         let (kc, vc) = &self.layers[layer];
         let (kc, vc): (&[f16], &[f16]) = (kc.reinterpret_cast(), vc.reinterpret_cast());
-        let work = |idx: usize, o: &mut [f32], scores: &mut Vec<f32>| {
-            let (t, kv_head) = (idx / self.num_kv_heads, idx % self.num_kv_heads);
-            let (s, pos) = rows[t];
-            let qg = &q[idx * group * d..(idx + 1) * group * d];
-            // A sliding window sees the last `w` positions, its own included.
-            let first = window.map_or(0, |w| (pos + 1).saturating_sub(w));
-            let span = first..pos + 1;
-            self.attend_group(
-                kc,
-                vc,
-                seqs[s].block_table,
-                span,
-                kv_head,
-                qg,
-                scale,
-                o,
-                scores,
-            );
-        };
         let items = rows.len() * self.num_kv_heads;
-        let span = |pos: usize| window.map_or(pos + 1, |w| (pos + 1).min(w));
-        let work_size: usize = rows.iter().map(|r| span(r.1)).sum::<usize>() * num_heads * d;
+        let span = |pos: usize| span(window, pos);
+        let work_size: usize = rows.iter().map(|r| span(r.1).len()).sum::<usize>() * num_heads * d;
         // Splitting across threads costs a microsecond or two; tiny steps stay on this thread.
         let parts = if work_size < 16 * 1024 {
             1
@@ -146,15 +130,23 @@ impl KvCache {
         // a 512-token prompt's attention while the other waited). The constant is a row's
         // fixed cost (its query, output and softmax), in positions.
         let ranges = split_by_cost(items, parts, |idx| {
-            span(rows[idx / self.num_kv_heads].1) + 8
+            span(rows[idx / self.num_kv_heads].1).len() + 8
         });
         let slices = split_mut(out, ranges.iter().map(|r| r.len() * group * d));
+        let call = Call {
+            cache: self,
+            kc,
+            vc,
+            rows: &rows,
+            seqs,
+            q,
+            group,
+            scale,
+            window,
+        };
         let part = |p: usize| {
             let mut o = slices[p].lock().unwrap_or_else(|e| e.into_inner());
-            let mut scores = Vec::new();
-            for (i, idx) in ranges[p].clone().enumerate() {
-                work(idx, &mut o[i * group * d..(i + 1) * group * d], &mut scores);
-            }
+            call.items(ranges[p].clone(), &mut o);
         };
         if parts == 1 {
             part(0);
@@ -162,51 +154,97 @@ impl KvCache {
             team.run(&|p, _| part(p));
         }
     }
+}
 
-    /// Attention of the `group` query heads in `q` (`[group][head_dim]`) that share `kv_head`,
-    /// over the positions `span` of a block table.
-    #[allow(clippy::too_many_arguments)]
-    fn attend_group(
+/// The positions a row at `pos` attends to: a sliding window sees the last `w`, its own
+/// included.
+fn span(window: Option<usize>, pos: usize) -> std::ops::Range<usize> {
+    window.map_or(0, |w| (pos + 1).saturating_sub(w))..pos + 1
+}
+
+/// One attention call's inputs, for the parts of the team.
+struct Call<'a> {
+    cache: &'a KvCache,
+    kc: &'a [f16],
+    vc: &'a [f16],
+    /// (sequence, absolute position) of every batch row.
+    rows: &'a [(usize, usize)],
+    seqs: &'a [AttnSeq<'a>],
+    q: &'a [f32],
+    group: usize,
+    scale: f32,
+    window: Option<usize>,
+}
+
+impl Call<'_> {
+    /// Items `range` ((row, KV head) pairs) into `o`: per KV head, the rows in blocks of
+    /// consecutive rows of one sequence.
+    fn items(&self, range: std::ops::Range<usize>, o: &mut [f32]) {
+        let nkv = self.cache.num_kv_heads;
+        let per_block = (blocked::LANES / self.group.min(blocked::LANES)).max(1);
+        let mut scratch = blocked::Scratch::default();
+        for kv_head in 0..nkv {
+            let ts: Vec<usize> = range
+                .clone()
+                .filter(|idx| idx % nkv == kv_head)
+                .map(|idx| idx / nkv)
+                .collect();
+            let rows = self.rows;
+            for run in ts.chunk_by(|a, b| rows[*a].0 == rows[*b].0 && b - a == 1) {
+                for ts in run.chunks(per_block) {
+                    self.block(kv_head, ts, range.start, o, &mut scratch);
+                }
+            }
+        }
+    }
+
+    /// Rows `ts` (consecutive, one sequence) against KV head `kv_head`, into `o` (the part's
+    /// output, from item `first`).
+    fn block(
         &self,
-        kc: &[f16],
-        vc: &[f16],
-        table: &[u32],
-        span: std::ops::Range<usize>,
         kv_head: usize,
-        q: &[f32],
-        scale: f32,
-        out: &mut [f32],
-        scores: &mut Vec<f32>,
+        ts: &[usize],
+        first: usize,
+        o: &mut [f32],
+        scratch: &mut blocked::Scratch,
     ) {
-        let (d, bs) = (self.head_dim, self.block_size);
-        let group = q.len() / d;
-        let row = self.num_kv_heads * d;
-        // Offsets of each context token's K/V for this head, walking the table block by block.
-        let ctx = span.len();
-        let offsets = table[span.start / bs..]
+        let c = self.cache;
+        let (d, group, bs) = (c.head_dim, self.group, c.block_size);
+        let table = self.seqs[self.rows[ts[0]].0].block_table;
+        let row = c.num_kv_heads * d;
+        let offset = |pos: usize| (table[pos / bs] as usize * bs + pos % bs) * row + kv_head * d;
+        let spans: Vec<_> = ts
             .iter()
-            .flat_map(|&b| (0..bs).map(move |o| (b as usize * bs + o) * row + kv_head * d))
-            .skip(span.start % bs)
-            .take(ctx);
-        scores.clear();
-        scores.resize(group * ctx, 0.0);
-        // One cached row at a time, widened to f32 once and used by every head of the group.
-        let mut row_f32 = vec![0f32; d];
-        for (j, base) in offsets.clone().enumerate() {
-            kc[base..base + d].convert_to_f32_slice(&mut row_f32);
-            for g in 0..group {
-                scores[g * ctx + j] = dot(&q[g * d..(g + 1) * d], &row_f32) * scale;
+            .map(|&t| span(self.window, self.rows[t].1))
+            .collect();
+        let at = |t: usize| (t * c.num_kv_heads + kv_head) * group * d;
+        // The group's heads, at most a block's lanes at a time.
+        for h0 in (0..group).step_by(blocked::LANES) {
+            let heads = blocked::LANES.min(group - h0);
+            let qs: Vec<&[f32]> = ts
+                .iter()
+                .map(|&t| &self.q[at(t) + h0 * d..][..heads * d])
+                .collect();
+            // Each row's slice of the output, cut off the part's in order.
+            let mut outs: Vec<&mut [f32]> = Vec::with_capacity(ts.len());
+            let (mut rest, mut taken): (&mut [f32], usize) = (&mut *o, 0);
+            for &t in ts {
+                let start = at(t) - first * group * d + h0 * d;
+                let (_, tail) = std::mem::take(&mut rest).split_at_mut(start - taken);
+                let (mine, tail) = tail.split_at_mut(heads * d);
+                outs.push(mine);
+                (rest, taken) = (tail, start + heads * d);
             }
-        }
-        for g in 0..group {
-            softmax(&mut scores[g * ctx..(g + 1) * ctx]);
-        }
-        out.fill(0.0);
-        for (j, base) in offsets.enumerate() {
-            vc[base..base + d].convert_to_f32_slice(&mut row_f32);
-            for g in 0..group {
-                axpy(&mut out[g * d..(g + 1) * d], scores[g * ctx + j], &row_f32);
-            }
+            let b = blocked::Block {
+                kc: self.kc,
+                vc: self.vc,
+                offset: &offset,
+                head_dim: d,
+                heads,
+                scale: self.scale,
+                spans: &spans,
+            };
+            b.attend(&qs, &mut outs, scratch);
         }
     }
 }
@@ -255,6 +293,52 @@ mod tests {
             }
         }
         out
+    }
+
+    /// A row attends alike in a prefill block and alone (as decode computes it), with and
+    /// without a sliding window, and with more query heads per KV head than a block has lanes.
+    #[test]
+    fn a_row_attends_alike_alone_and_in_a_block() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(5);
+        for &(nh, nkv, d, window) in &[(12, 2, 128, None), (4, 1, 64, Some(5)), (20, 1, 32, None)] {
+            let (bs, len) = (4, 23);
+            let mut cache = KvCache::new(1, 8, bs, nkv, d);
+            let table: Vec<u32> = (0..8).rev().collect();
+            let row = nkv * d;
+            let k: Vec<f32> = (0..len * row)
+                .map(|_| rng.random_range(-1.0..1.0))
+                .collect();
+            let v: Vec<f32> = (0..len * row)
+                .map(|_| rng.random_range(-1.0..1.0))
+                .collect();
+            let slots: Vec<usize> = (0..len)
+                .map(|p| table[p / bs] as usize * bs + p % bs)
+                .collect();
+            cache.write(0, &slots, &k, &v);
+            let q: Vec<f32> = (0..len * nh * d)
+                .map(|_| rng.random_range(-1.0..1.0))
+                .collect();
+            let team = Team::new(2);
+            let run = |start: usize, n: usize| {
+                let seq = AttnSeq {
+                    block_table: &table,
+                    start,
+                    len: n,
+                };
+                let mut out = vec![0f32; n * nh * d];
+                let q = &q[start * nh * d..(start + n) * nh * d];
+                cache.attention(&team, 0, q, &[seq], nh, 0.125, window, &mut out);
+                out
+            };
+            let all = run(0, len);
+            for p in 0..len {
+                let alone = run(p, 1);
+                assert!(
+                    alone == all[p * nh * d..(p + 1) * nh * d],
+                    "nh={nh} nkv={nkv} d={d} window={window:?} row {p}"
+                );
+            }
+        }
     }
 
     #[test]

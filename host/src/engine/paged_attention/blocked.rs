@@ -1,0 +1,250 @@
+//! Attention of a block of consecutive rows of one sequence for one KV head, with the query
+//! vectors (the block's rows times the heads of the group) side by side in the lanes.
+//!
+//! Scoring a query against a cached row one dot product at a time ends each product in a
+//! horizontal sum, and every query row widened every cached K and V row to f32 again. Here a
+//! cached row is widened once per block, a score takes one multiply-add per element for all
+//! the block's queries at once, and the only horizontal step is gone. Every result keeps the
+//! steps and the order of the one-query formulation (eight partial sums by element index
+//! modulo 8, added in order, then scaled; softmax in position order; each output element a
+//! chain of multiply-adds in position order), so a row's bits do not depend on its block.
+
+use std::ops::Range;
+
+use half::f16;
+use half::slice::HalfFloatSliceExt;
+
+use crate::engine::cpu_ops::exp;
+
+/// Query vectors attended together, one lane each.
+pub(super) const LANES: usize = 16;
+/// Cached rows widened to f32 at a time.
+const CHUNK: usize = 32;
+/// Output elements accumulated in registers at a time.
+const DIMS: usize = 64;
+
+/// Buffers reused across blocks.
+#[derive(Default)]
+pub(super) struct Scratch {
+    /// `[head_dim][LANES]`: the block's queries, transposed.
+    qt: Vec<f32>,
+    /// `[positions][LANES]`: scores, then probabilities.
+    s: Vec<f32>,
+    /// `[CHUNK][head_dim]`: cached rows widened to f32.
+    rows: Vec<f32>,
+}
+
+/// Where one block's inputs are and its outputs go.
+pub(super) struct Block<'a> {
+    /// The K and V cache of the layer.
+    pub kc: &'a [f16],
+    pub vc: &'a [f16],
+    /// Offset in `kc`/`vc` of the cached row at a position (for this KV head).
+    pub offset: &'a dyn Fn(usize) -> usize,
+    pub head_dim: usize,
+    /// Query heads per row in this block (the KV head's group, or a slice of it).
+    pub heads: usize,
+    pub scale: f32,
+    /// Per row of the block: the positions it attends to (ascending, ends increasing).
+    pub spans: &'a [Range<usize>],
+}
+
+impl Block<'_> {
+    /// `q[r]` holds row `r`'s `group` query heads; writes each head's output to `out[r]`.
+    pub(super) fn attend(&self, q: &[&[f32]], out: &mut [&mut [f32]], sc: &mut Scratch) {
+        let (d, group) = (self.head_dim, self.heads);
+        let nq = q.len() * group;
+        assert!(nq <= LANES && d.is_multiple_of(8) && self.spans.len() == q.len());
+        let union = self.spans[0].start..self.spans[q.len() - 1].end;
+        sc.qt.clear();
+        sc.qt.resize(d * LANES, 0.0);
+        for l in 0..nq {
+            let qv = &q[l / group][(l % group) * d..][..d];
+            for (i, &v) in qv.iter().enumerate() {
+                sc.qt[i * LANES + l] = v;
+            }
+        }
+        sc.s.clear();
+        sc.s.resize(union.len() * LANES, 0.0);
+        sc.rows.resize(CHUNK * d, 0.0);
+        self.scores(union.clone(), sc);
+        // Lane l's positions, relative to the union.
+        let span = |l: usize| {
+            let s = &self.spans[(l / group).min(self.spans.len() - 1)];
+            s.start - union.start..s.end - union.start
+        };
+        let spans: [Range<usize>; LANES] = std::array::from_fn(|l| match l < nq {
+            true => span(l),
+            false => 0..0,
+        });
+        softmax_lanes(&mut sc.s, &spans);
+        for o in out.iter_mut() {
+            o[..group * d].fill(0.0);
+        }
+        self.weighted_values(union, &spans[..nq], out, sc);
+    }
+
+    /// `s[p][l] = q_l · k_p · scale` for every position of `union`.
+    fn scores(&self, union: Range<usize>, sc: &mut Scratch) {
+        let d = self.head_dim;
+        for c0 in union.clone().step_by(CHUNK) {
+            let c1 = union.end.min(c0 + CHUNK);
+            for p in c0..c1 {
+                let at = (self.offset)(p);
+                self.kc[at..at + d].convert_to_f32_slice(&mut sc.rows[(p - c0) * d..][..d]);
+            }
+            for p in c0..c1 {
+                let k = &sc.rows[(p - c0) * d..][..d];
+                // Fixed-size views, so the loops unroll and the sums stay in registers.
+                let mut acc = [[0f32; LANES]; 8];
+                for (k8, q8) in k.chunks_exact(8).zip(sc.qt.chunks_exact(8 * LANES)) {
+                    let k8: &[f32; 8] = k8.try_into().expect("eight elements");
+                    for c in 0..8 {
+                        let qrow: &[f32; LANES] =
+                            q8[c * LANES..][..LANES].try_into().expect("a lane row");
+                        for l in 0..LANES {
+                            acc[c][l] = qrow[l].mul_add(k8[c], acc[c][l]);
+                        }
+                    }
+                }
+                // `cpu_ops::dot`'s ending: the eight partial sums added in order from the
+                // empty sum, plus the (empty) tail, then the scale.
+                let zero: f32 = std::iter::empty::<f32>().sum();
+                let mut sum = [zero; LANES];
+                for part in &acc {
+                    for l in 0..LANES {
+                        sum[l] += part[l];
+                    }
+                }
+                let s = &mut sc.s[(p - union.start) * LANES..][..LANES];
+                for l in 0..LANES {
+                    s[l] = (sum[l] + zero) * self.scale;
+                }
+            }
+        }
+    }
+
+    /// `out[r][g] = Σ_p s[p][l] · v_p` over lane `l`'s positions, in position order.
+    fn weighted_values(
+        &self,
+        union: Range<usize>,
+        spans: &[Range<usize>],
+        out: &mut [&mut [f32]],
+        sc: &mut Scratch,
+    ) {
+        let (d, group) = (self.head_dim, self.heads);
+        for c0 in union.clone().step_by(CHUNK) {
+            let c1 = union.end.min(c0 + CHUNK);
+            for p in c0..c1 {
+                let at = (self.offset)(p);
+                self.vc[at..at + d].convert_to_f32_slice(&mut sc.rows[(p - c0) * d..][..d]);
+            }
+            // A row's heads share its span: they go together, up to four, so each widened
+            // value row is loaded once for them and their sums make independent chains.
+            for (r, o) in out.iter_mut().enumerate() {
+                let span = &spans[r * group];
+                // This chunk's positions of the row, relative to the union.
+                let (lo, hi) = (
+                    span.start.max(c0 - union.start),
+                    span.end.min(c1 - union.start),
+                );
+                if lo >= hi {
+                    continue;
+                }
+                let rows = &sc.rows[(lo + union.start - c0) * d..(hi + union.start - c0) * d];
+                let mut g = 0;
+                while g < group {
+                    let h = match group - g {
+                        1 => 1,
+                        2 | 3 => 2,
+                        _ => 4,
+                    };
+                    let heads = &mut o[g * d..(g + h) * d];
+                    let w = |p: usize, k: usize| sc.s[(lo + p) * LANES + r * group + g + k];
+                    match h {
+                        1 => heads_pass::<1>(heads, rows, d, w),
+                        2 => heads_pass::<2>(heads, rows, d, w),
+                        _ => heads_pass::<4>(heads, rows, d, w),
+                    }
+                    g += h;
+                }
+            }
+        }
+    }
+}
+
+/// `heads[k][i] = v_p[i] · w(p, k) + heads[k][i]` for the rows `v_p` of `rows` (`[p][d]`), in
+/// position order, for `H` heads of `d` outputs each.
+#[inline(always)]
+fn heads_pass<const H: usize>(
+    heads: &mut [f32],
+    rows: &[f32],
+    d: usize,
+    w: impl Fn(usize, usize) -> f32 + Copy,
+) {
+    let mut i0 = 0;
+    while i0 + DIMS <= d {
+        accumulate::<DIMS, H>(heads, rows, d, i0, w);
+        i0 += DIMS;
+    }
+    while i0 < d {
+        accumulate::<8, H>(heads, rows, d, i0, w);
+        i0 += 8;
+    }
+}
+
+/// Outputs `i0..i0 + N` of `H` heads, `N · H` sums in registers.
+#[inline(always)]
+fn accumulate<const N: usize, const H: usize>(
+    heads: &mut [f32],
+    rows: &[f32],
+    d: usize,
+    i0: usize,
+    w: impl Fn(usize, usize) -> f32,
+) {
+    let mut acc: [[f32; N]; H] =
+        std::array::from_fn(|k| heads[k * d + i0..][..N].try_into().expect("N outputs"));
+    for (p, v) in rows.chunks_exact(d).enumerate() {
+        let v: &[f32; N] = v[i0..i0 + N].try_into().expect("N values");
+        for (k, acc) in acc.iter_mut().enumerate() {
+            let w = w(p, k);
+            for i in 0..N {
+                acc[i] = v[i].mul_add(w, acc[i]);
+            }
+        }
+    }
+    for (k, acc) in acc.iter().enumerate() {
+        heads[k * d + i0..][..N].copy_from_slice(acc);
+    }
+}
+
+/// `cpu_ops::softmax` of each lane over its own positions (`s`: `[positions][LANES]`), lanes
+/// side by side: the same steps in the same order per lane.
+fn softmax_lanes(s: &mut [f32], spans: &[Range<usize>; LANES]) {
+    let positions = s.len() / LANES;
+    let live = |p: usize, l: usize| spans[l].start <= p && p < spans[l].end;
+    let mut max = [f32::NEG_INFINITY; LANES];
+    for (p, row) in s.chunks_exact(LANES).enumerate() {
+        for l in 0..LANES {
+            if live(p, l) {
+                max[l] = max[l].max(row[l]);
+            }
+        }
+    }
+    let mut sum = [0f32; LANES];
+    for (p, row) in s.chunks_exact_mut(LANES).enumerate() {
+        for l in 0..LANES {
+            let x = exp(row[l] - max[l]);
+            if live(p, l) {
+                row[l] = x;
+                sum[l] += x;
+            }
+        }
+    }
+    let inv: [f32; LANES] = std::array::from_fn(|l| 1.0 / sum[l]);
+    for row in s[..positions * LANES].chunks_exact_mut(LANES) {
+        for l in 0..LANES {
+            row[l] *= inv[l];
+        }
+    }
+}

@@ -17,7 +17,8 @@ pub struct BatchSeq<'a> {
     /// Positions before this one hold the prompt's tokens: their rows may take the prompt
     /// kernels, which round differently from the kernels of generated rows (see
     /// `QuantMatrix::matmul_rows`). A sequence recomputed after preemption keeps its original
-    /// prompt length, so its generated tokens are computed as they were the first time.
+    /// prompt length, so its generated tokens take the same kernels as the first time (its
+    /// prompt rows may not: which kernel they take depends on the step's count of them).
     pub prompt_len: usize,
 }
 

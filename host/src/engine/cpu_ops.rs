@@ -17,6 +17,14 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     acc.iter().sum::<f32>() + tail
 }
 
+/// `out += w * x`.
+#[inline]
+pub fn axpy(out: &mut [f32], w: f32, x: &[f32]) {
+    for (o, v) in out.iter_mut().zip(x) {
+        *o = v.mul_add(w, *o);
+    }
+}
+
 /// `e^x` from arithmetic and bit operations only, so loops over it vectorise (libm's `expf`
 /// is a call per element). Range reduction to `r ∈ [-ln2/2, ln2/2]`, a degree-6 polynomial,
 /// then scaling by `2^n` through the exponent bits: relative error below 2e-7.
@@ -31,6 +39,18 @@ pub fn exp(x: f32) -> f32 {
             + r * (0.5
                 + r * (1.0 / 6.0 + r * (1.0 / 24.0 + r * (1.0 / 120.0 + r * (1.0 / 720.0))))));
     p * f32::from_bits(((n as i32 + 127) as u32) << 23)
+}
+
+/// In-place softmax.
+pub fn softmax(xs: &mut [f32]) {
+    let max = xs.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0.0;
+    for x in xs.iter_mut() {
+        *x = exp(*x - max);
+        sum += *x;
+    }
+    let inv = 1.0 / sum;
+    xs.iter_mut().for_each(|x| *x *= inv);
 }
 
 /// `a[i] = silu(a[i]) * b[i]` (SwiGLU).
@@ -101,6 +121,10 @@ mod tests {
             worst = worst.max(((got - want) / want).abs());
         }
         assert!(worst < 1e-6, "worst relative error {worst}");
+        let mut s = [1.0, 2.0, 3.0];
+        softmax(&mut s);
+        let z = 1f32.exp() + 2f32.exp() + 3f32.exp();
+        assert!((s[2] - 3f32.exp() / z).abs() < 1e-6 && (s.iter().sum::<f32>() - 1.0).abs() < 1e-6);
     }
 
     #[test]

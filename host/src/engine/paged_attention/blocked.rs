@@ -32,6 +32,14 @@ pub(super) struct Scratch {
     s: Vec<f32>,
     /// `[CHUNK][head_dim]`: cached rows widened to f32.
     rows: Vec<f32>,
+    /// A lone row's scores (`KvCache::attend_group`).
+    alone: Vec<f32>,
+}
+
+impl Scratch {
+    pub(super) fn scores(&mut self) -> &mut Vec<f32> {
+        &mut self.alone
+    }
 }
 
 /// Where one block's inputs are and its outputs go.
@@ -64,8 +72,12 @@ impl Block<'_> {
                 sc.qt[i * LANES + l] = v;
             }
         }
-        sc.s.clear();
-        sc.s.resize(union.len() * LANES, 0.0);
+        // Every lane of every position is written by `scores` before it is read, so the
+        // buffer is only grown, not cleared: a decode row would otherwise zero sixteen lanes
+        // per position of its context, for each KV head and layer.
+        if sc.s.len() < union.len() * LANES {
+            sc.s.resize(union.len() * LANES, 0.0);
+        }
         sc.rows.resize(CHUNK * d, 0.0);
         self.scores(union.clone(), sc);
         // Lane l's positions, relative to the union.
@@ -77,7 +89,7 @@ impl Block<'_> {
             true => span(l),
             false => 0..0,
         });
-        softmax_lanes(&mut sc.s, &spans);
+        softmax_lanes(&mut sc.s[..union.len() * LANES], &spans);
         for o in out.iter_mut() {
             o[..group * d].fill(0.0);
         }

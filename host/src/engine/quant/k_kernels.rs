@@ -227,8 +227,6 @@ pub(super) fn tile(
                 super::Walk::Stream => super::by_batch!(rows, $f, rows_walked, g, true, args),
                 // Only Q6_K's unpacking (bit merges and a lane permute per vector) costs
                 // more than reading back its 576 bytes per super-block; Q4_K came out slower.
-                // Only Q6_K's unpacking (bit merges and a lane permute per vector) costs
-                // more than reading back its 576 bytes per super-block; Q4_K came out slower.
                 super::Walk::Span(_) if $f != Q6K => {
                     super::by_batch!(rows, $f, rows_walked, g, false, args)
                 }

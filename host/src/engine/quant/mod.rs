@@ -265,12 +265,14 @@ impl QuantMatrix {
         self.prefill(team, x, kacts, m, out, false);
     }
 
-    /// `matmul` where `prompt[i]` marks the rows of prompt tokens. With at least a group of
-    /// them, those rows go through the prompt kernels (the lanes kernel for k-quants on
-    /// AVX-512, 1.2–1.9x the GMAC/s), whose results differ from the batch kernels' in the last
-    /// bits: every row of one kind stays independent of the batch, so generated rows (decode,
-    /// drafts) give the same bits whatever runs beside them. Fewer prompt rows take the batch
-    /// kernels: packing a tile for them would cost more than it saves.
+    /// `matmul` where `prompt[i]` marks the rows of prompt tokens. When a step has at least a
+    /// group of them, those rows go through the prompt kernels (the lanes kernel for k-quants
+    /// on AVX-512, 1.2–1.9x the GMAC/s), whose results differ from the batch kernels' in the
+    /// last bits. Generated rows (decode, drafts) always take the batch kernels, so they give
+    /// the same bits whatever runs beside them. Fewer prompt rows in a step take the batch
+    /// kernels too (packing a tile for a handful of rows, such as the one a prefix-cache hit
+    /// leaves, would cost more than it saves), so a prompt row's bits depend on the step's
+    /// count of prompt rows: which kernel, not which batch within it.
     pub fn matmul_rows(&self, team: &Team, x: &[f32], prompt: &[bool], out: &mut [f32]) {
         let (m, n, k) = (prompt.len(), self.rows, self.cols);
         let count = prompt.iter().filter(|&&p| p).count();

@@ -12,8 +12,8 @@
 //! The price is the order of the float sums, which differs from the batch kernels' (those sum
 //! sixteen lanes of four-element pieces; here each row's integers are exact per segment and
 //! summed as floats segment after segment). So prompt rows, which take this kernel, and
-//! generated rows, which take the others, differ in the last bits; each kind on its own is
-//! still independent of its batch.
+//! generated rows, which take the others, differ in the last bits. A row's result here does
+//! not depend on the other rows of its group or span.
 
 use std::arch::x86_64::*;
 

@@ -281,8 +281,8 @@ impl Call<'_> {
         );
     }
 
-    /// Rows `ts` (consecutive, one sequence) against KV head `kv_head`, into `o` (the part's
-    /// output, from item `first`).
+    /// Rows `ts` (consecutive, one sequence; two or more, so the group fits half the lanes)
+    /// against KV head `kv_head`, into `o` (the part's output, from item `first`).
     fn block(
         &self,
         kv_head: usize,
@@ -301,34 +301,27 @@ impl Call<'_> {
             .map(|&t| span(self.window, self.rows[t].1))
             .collect();
         let at = |t: usize| (t * c.num_kv_heads + kv_head) * group * d;
-        // The group's heads, at most a block's lanes at a time.
-        for h0 in (0..group).step_by(blocked::LANES) {
-            let heads = blocked::LANES.min(group - h0);
-            let qs: Vec<&[f32]> = ts
-                .iter()
-                .map(|&t| &self.q[at(t) + h0 * d..][..heads * d])
-                .collect();
-            // Each row's slice of the output, cut off the part's in order.
-            let mut outs: Vec<&mut [f32]> = Vec::with_capacity(ts.len());
-            let (mut rest, mut taken): (&mut [f32], usize) = (&mut *o, 0);
-            for &t in ts {
-                let start = at(t) - first * group * d + h0 * d;
-                let (_, tail) = std::mem::take(&mut rest).split_at_mut(start - taken);
-                let (mine, tail) = tail.split_at_mut(heads * d);
-                outs.push(mine);
-                (rest, taken) = (tail, start + heads * d);
-            }
-            let b = blocked::Block {
-                kc: self.kc,
-                vc: self.vc,
-                offset: &offset,
-                head_dim: d,
-                heads,
-                scale: self.scale,
-                spans: &spans,
-            };
-            b.attend(&qs, &mut outs, scratch);
+        let qs: Vec<&[f32]> = ts.iter().map(|&t| &self.q[at(t)..][..group * d]).collect();
+        // Each row's slice of the output, cut off the part's in order.
+        let mut outs: Vec<&mut [f32]> = Vec::with_capacity(ts.len());
+        let (mut rest, mut taken): (&mut [f32], usize) = (o, 0);
+        for &t in ts {
+            let start = at(t) - first * group * d;
+            let (_, tail) = std::mem::take(&mut rest).split_at_mut(start - taken);
+            let (mine, tail) = tail.split_at_mut(group * d);
+            outs.push(mine);
+            (rest, taken) = (tail, start + group * d);
         }
+        let b = blocked::Block {
+            kc: self.kc,
+            vc: self.vc,
+            offset: &offset,
+            head_dim: d,
+            heads: group,
+            scale: self.scale,
+            spans: &spans,
+        };
+        b.attend(&qs, &mut outs, scratch);
     }
 }
 
@@ -379,11 +372,18 @@ mod tests {
     }
 
     /// A row attends alike in a prefill block and alone (as decode computes it), with and
-    /// without a sliding window, and with more query heads per KV head than a block has lanes.
+    /// without a sliding window, with a group that fills a block's lanes, and with one too
+    /// large to block at all.
     #[test]
     fn a_row_attends_alike_alone_and_in_a_block() {
         let mut rng = rand::rngs::StdRng::seed_from_u64(5);
-        for &(nh, nkv, d, window) in &[(12, 2, 128, None), (4, 1, 64, Some(5)), (20, 1, 32, None)] {
+        let shapes = [
+            (12, 2, 128, None),
+            (4, 1, 64, Some(5)),
+            (8, 1, 32, None),
+            (20, 1, 32, None),
+        ];
+        for &(nh, nkv, d, window) in &shapes {
             let (bs, len) = (4, 23);
             let mut cache = KvCache::new(1, 8, bs, nkv, d);
             let table: Vec<u32> = (0..8).rev().collect();

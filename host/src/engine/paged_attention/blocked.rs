@@ -50,7 +50,7 @@ pub(super) struct Block<'a> {
     /// Offset in `kc`/`vc` of the cached row at a position (for this KV head).
     pub offset: &'a dyn Fn(usize) -> usize,
     pub head_dim: usize,
-    /// Query heads per row in this block (the KV head's group, or a slice of it).
+    /// Query heads per row (the KV head's group).
     pub heads: usize,
     pub scale: f32,
     /// Per row of the block: the positions it attends to (ascending, ends increasing).

@@ -220,6 +220,21 @@ pub(super) fn tile(
     use avx512::{one_row, rows, span_rows};
     use lanes::span_lanes;
     let args = (s, r0, nr, a, i0, dst);
+    // A span kernel instance per group size, for span `n`.
+    macro_rules! by_group {
+        ($kernel:ident, $f:expr, $n:expr) => {
+            match g {
+                8 => $kernel::<{ $f }, 8>($n, args),
+                7 => $kernel::<{ $f }, 7>($n, args),
+                6 => $kernel::<{ $f }, 6>($n, args),
+                5 => $kernel::<{ $f }, 5>($n, args),
+                4 => $kernel::<{ $f }, 4>($n, args),
+                3 => $kernel::<{ $f }, 3>($n, args),
+                2 => $kernel::<{ $f }, 2>($n, args),
+                _ => $kernel::<{ $f }, 1>($n, args),
+            }
+        };
+    }
     macro_rules! by_batch {
         ($f:expr) => {
             match walk {
@@ -230,26 +245,8 @@ pub(super) fn tile(
                 super::Walk::Span(_) if $f != Q6K => {
                     super::by_batch!(rows, $f, rows_walked, g, false, args)
                 }
-                super::Walk::Span(n) => match g {
-                    8 => span_rows::<{ $f }, 8>(n, args),
-                    7 => span_rows::<{ $f }, 7>(n, args),
-                    6 => span_rows::<{ $f }, 6>(n, args),
-                    5 => span_rows::<{ $f }, 5>(n, args),
-                    4 => span_rows::<{ $f }, 4>(n, args),
-                    3 => span_rows::<{ $f }, 3>(n, args),
-                    2 => span_rows::<{ $f }, 2>(n, args),
-                    _ => span_rows::<{ $f }, 1>(n, args),
-                },
-                super::Walk::Prompt(n) => match g {
-                    8 => span_lanes::<{ $f }, 8>(n, args),
-                    7 => span_lanes::<{ $f }, 7>(n, args),
-                    6 => span_lanes::<{ $f }, 6>(n, args),
-                    5 => span_lanes::<{ $f }, 5>(n, args),
-                    4 => span_lanes::<{ $f }, 4>(n, args),
-                    3 => span_lanes::<{ $f }, 3>(n, args),
-                    2 => span_lanes::<{ $f }, 2>(n, args),
-                    _ => span_lanes::<{ $f }, 1>(n, args),
-                },
+                super::Walk::Span(n) => by_group!(span_rows, $f, n),
+                super::Walk::Prompt(n) => by_group!(span_lanes, $f, n),
             }
         };
     }

@@ -284,8 +284,7 @@ impl QuantMatrix {
         assert_eq!(x.len(), m * k, "activation shape");
         assert_eq!(out.len(), m * n, "output shape");
         if count == m {
-            let kacts = KActs::new(team, x, m, k);
-            return self.prefill(team, x, Some(&kacts), m, out, true);
+            return self.prompt_pass(team, x, m, out);
         }
         // Each kind apart, gathered into contiguous rows and scattered back.
         for kind in [true, false] {
@@ -297,13 +296,19 @@ impl QuantMatrix {
                 .collect();
             let mut o = vec![0f32; rows.len() * n];
             match kind {
-                true => self.matmul_rows(team, &xs, &vec![true; rows.len()], &mut o),
+                true => self.prompt_pass(team, &xs, rows.len(), &mut o),
                 false => self.matmul(team, &xs, rows.len(), &mut o),
             }
             for (&i, o) in rows.iter().zip(o.chunks_exact(n)) {
                 out[i * n..(i + 1) * n].copy_from_slice(o);
             }
         }
+    }
+
+    /// `m` prompt rows (at least a group) through the prompt kernels.
+    fn prompt_pass(&self, team: &Team, x: &[f32], m: usize, out: &mut [f32]) {
+        let kacts = KActs::new(team, x, m, self.cols);
+        self.prefill(team, x, Some(&kacts), m, out, true);
     }
 
     /// One pass over all weight rows for the `g` (≤ GROUP) activation rows `x`, into
@@ -325,8 +330,8 @@ impl QuantMatrix {
         });
     }
 
-    /// Prefill, bound by arithmetic: SPAN groups per team run (PROMPT_SPAN for `prompt` rows). Threads take 32-row weight
-    /// tiles from a shared counter (a vCPU the host slows no longer holds the other spinning
+    /// Prefill, bound by arithmetic: SPAN groups per team run (PROMPT_SPAN for `prompt`
+    /// rows). Threads take 32-row weight tiles from a shared counter (a vCPU the host slows no longer holds the other spinning
     /// at the end of each run) and run every group of the span over a tile while its weights
     /// are still in L2. Nothing is prefetched: prefetched weights would evict the group's
     /// activations from L1 (SmolLM2 prefill fell from 975 to 670 tok/s with prefetching).
@@ -340,14 +345,14 @@ impl QuantMatrix {
         prompt: bool,
     ) {
         let (n, k) = (self.rows, self.cols);
-        let groups = if prompt { PROMPT_SPAN } else { SPAN };
+        let per_span = if prompt { PROMPT_SPAN } else { SPAN };
         let tiles: Vec<_> = (0..n)
             .step_by(TILE)
             .map(|r0| r0..n.min(r0 + TILE))
             .collect();
-        let mut out_t = vec![0f32; n * m.min(GROUP * groups)];
-        for p0 in (0..m).step_by(GROUP * groups) {
-            let rows = (m - p0).min(GROUP * groups);
+        let mut out_t = vec![0f32; n * m.min(GROUP * per_span)];
+        for p0 in (0..m).step_by(GROUP * per_span) {
+            let rows = (m - p0).min(GROUP * per_span);
             let groups: Vec<_> = (p0..p0 + rows)
                 .step_by(GROUP)
                 .map(|i0| (i0, (p0 + rows - i0).min(GROUP)))

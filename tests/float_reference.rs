@@ -1,6 +1,7 @@
 //! Our quantized kernels against a float reference on the real models: the same GGUF loaded
-//! twice, once as served (k-quants × 16-bit activations, Q5_0/Q8_0 × f32 activations) and
-//! once with every projection dequantized to dense f32 and multiplied by candle's f32 matmul.
+//! twice, once as served (k-quants × 16-bit activations; Q4_1/Q5_0/Q8_0 × f32 activations,
+//! or 16-bit ones for prompt rows on AVX-512) and once with every projection dequantized to
+//! dense f32 and multiplied by candle's f32 matmul.
 //! Greedy continuations must be equal, except where the float reference itself has two
 //! candidates within 0.05 logits (a near-tie any rounding may flip); those are reported.
 
@@ -105,7 +106,25 @@ fn gemma3_greedy_matches_the_float_reference() {
             "def fibonacci(n):",
             "Water boils at",
             "Once upon a time, in a small village",
+            LONG,
         ],
+        32,
+    );
+}
+
+/// A prompt of over a hundred tokens: its rows go through the prompt kernels (`quant::lanes`
+/// on AVX-512), which short prompts alone in a step do not reach.
+const LONG: &str = "Customer record: Maria Lopez, account 48213, signed up in March 2021 on \
+    the premium plan. She contacted support three times this quarter about invoices that listed \
+    the wrong billing address, and each time the agent corrected the address but the next \
+    invoice reverted to the old one. Her renewal is due next month. Summarise the issue and \
+    suggest the next step:";
+
+#[test]
+fn smollm2_greedy_matches_the_float_reference() {
+    check(
+        "SmolLM2-135M-Instruct.Q4_1.gguf",
+        &["The capital of France is", "def fibonacci(n):", LONG],
         32,
     );
 }

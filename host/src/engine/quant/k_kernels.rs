@@ -148,7 +148,7 @@ impl KActs {
 }
 
 /// Rounds one block to i16 (ties to even, so it vectorises); returns its scale.
-fn quantize_block(x: &[f32], q: &mut [i16]) -> f32 {
+pub(super) fn quantize_block(x: &[f32], q: &mut [i16]) -> f32 {
     let amax = x.iter().fold(0f32, |a, v| a.max(v.abs()));
     if !(amax > 0.0 && amax.is_finite()) {
         q.fill(0);

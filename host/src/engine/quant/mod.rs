@@ -5,6 +5,7 @@
 //! small models that rounding is enough to flip greedy choices whose logits are close. Here:
 //! - 32-element formats (`f32_kernels`): weights are dequantized a block at a time into
 //!   registers and multiplied against unrounded f32 activations (~1e-6 of a float reference).
+//!   Prompt rows on AVX-512 round them to 16 bits per 32 elements instead (`lanes::q32`).
 //! - k-quants (`k_kernels`): activations are rounded to 16-bit integers per 256 elements
 //!   (error ≤ 1/65534 of the block's largest value, 256× finer than llama.cpp's 8 bits), and
 //!   each 32-weight sub-block meets them in one integer multiply-add (`vpdpwssd`), with the
@@ -49,6 +50,8 @@ mod aligned;
 mod blocks;
 mod f32_kernels;
 mod k_kernels;
+#[cfg(all(target_arch = "x86_64", target_feature = "avx512bw"))]
+mod lanes;
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -86,8 +89,8 @@ enum Walk {
         allow(dead_code) // only the AVX-512 kernel keeps unpacked tiles
     )]
     Span(u64),
-    /// A prefill span of prompt rows: k-quant rows go across the lanes (`k_kernels::lanes`),
-    /// whose sums round differently from the other kernels'.
+    /// A prefill span of prompt rows: weight rows go across the lanes (`lanes`), whose sums
+    /// round differently from the other kernels'.
     #[cfg_attr(
         not(all(target_arch = "x86_64", target_feature = "avx512bw")),
         allow(dead_code) // only the AVX-512 kernels have a prompt kernel
@@ -245,45 +248,52 @@ impl QuantMatrix {
         let (n, k) = (self.rows, self.cols);
         assert_eq!(x.len(), m * k, "activation shape");
         assert_eq!(out.len(), m * n, "output shape");
-        let kacts = self
-            .segments
-            .iter()
-            .any(|s| s.format.is_k())
-            .then(|| KActs::new(team, x, m, k));
-        let kacts = kacts.as_ref();
+        let acts = Acts {
+            k: self
+                .segments
+                .iter()
+                .any(|s| s.format.is_k())
+                .then(|| KActs::new(team, x, m, k)),
+            #[cfg(all(target_arch = "x86_64", target_feature = "avx512bw"))]
+            q32: None,
+        };
         if m == 1 {
-            self.pass(team, x, kacts, 1, out);
+            self.pass(team, x, &acts, 1, out);
             return;
         }
         if m <= GROUP {
             // Parts write their outputs transposed ([rows][m]): disjoint contiguous chunks.
             let mut out_t = vec![0f32; n * m];
-            self.pass(team, x, kacts, m, &mut out_t);
+            self.pass(team, x, &acts, m, &mut out_t);
             untranspose(&out_t, (0, m), 0, n, out);
             return;
         }
-        self.prefill(team, x, kacts, m, out, false);
+        self.prefill(team, x, &acts, m, out, false);
     }
 
     /// `matmul` where `prompt[i]` marks the rows of prompt tokens. When a step has at least a
-    /// group of them, those rows go through the prompt kernels (the lanes kernel for k-quants
-    /// on AVX-512, 1.2–1.9x the GMAC/s), whose results differ from the batch kernels' in the
-    /// last bits. Generated rows (decode, drafts) always take the batch kernels, so they give
-    /// the same bits whatever runs beside them. Fewer prompt rows in a step take the batch
-    /// kernels too (packing a tile for a handful of rows, such as the one a prefix-cache hit
-    /// leaves, would cost more than it saves), so a prompt row's bits depend on the step's
-    /// count of prompt rows: which kernel, not which batch within it.
+    /// group of them, those rows go through the prompt kernels (on AVX-512, weight rows across
+    /// the lanes against 16-bit activations: `lanes`, 1.2–2x the GMAC/s), whose results differ
+    /// from the batch kernels' in the last bits. Generated rows (decode, drafts) always take
+    /// the batch kernels, so they give the same bits whatever runs beside them. Fewer prompt
+    /// rows in a step take the batch kernels too (packing a tile for a handful of rows, such as
+    /// the one a prefix-cache hit leaves, would cost more than it saves), so a prompt row's
+    /// bits depend on the step's count of prompt rows: which kernel, not which batch within it.
     pub fn matmul_rows(&self, team: &Team, x: &[f32], prompt: &[bool], out: &mut [f32]) {
-        let (m, n, k) = (prompt.len(), self.rows, self.cols);
-        let count = prompt.iter().filter(|&&p| p).count();
-        let lanes = cfg!(all(target_arch = "x86_64", target_feature = "avx512bw"))
-            && self.segments.iter().any(|s| s.format.is_k());
-        if count < GROUP || !lanes {
-            return self.matmul(team, x, m, out);
+        #[cfg(all(target_arch = "x86_64", target_feature = "avx512bw"))]
+        if prompt.iter().filter(|&&p| p).count() >= GROUP {
+            return self.prompt_rows(team, x, prompt, out);
         }
+        self.matmul(team, x, prompt.len(), out)
+    }
+
+    /// `matmul_rows` for a step with at least a group of prompt rows.
+    #[cfg(all(target_arch = "x86_64", target_feature = "avx512bw"))]
+    fn prompt_rows(&self, team: &Team, x: &[f32], prompt: &[bool], out: &mut [f32]) {
+        let (m, n, k) = (prompt.len(), self.rows, self.cols);
         assert_eq!(x.len(), m * k, "activation shape");
         assert_eq!(out.len(), m * n, "output shape");
-        if count == m {
+        if prompt.iter().all(|&p| p) {
             return self.prompt_pass(team, x, m, out);
         }
         // Each kind apart, gathered into contiguous rows and scattered back.
@@ -306,9 +316,21 @@ impl QuantMatrix {
     }
 
     /// `m` prompt rows (at least a group) through the prompt kernels.
+    #[cfg(all(target_arch = "x86_64", target_feature = "avx512bw"))]
     fn prompt_pass(&self, team: &Team, x: &[f32], m: usize, out: &mut [f32]) {
-        let kacts = KActs::new(team, x, m, self.cols);
-        self.prefill(team, x, Some(&kacts), m, out, true);
+        let k = self.cols;
+        let formats = self.formats();
+        let acts = Acts {
+            k: formats
+                .iter()
+                .any(|f| f.is_k())
+                .then(|| KActs::new(team, x, m, k)),
+            q32: formats
+                .iter()
+                .any(|f| !f.is_k())
+                .then(|| lanes::q32::Acts32::new(team, x, m, k)),
+        };
+        self.prefill(team, x, &acts, m, out, true);
     }
 
     /// One pass over all weight rows for the `g` (≤ GROUP) activation rows `x`, into
@@ -316,7 +338,7 @@ impl QuantMatrix {
     /// of drafts, small batches): weights are prefetched, and each thread streams its own
     /// contiguous share of the tiles in address order, which the prefetch distance assumes,
     /// then helps with the others' from their ends.
-    fn pass(&self, team: &Team, x: &[f32], kacts: Option<&KActs>, g: usize, dst: &mut [f32]) {
+    fn pass(&self, team: &Team, x: &[f32], acts: &Acts, g: usize, dst: &mut [f32]) {
         let n = self.rows;
         let tiles = n.div_ceil(TILE);
         let shares = Shares::new(tiles, team.threads());
@@ -325,7 +347,7 @@ impl QuantMatrix {
             while let Some(t) = shares.next(p) {
                 let mut d = regions[t].lock().unwrap_or_else(|e| e.into_inner());
                 let rows = t * TILE..n.min((t + 1) * TILE);
-                self.tile(x, kacts, (0, g), rows, &mut d, Walk::Stream);
+                self.tile(x, acts, (0, g), rows, &mut d, Walk::Stream);
             }
         });
     }
@@ -339,7 +361,7 @@ impl QuantMatrix {
         &self,
         team: &Team,
         x: &[f32],
-        kacts: Option<&KActs>,
+        acts: &Acts,
         m: usize,
         out: &mut [f32],
         prompt: bool,
@@ -377,7 +399,7 @@ impl QuantMatrix {
                     let xg = &x[i0 * k..(i0 + g) * k];
                     self.tile(
                         xg,
-                        kacts,
+                        acts,
                         (i0, g),
                         tiles[t].clone(),
                         &mut dst[o..o + g * len],
@@ -396,14 +418,14 @@ impl QuantMatrix {
         }
     }
 
-    /// Weight rows `rows` times the group `x` (activation rows `i0..i0 + g` of the k-quant
+    /// Weight rows `rows` times the group `x` (activation rows `i0..i0 + g` of the prepared
     /// activations), into `dst[row][g]`. A tile may straddle segments: each piece goes to its
     /// own format's kernel.
     #[allow(clippy::too_many_arguments)]
     fn tile(
         &self,
         x: &[f32],
-        kacts: Option<&KActs>,
+        acts: &Acts,
         (i0, g): (usize, usize),
         rows: std::ops::Range<usize>,
         dst: &mut [f32],
@@ -414,13 +436,30 @@ impl QuantMatrix {
             let s = self.segment(r);
             let e = rows.end.min(s.row0 + s.rows);
             let d = &mut dst[(r - rows.start) * g..(e - rows.start) * g];
-            match (s.format.is_k(), kacts) {
-                (true, Some(a)) => k_kernels::tile(s, r - s.row0, e - r, a, i0, g, d, walk),
-                _ => f32_kernels::tile(s, r - s.row0, e - r, x, g, d, walk == Walk::Stream),
-            }
+            let (r0, nr) = (r - s.row0, e - r);
             r = e;
+            if s.format.is_k() {
+                let a = acts.k.as_ref().expect("k-quant activations");
+                k_kernels::tile(s, r0, nr, a, i0, g, d, walk);
+                continue;
+            }
+            #[cfg(all(target_arch = "x86_64", target_feature = "avx512bw"))]
+            if let (Walk::Prompt(span), Some(a)) = (walk, &acts.q32) {
+                lanes::q32::tile(s, (r0, nr), a, (i0, g), d, span);
+                continue;
+            }
+            f32_kernels::tile(s, r0, nr, x, g, d, walk == Walk::Stream);
         }
     }
+}
+
+/// Activations as the kernels take them, prepared once per matmul.
+struct Acts {
+    /// Rounded for the k-quant kernels, when the matrix has k-quant rows.
+    k: Option<KActs>,
+    /// Rounded for the 32-element formats' prompt kernel, in a prompt pass over such rows.
+    #[cfg(all(target_arch = "x86_64", target_feature = "avx512bw"))]
+    q32: Option<lanes::q32::Acts32>,
 }
 
 /// Writes a prefill span's results (tile after tile, group after group, each `[tile

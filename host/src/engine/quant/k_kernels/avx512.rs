@@ -10,6 +10,7 @@
 
 use std::arch::x86_64::*;
 
+use super::super::lanes::dot_acc;
 use super::super::Segment;
 use super::{KActs, CHUNK, Q5K, Q6K, QK, SUMS};
 
@@ -26,18 +27,6 @@ unsafe fn f16_at(p: *const u8) -> f32 {
     _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(
         p.cast::<u16>().read_unaligned() as i32,
     )))
-}
-
-#[inline(always)]
-pub(super) unsafe fn dot_acc(acc: __m512i, w: __m512i, x: __m512i) -> __m512i {
-    #[cfg(target_feature = "avx512vnni")]
-    {
-        _mm512_dpwssd_epi32(acc, w, x)
-    }
-    #[cfg(not(target_feature = "avx512vnni"))]
-    {
-        _mm512_add_epi32(acc, _mm512_madd_epi16(w, x))
-    }
 }
 
 /// The six-bit scales and mins of a Q4_K/Q5_K block as two u64s of eight bytes each

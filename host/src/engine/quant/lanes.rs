@@ -1,0 +1,234 @@
+//! Prompt rows on AVX-512: a tile's weight rows across the lanes, for every format.
+//!
+//! The batch kernels give each (weight row, activation row) pair its own accumulator, so every
+//! block of every pair pays its own float fold, and every multiply loads a 64-byte activation
+//! operand. Here lane `l` of a vector is weight row `l` of a group of sixteen: a weight vector
+//! holds one i16 pair of each row, and it meets a pair of 16-bit activations broadcast from
+//! memory. One `vpdpwssd` then serves sixteen rows, the float fold is shared by them, and the
+//! weight vector, loaded once, serves the whole group of activation rows.
+//!
+//! A format supplies how a block of sixteen rows is packed (`LaneFormat`) and how a packed
+//! block meets its activations (`LaneKernel`): the k-quants in `k_kernels::lanes`, the
+//! 32-element formats in `lanes::q32`. This module walks the tile and keeps the packed rows.
+//!
+//! The price is rounding: activations are 16-bit integers here, and each row's integers are
+//! exact per block (or segment) and summed as floats one after another, an order the batch
+//! kernels do not share. So prompt rows, which take this kernel, and generated rows, which take
+//! the others, differ in the last bits. A row's result here does not depend on the other rows
+//! of its group or span.
+
+use std::arch::x86_64::*;
+
+use super::Segment;
+
+pub(super) mod q32;
+
+/// Weight rows per lane group (one i32 lane each).
+pub(super) const LANES: usize = 16;
+/// Activation elements of the group walked over every lane group of the tile while they sit
+/// in L1 (eight rows of 16-bit values: 8 · 1536 · 2 B = 24 KiB).
+const CHUNK: usize = 1536;
+
+/// How a weight format's blocks go across the lanes.
+pub(super) trait LaneFormat {
+    /// Elements per block: the unit packed with its float vectors.
+    const ELEMS: usize;
+    /// Weight vectors per block and lane group (the block's i16 pairs).
+    const PAIRS: usize;
+    /// Float vectors per block and lane group.
+    const FLOATS: usize;
+
+    /// Appends a block of sixteen rows (`rows[l]`: the block's bytes in row `l`): PAIRS weight
+    /// vectors to `w`, vector `t` holding pair `t` of every row, and FLOATS vectors to `f`.
+    ///
+    /// # Safety
+    /// Each pointer must address a whole block of the format; AVX-512BW must be present.
+    unsafe fn pack_block(rows: &[*const u8; LANES], w: &mut Vec<__m512i>, f: &mut Vec<__m512>);
+}
+
+/// How a packed block meets G activation rows.
+pub(super) trait LaneKernel<const G: usize>: LaneFormat {
+    /// The group's activations, as `block` reads them.
+    type Acts;
+
+    /// Packed block `b` of a lane group (`w`: its PAIRS weight vectors, `f`: its FLOATS) times
+    /// the group's activations, added to the float sums (lane = weight row).
+    ///
+    /// # Safety
+    /// `w` and `f` must hold a packed block; `x` must cover block `b` of its G rows.
+    unsafe fn block(
+        w: *const __m512i,
+        f: *const __m512,
+        x: &Self::Acts,
+        b: usize,
+        sums: &mut [__m512; G],
+    );
+}
+
+/// `acc + Σ` of `w`'s and `x`'s 16-bit pair products, per i32 lane (`vpdpwssd`).
+#[inline(always)]
+pub(super) unsafe fn dot_acc(acc: __m512i, w: __m512i, x: __m512i) -> __m512i {
+    #[cfg(target_feature = "avx512vnni")]
+    {
+        _mm512_dpwssd_epi32(acc, w, x)
+    }
+    #[cfg(not(target_feature = "avx512vnni"))]
+    {
+        _mm512_add_epi32(acc, _mm512_madd_epi16(w, x))
+    }
+}
+
+/// A tile's rows, packed across lanes, kept for the span's next groups.
+struct Packed {
+    /// (span, segment bytes, first row, rows) of what `w` and `f` hold.
+    key: Option<(u64, usize, usize, usize)>,
+    /// `[lane group][block][PAIRS]`.
+    w: Vec<__m512i>,
+    /// `[lane group][block][FLOATS]`.
+    f: Vec<__m512>,
+    /// `[lane group][G]`: the float sums carried from one column chunk to the next.
+    acc: Vec<__m512>,
+}
+
+thread_local! {
+    static PACKED: std::cell::RefCell<Packed> = const {
+        std::cell::RefCell::new(Packed { key: None, w: Vec::new(), f: Vec::new(), acc: Vec::new() })
+    };
+}
+
+/// Rows `r0..r0 + nr` of `s` times the G activation rows `x`, into `dst[row * G + j]`; the
+/// rows are packed on this thread's first call of prefill span `span` and reused by its later
+/// calls. The caller has checked `x` against `s` (the kernels read `s.cols / ELEMS` blocks).
+pub(super) fn span_lanes<L: LaneKernel<G>, const G: usize>(
+    span: u64,
+    s: &Segment,
+    (r0, nr): (usize, usize),
+    x: &L::Acts,
+    dst: &mut [f32],
+) {
+    let nb = s.cols / L::ELEMS;
+    let groups = nr.div_ceil(LANES);
+    assert!(dst.len() >= nr * G);
+    PACKED.with_borrow_mut(|p| {
+        let key = (span, s.bytes().as_ptr() as usize, r0, nr);
+        if p.key != Some(key) {
+            p.key = None;
+            pack::<L>(s, r0, nr, p);
+            p.key = Some(key);
+        }
+        // SAFETY: plain AVX-512F.
+        p.acc.resize(groups * G, unsafe { _mm512_setzero_ps() });
+        let cols = (CHUNK / L::ELEMS).max(1);
+        for c0 in (0..nb).step_by(cols) {
+            for (gi, acc) in p.acc.chunks_exact_mut(G).enumerate() {
+                // SAFETY: plain AVX-512F.
+                let mut sums: [__m512; G] = std::array::from_fn(|j| match c0 {
+                    0 => unsafe { _mm512_setzero_ps() },
+                    _ => acc[j],
+                });
+                for b in c0..nb.min(c0 + cols) {
+                    let at = gi * nb + b;
+                    // SAFETY: `pack` wrote `groups · nb` blocks of PAIRS and FLOATS vectors;
+                    // the caller checked the activations' blocks b < nb.
+                    unsafe {
+                        L::block(
+                            p.w[at * L::PAIRS..].as_ptr(),
+                            p.f[at * L::FLOATS..].as_ptr(),
+                            x,
+                            b,
+                            &mut sums,
+                        )
+                    };
+                }
+                acc.copy_from_slice(&sums);
+            }
+        }
+        for (gi, acc) in p.acc.chunks_exact(G).enumerate() {
+            let rows = (nr - gi * LANES).min(LANES);
+            for (j, &v) in acc.iter().enumerate() {
+                let mut lanes = [0f32; LANES];
+                // SAFETY: plain AVX-512F; `lanes` holds 16 floats.
+                unsafe { _mm512_storeu_ps(lanes.as_mut_ptr(), v) };
+                for (l, &v) in lanes.iter().enumerate().take(rows) {
+                    dst[(gi * LANES + l) * G + j] = v;
+                }
+            }
+        }
+    });
+}
+
+/// Packs rows `r0..r0 + nr` of `s` into `p.w` and `p.f`, sixteen rows per lane group (the
+/// last group repeats its last row; those lanes are never written out).
+fn pack<L: LaneFormat>(s: &Segment, r0: usize, nr: usize, p: &mut Packed) {
+    let (nb, rb, bb, data) = (
+        s.cols / L::ELEMS,
+        s.row_bytes(),
+        s.format.block_bytes(),
+        s.bytes(),
+    );
+    let groups = nr.div_ceil(LANES);
+    assert!(
+        s.format.block_elems() == L::ELEMS && nr > 0 && data.len() >= (r0 + nr) * rb,
+        "a lanes kernel for the segment's format, over its rows"
+    );
+    p.w.clear();
+    p.f.clear();
+    p.w.reserve(groups * nb * L::PAIRS);
+    p.f.reserve(groups * nb * L::FLOATS);
+    for gi in 0..groups {
+        // Block b of sixteen rows is sixteen strided reads, which the hardware prefetcher does
+        // not follow: ask for the group's bytes (contiguous) up front.
+        let bytes = &data[(r0 + gi * LANES) * rb..(r0 + nr.min((gi + 1) * LANES)) * rb];
+        for line in bytes.chunks(64) {
+            // SAFETY: a prefetch of memory inside `data`.
+            unsafe { _mm_prefetch::<_MM_HINT_T1>(line.as_ptr().cast()) };
+        }
+        for b in 0..nb {
+            let rows: [*const u8; LANES] = std::array::from_fn(|l| {
+                let r = r0 + (gi * LANES + l).min(nr - 1);
+                data[r * rb + b * bb..].as_ptr()
+            });
+            // SAFETY: block b < nb of rows < r0 + nr, inside `data` (asserted above), of the
+            // format L packs (asserted above); this module is built for AVX-512BW.
+            unsafe { L::pack_block(&rows, &mut p.w, &mut p.f) };
+        }
+    }
+}
+
+/// Indices of `transpose`'s stage `i`: the first of a row pair `(a, a + h)` keeps its columns
+/// with bit `i` clear and takes the second's from `h` lower; the second the converse.
+const fn stage_idx(i: usize) -> [[i32; 16]; 2] {
+    let h = 1 << i;
+    let mut t = [[0i32; 16]; 2];
+    let mut c = 0;
+    while c < 16 {
+        (t[0][c], t[1][c]) = if c & h == 0 {
+            (c as i32, (c + h) as i32)
+        } else {
+            ((16 + c - h) as i32, (16 + c) as i32)
+        };
+        c += 1;
+    }
+    t
+}
+
+static STAGES: [[[i32; 16]; 2]; 4] = [stage_idx(0), stage_idx(1), stage_idx(2), stage_idx(3)];
+
+/// A 16 × 16 transpose of 32-bit elements: each stage swaps bit `i` of the row and column
+/// indices.
+#[inline(always)]
+pub(super) unsafe fn transpose(mut r: [__m512i; 16]) -> [__m512i; 16] {
+    for (i, idx) in STAGES.iter().enumerate() {
+        let h = 1 << i;
+        let (lo, hi) = (
+            _mm512_loadu_si512(idx[0].as_ptr().cast()),
+            _mm512_loadu_si512(idx[1].as_ptr().cast()),
+        );
+        for a in (0..16).filter(|a| a & h == 0) {
+            let (x, y) = (r[a], r[a + h]);
+            r[a] = _mm512_permutex2var_epi32(x, lo, y);
+            r[a + h] = _mm512_permutex2var_epi32(x, hi, y);
+        }
+    }
+    r
+}

@@ -1,0 +1,225 @@
+//! Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 prompt rows across the lanes (`quant::lanes`).
+//!
+//! The batch kernels (`f32_kernels`) dequantize each block to f32 and meet unrounded
+//! activations: on Zen 4 a 512-bit FMA does sixteen multiply-adds a cycle, a `vpdpwssd` on
+//! 16-bit values thirty-two. Prompt rows here round each activation block of 32 to 16-bit
+//! integers (`x ≈ s·x16`, error ≤ amax / 65534 per element, 256× finer than llama.cpp's
+//! 8 bits). A weight block is `w = d·q + m` with small integers `q` (`m = 0`, or `−8d` /
+//! `−16d` folded into `q` for Q4_0 / Q5_0), so per block
+//! `w·x = d·s·Σ q·x16 + m·Σ x`: the first sum exact in i32, the second the float sum of the
+//! unrounded activations.
+
+use std::arch::x86_64::*;
+
+use super::super::aligned::Aligned;
+use super::super::k_kernels::quantize_block;
+use super::super::{Format, Segment};
+use super::{dot_acc, transpose, LaneFormat, LaneKernel, LANES};
+use crate::engine::team::{split, split_mut, Team};
+
+/// Elements per block.
+const BLOCK: usize = 32;
+
+/// Activation rows rounded to 16 bits for the 32-element formats' prompt kernel.
+pub(in crate::engine::quant) struct Acts32 {
+    k: usize,
+    /// `[m][k]`, in element order: each 32-element block scaled so its largest magnitude is
+    /// 32767 (a block is one cache line).
+    q: Aligned<i16, 32>,
+    /// `[m][k / 32]`: each block's scale (`x ≈ q · scale`).
+    scale: Vec<f32>,
+    /// `[m][k / 32]`: each block's float sum, for the formats with a min.
+    sums: Vec<f32>,
+}
+
+impl Acts32 {
+    /// Rounds the `m` rows of `x` (`[m][k]`, `k` a multiple of 32), rows split across the team.
+    pub(in crate::engine::quant) fn new(team: &Team, x: &[f32], m: usize, k: usize) -> Self {
+        assert!(k.is_multiple_of(BLOCK) && x.len() == m * k);
+        let nb = k / BLOCK;
+        let mut q = Aligned::zeroed(m * k);
+        let (mut scale, mut sums) = (vec![0f32; m * nb], vec![0f32; m * nb]);
+        let parts = team.threads().min(m);
+        let ranges: Vec<_> = (0..parts).map(|p| split(m, 1, p, parts)).collect();
+        let qs = split_mut(q.as_mut_slice(), ranges.iter().map(|r| r.len() * k));
+        let ss = split_mut(&mut scale, ranges.iter().map(|r| r.len() * nb));
+        let us = split_mut(&mut sums, ranges.iter().map(|r| r.len() * nb));
+        team.run(&|p, _| {
+            let Some(range) = ranges.get(p) else { return };
+            let mut q = qs[p].lock().unwrap_or_else(|e| e.into_inner());
+            let mut s = ss[p].lock().unwrap_or_else(|e| e.into_inner());
+            let mut u = us[p].lock().unwrap_or_else(|e| e.into_inner());
+            let blocks = x[range.start * k..range.end * k].chunks_exact(BLOCK);
+            for (i, (xb, qb)) in blocks.zip(q.chunks_exact_mut(BLOCK)).enumerate() {
+                u[i] = xb.iter().sum();
+                s[i] = quantize_block(xb, qb);
+            }
+        });
+        Self { k, q, scale, sums }
+    }
+}
+
+/// The format parameter of `Q32` (a const generic, so each format gets its own loop).
+const Q4_0: u8 = 0;
+const Q4_1: u8 = 1;
+const Q5_0: u8 = 2;
+const Q5_1: u8 = 3;
+const Q8_0: u8 = 4;
+
+/// Whether the format has a min (`w = d·q + m`, a second float vector per block).
+const fn affine(f: u8) -> bool {
+    f == Q4_1 || f == Q5_1
+}
+
+#[inline(always)]
+unsafe fn f16_at(p: *const u8) -> f32 {
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(
+        p.cast::<u16>().read_unaligned() as i32,
+    )))
+}
+
+/// A block's 32 weights as signed 16-bit integers in element order, its `d` and its min.
+#[inline(always)]
+unsafe fn prep<const F: u8>(b: *const u8) -> (__m512i, f32, f32) {
+    let d = f16_at(b);
+    if F == Q8_0 {
+        return (
+            _mm512_cvtepi8_epi16(_mm256_loadu_si256(b.add(2).cast())),
+            d,
+            0.0,
+        );
+    }
+    let (min, qh, qs) = match F {
+        Q4_0 => (0.0, b, b.add(2)),
+        Q4_1 => (f16_at(b.add(2)), b, b.add(4)),
+        Q5_0 => (0.0, b.add(2), b.add(6)),
+        _ => (f16_at(b.add(2)), b.add(4), b.add(8)),
+    };
+    // Elements 0..16 are the low nibbles of the 16 bytes, 16..32 their high nibbles.
+    let bytes = _mm_loadu_si128(qs.cast());
+    let mask = _mm_set1_epi8(0x0F);
+    let lo = _mm_and_si128(bytes, mask);
+    let hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), mask);
+    let mut q = _mm512_cvtepu8_epi16(_mm256_set_m128i(hi, lo));
+    if F == Q5_0 || F == Q5_1 {
+        // Bit j of qh is the fifth bit of weight j.
+        let h = qh.cast::<u32>().read_unaligned();
+        q = _mm512_mask_add_epi16(q, h, q, _mm512_set1_epi16(16));
+    }
+    match F {
+        Q4_0 => q = _mm512_sub_epi16(q, _mm512_set1_epi16(8)),
+        Q5_0 => q = _mm512_sub_epi16(q, _mm512_set1_epi16(16)),
+        _ => {}
+    }
+    (q, d, min)
+}
+
+/// The 32-element format `F` across the lanes.
+struct Q32<const F: u8>;
+
+impl<const F: u8> LaneFormat for Q32<F> {
+    const ELEMS: usize = BLOCK;
+    const PAIRS: usize = BLOCK / 2;
+    /// `d`, then the min for the formats that have one.
+    const FLOATS: usize = if affine(F) { 2 } else { 1 };
+
+    unsafe fn pack_block(rows: &[*const u8; LANES], w: &mut Vec<__m512i>, f: &mut Vec<__m512>) {
+        let mut v = [_mm512_setzero_si512(); LANES];
+        let (mut d, mut m) = ([0f32; LANES], [0f32; LANES]);
+        for (l, &row) in rows.iter().enumerate() {
+            (v[l], d[l], m[l]) = prep::<F>(row);
+        }
+        w.extend(transpose(v));
+        f.push(_mm512_loadu_ps(d.as_ptr()));
+        if affine(F) {
+            f.push(_mm512_loadu_ps(m.as_ptr()));
+        }
+    }
+}
+
+/// Activation rows `i0..i0 + G` of `Acts32`, block by block.
+struct Rows<const G: usize> {
+    q: [*const i32; G],
+    scale: [*const f32; G],
+    sums: [*const f32; G],
+}
+
+impl<const F: u8, const G: usize> LaneKernel<G> for Q32<F> {
+    type Acts = Rows<G>;
+
+    /// Sixteen pairs per block: a lane's i32 sum takes 32 products of |x16| ≤ 32767 and
+    /// |q| ≤ 128, far below 2³¹.
+    #[inline(always)]
+    unsafe fn block(
+        w: *const __m512i,
+        f: *const __m512,
+        x: &Rows<G>,
+        b: usize,
+        sums: &mut [__m512; G],
+    ) {
+        let pairs: [*const i32; G] = std::array::from_fn(|j| x.q[j].add(b * BLOCK / 2));
+        let mut ia = [_mm512_setzero_si512(); G];
+        for t in 0..BLOCK / 2 {
+            let wv = _mm512_load_si512(w.add(t).cast());
+            for (j, ia) in ia.iter_mut().enumerate() {
+                *ia = dot_acc(*ia, wv, _mm512_set1_epi32(*pairs[j].add(t)));
+            }
+        }
+        for j in 0..G {
+            let scale = _mm512_mul_ps(*f, _mm512_set1_ps(*x.scale[j].add(b)));
+            sums[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia[j]), scale, sums[j]);
+            if affine(F) {
+                sums[j] = _mm512_fmadd_ps(*f.add(1), _mm512_set1_ps(*x.sums[j].add(b)), sums[j]);
+            }
+        }
+    }
+}
+
+/// Rows `r0..r0 + nr` of `s` times activation rows `i0..i0 + g` of `a`, into `dst[row * g +
+/// j]`, within prefill span `span`.
+pub(in crate::engine::quant) fn tile(
+    s: &Segment,
+    (r0, nr): (usize, usize),
+    a: &Acts32,
+    (i0, g): (usize, usize),
+    dst: &mut [f32],
+    span: u64,
+) {
+    let (k, nb) = (a.k, a.k / BLOCK);
+    assert!(
+        s.cols == k && (1..=8).contains(&g) && a.q.as_slice().len() >= (i0 + g) * k,
+        "activations for the segment's columns"
+    );
+    macro_rules! run {
+        ($f:expr, $g:expr) => {{
+            let x = Rows::<$g> {
+                q: std::array::from_fn(|j| a.q.as_slice()[(i0 + j) * k..].as_ptr().cast()),
+                scale: std::array::from_fn(|j| a.scale[(i0 + j) * nb..].as_ptr()),
+                sums: std::array::from_fn(|j| a.sums[(i0 + j) * nb..].as_ptr()),
+            };
+            super::span_lanes::<Q32<{ $f }>, $g>(span, s, (r0, nr), &x, dst)
+        }};
+    }
+    macro_rules! by_group {
+        ($f:expr) => {
+            match g {
+                8 => run!($f, 8),
+                7 => run!($f, 7),
+                6 => run!($f, 6),
+                5 => run!($f, 5),
+                4 => run!($f, 4),
+                3 => run!($f, 3),
+                2 => run!($f, 2),
+                _ => run!($f, 1),
+            }
+        };
+    }
+    match s.format {
+        Format::Q4_0 => by_group!(Q4_0),
+        Format::Q4_1 => by_group!(Q4_1),
+        Format::Q5_0 => by_group!(Q5_0),
+        Format::Q5_1 => by_group!(Q5_1),
+        Format::Q8_0 => by_group!(Q8_0),
+        other => unreachable!("{other:?} is a k-quant"),
+    }
+}

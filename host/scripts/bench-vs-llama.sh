@@ -10,6 +10,10 @@ model="${1:?usage: bench-vs-llama.sh MODEL.gguf [concurrency...]}"
 shift
 conc=("${@:-1 4}")
 [ "${#conc[@]}" -gt 0 ] || conc=(1 4)
+# llama-server gets as many slots as the highest concurrency (`-np 4` for the default levels),
+# each with a 4096-token context.
+np=1
+for c in ${conc[*]}; do [ "$c" -gt "$np" ] && np="$c"; done
 threads="$(nproc)"
 peer="$(host/scripts/build-llama-peer.sh)"
 cargo build --release --quiet --bin gateway
@@ -24,7 +28,7 @@ echo "## servers over HTTP"
 port_gw=18180 port_ll=18181
 "$gw" serve -m "bench=$model" -l "127.0.0.1:$port_gw" --no-prefix-caching >/tmp/bench-vs-llama.gw.log 2>&1 &
 pid_gw=$!
-"$peer/llama-server" -m "$model" -t "$threads" --port "$port_ll" -np 8 -c 16384 \
+"$peer/llama-server" -m "$model" -t "$threads" --port "$port_ll" -np "$np" -c $((4096 * np)) \
   >/tmp/bench-vs-llama.ll.log 2>&1 &
 pid_ll=$!
 trap 'kill $pid_gw $pid_ll 2>/dev/null || true' EXIT

@@ -19,10 +19,21 @@ peer="$(host/scripts/build-llama-peer.sh)"
 cargo build --release --quiet --bin gateway
 gw=target/release/gateway
 
-echo "## engines without HTTP ($threads threads)"
+# Prefill and decode alternate between the engines, a round each at a time: on a shared
+# machine the rate at which memory streams drifts by a third within minutes, and a ratio of
+# two runs minutes apart measured the drift.
+rounds=3
+: >/tmp/bench-vs-llama.gateway
+: >/tmp/bench-vs-llama.llama
+echo "## engines without HTTP ($threads threads, $rounds alternating rounds)"
+for _ in $(seq "$rounds"); do
+  "$gw" bench -m "$model" --prompt-tokens 512 --gen-tokens 64 --repeat 1 --single-stream-only \
+    2>/dev/null >>/tmp/bench-vs-llama.gateway
+  "$peer/llama-bench" -m "$model" -t "$threads" -p 512 -n 64 -r 1 -o md 2>/dev/null \
+    >>/tmp/bench-vs-llama.llama
+done
 "$gw" bench -m "$model" --prompt-tokens 512 --gen-tokens 64 --concurrency 1 --repeat 3 --kv-seqs 2 \
-  2>/dev/null | tee /tmp/bench-vs-llama.gateway
-"$peer/llama-bench" -m "$model" -t "$threads" -p 512 -n 64 -r 3 -o md 2>/dev/null | tee /tmp/bench-vs-llama.llama
+  2>/dev/null
 
 echo "## servers over HTTP"
 port_gw=18180 port_ll=18181
@@ -74,19 +85,22 @@ complete(gw, "warm up"); complete(ll, "warm up")
 print("| concurrency | gateway tok/s | llama-server tok/s | ratio |")
 print("|---|---|---|---|")
 for n, c in enumerate(levels):
-    g = sorted(aggregate(gw, c, f"g{n}{r}") for r in range(3))[1]
-    l = sorted(aggregate(ll, c, f"l{n}{r}") for r in range(3))[1]
+    # Alternating rounds here too; medians of three.
+    runs = [(aggregate(gw, c, f"g{n}{r}"), aggregate(ll, c, f"l{n}{r}")) for r in range(3)]
+    g, l = (sorted(x)[1] for x in zip(*runs))
     print(f"| {c} | {g:.1f} | {l:.1f} | {g / l:.2f}x |")
 
-def num(pattern, text):
-    m = re.search(pattern, text)
-    return float(m.group(1)) if m else float("nan")
+def nums(pattern, text):
+    return [float(v) for v in re.findall(pattern, text)]
 g, l = open(gw_table).read(), open(ll_table).read()
-rows = [("prefill, 512-token prompt", num(r"prefill, 512 prompt tokens \| ([\d.]+)", g), num(r"pp512 \|\s+([\d.]+)", l)),
-        ("decode, single stream", num(r"decode, single stream \| ([\d.]+)", g), num(r"tg64 \|\s+([\d.]+)", l))]
+rows = [("prefill, 512-token prompt", nums(r"prefill, 512 prompt tokens \| ([\d.]+)", g), nums(r"pp512 \|\s+([\d.]+)", l)),
+        ("decode, single stream", nums(r"decode, single stream \| ([\d.]+)", g), nums(r"tg64 \|\s+([\d.]+)", l))]
 print()
-print("| engine, no HTTP | gateway tok/s | llama-bench tok/s | ratio |")
-print("|---|---|---|---|")
+print("| engine, no HTTP | gateway tok/s, per round | llama-bench tok/s, per round | ratio per round | median ratio |")
+print("|---|---|---|---|---|")
 for name, a, b in rows:
-    print(f"| {name} | {a:.1f} | {b:.1f} | {a / b:.2f}x |")
+    ratios = sorted(x / y for x, y in zip(a, b))
+    show = lambda xs: " / ".join(f"{x:.1f}" for x in xs)
+    med = ratios[len(ratios) // 2] if ratios else float("nan")
+    print(f"| {name} | {show(a)} | {show(b)} | {' / '.join(f'{x / y:.2f}x' for x, y in zip(a, b))} | {med:.2f}x |")
 PY

@@ -28,6 +28,10 @@ pub struct BenchOptions {
     /// Sequences in the KV-utilisation run (prompts spread over 64..1024 tokens).
     #[arg(long, default_value_t = 16)]
     pub kv_seqs: usize,
+    /// Print only the prefill and single-stream decode rows (for rounds alternated with
+    /// another engine, so both see the machine in the same state).
+    #[arg(long)]
+    pub single_stream_only: bool,
 }
 
 const TEXT: &str = "The quarterly report shows that customer satisfaction improved across all regions, \
@@ -99,6 +103,9 @@ pub async fn run(cfg: &ModelConfig, o: &BenchOptions) -> anyhow::Result<()> {
 
     let mut salt = 1;
     let decode1 = single_stream_rows(&engine, o, &mut salt).await;
+    if o.single_stream_only {
+        return Ok(());
+    }
     if let Some(mib) = idle_rss {
         println!("| process RSS after loading, idle | {mib:.0} MiB |");
     }

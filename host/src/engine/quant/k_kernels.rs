@@ -125,6 +125,11 @@ impl KActs {
                 for (j, sub) in xb.chunks_exact(32).enumerate() {
                     u[i * SUMS + j] = sub.iter().sum();
                 }
+                if !u[i * SUMS..i * SUMS + 8].iter().all(|v| v.is_finite()) {
+                    // A NaN or infinity rounds to nothing in i16: carry it in the scale, so
+                    // the block's products are NaN as unrounded ones would be.
+                    s[i] = f32::NAN;
+                }
             }
         };
         if parts > 1 {

@@ -37,6 +37,8 @@ pub(super) trait LaneFormat {
     const PAIRS: usize;
     /// Float vectors per block and lane group.
     const FLOATS: usize;
+    /// Bytes per block: each format's differ, so a segment is checked against the packer.
+    const BLOCK_BYTES: usize;
 
     /// Appends a block of sixteen rows (`rows[l]`: the block's bytes in row `l`): PAIRS weight
     /// vectors to `w`, vector `t` holding pair `t` of every row, and FLOATS vectors to `f`.
@@ -98,8 +100,11 @@ thread_local! {
 
 /// Rows `r0..r0 + nr` of `s` times the G activation rows `x`, into `dst[row * G + j]`; the
 /// rows are packed on this thread's first call of prefill span `span` and reused by its later
-/// calls. The caller has checked `x` against `s` (the kernels read `s.cols / ELEMS` blocks).
-pub(super) fn span_lanes<L: LaneKernel<G>, const G: usize>(
+/// calls.
+///
+/// # Safety
+/// `x` must cover the `s.cols / L::ELEMS` blocks of its G rows that `L::block` reads.
+pub(super) unsafe fn span_lanes<L: LaneKernel<G>, const G: usize>(
     span: u64,
     s: &Segment,
     (r0, nr): (usize, usize),
@@ -116,6 +121,8 @@ pub(super) fn span_lanes<L: LaneKernel<G>, const G: usize>(
             pack::<L>(s, r0, nr, p);
             p.key = Some(key);
         }
+        // Cleared, not only resized: with no columns nothing below writes the sums.
+        p.acc.clear();
         // SAFETY: plain AVX-512F.
         p.acc.resize(groups * G, unsafe { _mm512_setzero_ps() });
         let cols = (CHUNK / L::ELEMS).max(1);
@@ -129,7 +136,7 @@ pub(super) fn span_lanes<L: LaneKernel<G>, const G: usize>(
                 for b in c0..nb.min(c0 + cols) {
                     let at = gi * nb + b;
                     // SAFETY: `pack` wrote `groups · nb` blocks of PAIRS and FLOATS vectors;
-                    // the caller checked the activations' blocks b < nb.
+                    // the activations cover blocks b < nb (this function's contract).
                     unsafe {
                         L::block(
                             p.w[at * L::PAIRS..].as_ptr(),
@@ -168,7 +175,10 @@ fn pack<L: LaneFormat>(s: &Segment, r0: usize, nr: usize, p: &mut Packed) {
     );
     let groups = nr.div_ceil(LANES);
     assert!(
-        s.format.block_elems() == L::ELEMS && nr > 0 && data.len() >= (r0 + nr) * rb,
+        s.format.block_elems() == L::ELEMS
+            && s.format.block_bytes() == L::BLOCK_BYTES
+            && nr > 0
+            && data.len() >= (r0 + nr) * rb,
         "a lanes kernel for the segment's format, over its rows"
     );
     p.w.clear();

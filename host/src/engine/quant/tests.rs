@@ -80,9 +80,10 @@ fn dequantize_rows_match_candle_bit_for_bit() {
 fn matmul_matches_the_dequantized_float_reference_for_every_format_and_batch() {
     let team = Team::new(2);
     for dtype in ALL {
-        // 640 columns (Gemma 3's width) is not a whole number of 256-element super-blocks.
+        // 1664 columns is not a whole number of 256-element super-blocks (as Gemma 3's 640
+        // are not), and is two of the prompt kernel's column chunks.
         let is_k = format_of(dtype).unwrap().is_k();
-        let (n, k) = (37, if is_k { 512 } else { 640 });
+        let (n, k) = (37, if is_k { 512 } else { 1664 });
         let (q, deq) = quantize(&weights(n, k, 2), n, k, dtype);
         let qm = QuantMatrix::from_qtensor(&q).unwrap();
         for m in [1, 2, 3, 4, 5, 8, 9, 21, 40] {
@@ -257,6 +258,30 @@ fn prompt_rows_do_not_depend_on_the_batch_nor_change_generated_rows() {
                 false => run(i..i + 1, &[false]),
             };
             assert_eq!(out[i * n..(i + 1) * n], want[..], "{dtype:?} row {i}");
+        }
+    }
+}
+
+/// A NaN in an activation row spoils that row's outputs in every kernel, as unrounded f32
+/// arithmetic would, rather than rounding to zero in the 16-bit ones; other rows stay finite.
+#[test]
+fn a_nan_activation_spoils_its_row_in_every_kernel() {
+    let team = Team::new(2);
+    let (n, k) = (20, 512);
+    for dtype in ALL {
+        let (q, _) = quantize(&weights(n, k, 7), n, k, dtype);
+        let qm = QuantMatrix::from_qtensor(&q).unwrap();
+        for (m, prompt) in [(1, false), (3, false), (9, false), (9, true)] {
+            let mut x: Vec<f32> = (0..m * k).map(|i| (i % 7) as f32 * 0.1 - 0.3).collect();
+            x[(m - 1) * k + 100] = f32::NAN;
+            let mut out = vec![0f32; m * n];
+            qm.matmul_rows(&team, &x, &vec![prompt; m], &mut out);
+            let (rest, last) = out.split_at((m - 1) * n);
+            assert!(rest.iter().all(|v| v.is_finite()), "{dtype:?} m={m}");
+            assert!(
+                last.iter().all(|v| v.is_nan()),
+                "{dtype:?} m={m} prompt={prompt}"
+            );
         }
     }
 }

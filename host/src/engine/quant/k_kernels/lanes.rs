@@ -33,7 +33,8 @@ pub(super) fn span_lanes<const F: u8, const G: usize>(
     (s, r0, nr, a, i0, dst): (&Segment, usize, usize, &KActs, usize, &mut [f32]),
 ) {
     let x = Acts::<G>::new(s, r0..r0 + nr, a, i0, dst.len());
-    lanes::span_lanes::<KLanes<F>, G>(span, s, (r0, nr), &x, dst);
+    // SAFETY: `Acts::new` checked every super-block of the G rows against `s`.
+    unsafe { lanes::span_lanes::<KLanes<F>, G>(span, s, (r0, nr), &x, dst) };
 }
 
 /// The k-quant `F` across the lanes.
@@ -44,6 +45,7 @@ impl<const F: u8> LaneFormat for KLanes<F> {
     const PAIRS: usize = QK / 2;
     /// `d`, then `dmin·m_j` of the eight sub-blocks.
     const FLOATS: usize = 9;
+    const BLOCK_BYTES: usize = [144, 176, 210][F as usize];
 
     unsafe fn pack_block(rows: &[*const u8; LANES], w: &mut Vec<__m512i>, f: &mut Vec<__m512>) {
         let mut v = [[_mm512_setzero_si512(); 8]; LANES];

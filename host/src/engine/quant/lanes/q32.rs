@@ -53,6 +53,11 @@ impl Acts32 {
             for (i, (xb, qb)) in blocks.zip(q.chunks_exact_mut(BLOCK)).enumerate() {
                 u[i] = xb.iter().sum();
                 s[i] = quantize_block(xb, qb);
+                if !u[i].is_finite() {
+                    // A NaN or infinity rounds to nothing in i16: carry it in the scale, so
+                    // the block's products are NaN as the f32 kernels' would be.
+                    s[i] = f32::NAN;
+                }
             }
         });
         Self { k, q, scale, sums }
@@ -122,6 +127,7 @@ impl<const F: u8> LaneFormat for Q32<F> {
     const PAIRS: usize = BLOCK / 2;
     /// `d`, then the min for the formats that have one.
     const FLOATS: usize = if affine(F) { 2 } else { 1 };
+    const BLOCK_BYTES: usize = [18, 20, 22, 24, 34][F as usize];
 
     unsafe fn pack_block(rows: &[*const u8; LANES], w: &mut Vec<__m512i>, f: &mut Vec<__m512>) {
         let mut v = [_mm512_setzero_si512(); LANES];
@@ -197,7 +203,8 @@ pub(in crate::engine::quant) fn tile(
                 scale: std::array::from_fn(|j| a.scale[(i0 + j) * nb..].as_ptr()),
                 sums: std::array::from_fn(|j| a.sums[(i0 + j) * nb..].as_ptr()),
             };
-            super::span_lanes::<Q32<{ $f }>, $g>(span, s, (r0, nr), &x, dst)
+            // SAFETY: asserted above: blocks < nb of rows < i0 + g, each row k wide.
+            unsafe { super::span_lanes::<Q32<{ $f }>, $g>(span, s, (r0, nr), &x, dst) }
         }};
     }
     macro_rules! by_group {

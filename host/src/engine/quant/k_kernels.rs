@@ -102,41 +102,14 @@ impl KActs {
     /// team.
     pub(super) fn new(team: &Team, x: &[f32], m: usize, k: usize) -> Self {
         assert!(k.is_multiple_of(QK), "k-quant rows are whole super-blocks");
-        let nb = k / QK;
-        let mut q = Aligned::zeroed(m * k);
-        let mut scale = vec![0f32; m * nb];
-        let mut sums = vec![0f32; m * nb * SUMS];
-        let parts = team.threads().min(m);
-        let ranges: Vec<_> = (0..parts).map(|p| split(m, 1, p, parts)).collect();
-        let qs = split_mut(q.as_mut_slice(), ranges.iter().map(|r| r.len() * k));
-        let ss = split_mut(&mut scale, ranges.iter().map(|r| r.len() * nb));
-        let us = split_mut(&mut sums, ranges.iter().map(|r| r.len() * nb * SUMS));
-        let job = |p: usize, _: usize| {
-            if p >= parts {
-                return;
+        let (q, scale, sums) = round_rows::<QK, SUMS>(team, x, m, k, |xb, q, u| {
+            let scale = quantize_block(xb, q);
+            deinterleave(q);
+            for (j, sub) in xb.chunks_exact(32).enumerate() {
+                u[j] = sub.iter().sum();
             }
-            let mut q = qs[p].lock().unwrap_or_else(|e| e.into_inner());
-            let mut s = ss[p].lock().unwrap_or_else(|e| e.into_inner());
-            let mut u = us[p].lock().unwrap_or_else(|e| e.into_inner());
-            let x = &x[ranges[p].start * k..ranges[p].end * k];
-            for (i, xb) in x.chunks_exact(QK).enumerate() {
-                s[i] = quantize_block(xb, &mut q[i * QK..(i + 1) * QK]);
-                deinterleave(&mut q[i * QK..(i + 1) * QK]);
-                for (j, sub) in xb.chunks_exact(32).enumerate() {
-                    u[i * SUMS + j] = sub.iter().sum();
-                }
-                if !u[i * SUMS..i * SUMS + 8].iter().all(|v| v.is_finite()) {
-                    // A NaN or infinity rounds to nothing in i16: carry it in the scale, so
-                    // the block's products are NaN as unrounded ones would be.
-                    s[i] = f32::NAN;
-                }
-            }
-        };
-        if parts > 1 {
-            team.run(&job);
-        } else {
-            job(0, 1);
-        }
+            scale
+        });
         Self {
             k,
             #[cfg(all(target_arch = "x86_64", target_feature = "avx512bw"))]
@@ -152,10 +125,57 @@ impl KActs {
     }
 }
 
+/// The `m` rows of `x` (`[m][k]`) rounded to i16 block by block, rows split across the team:
+/// `block(x, q, sums)` rounds one block of `B` elements into `q`, writes its `S` float sums
+/// and returns its scale. Returns the rounded rows, the scales (`[m][k / B]`) and the sums
+/// (`[m][k / B][S]`).
+pub(super) fn round_rows<const B: usize, const S: usize>(
+    team: &Team,
+    x: &[f32],
+    m: usize,
+    k: usize,
+    block: impl Fn(&[f32], &mut [i16], &mut [f32]) -> f32 + Sync,
+) -> (Aligned<i16, 32>, Vec<f32>, Vec<f32>) {
+    assert!(k.is_multiple_of(B) && x.len() == m * k);
+    let nb = k / B;
+    let mut q = Aligned::zeroed(m * k);
+    let mut scale = vec![0f32; m * nb];
+    let mut sums = vec![0f32; m * nb * S];
+    let parts = team.threads().min(m);
+    let ranges: Vec<_> = (0..parts).map(|p| split(m, 1, p, parts)).collect();
+    let qs = split_mut(q.as_mut_slice(), ranges.iter().map(|r| r.len() * k));
+    let ss = split_mut(&mut scale, ranges.iter().map(|r| r.len() * nb));
+    let us = split_mut(&mut sums, ranges.iter().map(|r| r.len() * nb * S));
+    let job = |p: usize, _: usize| {
+        let Some(range) = ranges.get(p) else { return };
+        let mut q = qs[p].lock().unwrap_or_else(|e| e.into_inner());
+        let mut s = ss[p].lock().unwrap_or_else(|e| e.into_inner());
+        let mut u = us[p].lock().unwrap_or_else(|e| e.into_inner());
+        let blocks = x[range.start * k..range.end * k].chunks_exact(B);
+        let outs = q.chunks_exact_mut(B).zip(u.chunks_exact_mut(S));
+        for ((xb, (qb, ub)), sb) in blocks.zip(outs).zip(s.iter_mut()) {
+            *sb = block(xb, qb, ub);
+        }
+    };
+    // A single row (decode) is rounded here rather than waking the team for it.
+    if parts > 1 {
+        team.run(&job);
+    } else {
+        job(0, 1);
+    }
+    (q, scale, sums)
+}
+
 /// Rounds one block to i16 (ties to even, so it vectorises); returns its scale.
 pub(super) fn quantize_block(x: &[f32], q: &mut [i16]) -> f32 {
+    if !x.iter().all(|v| v.is_finite()) {
+        // A NaN or infinity rounds to nothing in i16 (and `max` passes over NaN): the scale
+        // carries it, so the block's products are NaN as unrounded arithmetic's would be.
+        q.fill(0);
+        return f32::NAN;
+    }
     let amax = x.iter().fold(0f32, |a, v| a.max(v.abs()));
-    if !(amax > 0.0 && amax.is_finite()) {
+    if amax <= 0.0 {
         q.fill(0);
         return 0.0;
     }
@@ -225,21 +245,6 @@ pub(super) fn tile(
     use avx512::{one_row, rows, span_rows};
     use lanes::span_lanes;
     let args = (s, r0, nr, a, i0, dst);
-    // A span kernel instance per group size, for span `n`.
-    macro_rules! by_group {
-        ($kernel:ident, $f:expr, $n:expr) => {
-            match g {
-                8 => $kernel::<{ $f }, 8>($n, args),
-                7 => $kernel::<{ $f }, 7>($n, args),
-                6 => $kernel::<{ $f }, 6>($n, args),
-                5 => $kernel::<{ $f }, 5>($n, args),
-                4 => $kernel::<{ $f }, 4>($n, args),
-                3 => $kernel::<{ $f }, 3>($n, args),
-                2 => $kernel::<{ $f }, 2>($n, args),
-                _ => $kernel::<{ $f }, 1>($n, args),
-            }
-        };
-    }
     macro_rules! by_batch {
         ($f:expr) => {
             match walk {
@@ -250,8 +255,8 @@ pub(super) fn tile(
                 super::Walk::Span(_) if $f != Q6K => {
                     super::by_batch!(rows, $f, rows_walked, g, false, args)
                 }
-                super::Walk::Span(n) => by_group!(span_rows, $f, n),
-                super::Walk::Prompt(n) => by_group!(span_lanes, $f, n),
+                super::Walk::Span(n) => super::by_group!(span_rows, $f, g, n, args),
+                super::Walk::Prompt(n) => super::by_group!(span_lanes, $f, g, n, args),
             }
         };
     }

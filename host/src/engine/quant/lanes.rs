@@ -80,6 +80,14 @@ pub(super) unsafe fn dot_acc(acc: __m512i, w: __m512i, x: __m512i) -> __m512i {
     }
 }
 
+/// The f16 at `p` (a block's scale) as f32.
+#[inline(always)]
+pub(super) unsafe fn f16_at(p: *const u8) -> f32 {
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(
+        p.cast::<u16>().read_unaligned() as i32,
+    )))
+}
+
 /// A tile's rows, packed across lanes, kept for the span's next groups.
 struct Packed {
     /// (span, segment bytes, first row, rows) of what `w` and `f` hold.

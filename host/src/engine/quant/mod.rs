@@ -46,6 +46,26 @@ macro_rules! by_batch {
 #[cfg(all(target_arch = "x86_64", target_feature = "avx512f"))]
 use by_batch;
 
+/// Calls the span kernel `$kernel::<F, G>($n, $args)` for a group of `$g` (1 to 8) activation
+/// rows; G is a constant, so each instance's loops are unrolled for its group.
+#[cfg(all(target_arch = "x86_64", target_feature = "avx512bw"))]
+macro_rules! by_group {
+    ($kernel:ident, $f:expr, $g:expr, $n:expr, $args:expr) => {
+        match $g {
+            8 => $kernel::<{ $f }, 8>($n, $args),
+            7 => $kernel::<{ $f }, 7>($n, $args),
+            6 => $kernel::<{ $f }, 6>($n, $args),
+            5 => $kernel::<{ $f }, 5>($n, $args),
+            4 => $kernel::<{ $f }, 4>($n, $args),
+            3 => $kernel::<{ $f }, 3>($n, $args),
+            2 => $kernel::<{ $f }, 2>($n, $args),
+            _ => $kernel::<{ $f }, 1>($n, $args),
+        }
+    };
+}
+#[cfg(all(target_arch = "x86_64", target_feature = "avx512bw"))]
+use by_group;
+
 mod aligned;
 mod blocks;
 mod f32_kernels;

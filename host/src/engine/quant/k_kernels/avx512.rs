@@ -10,7 +10,7 @@
 
 use std::arch::x86_64::*;
 
-use super::super::lanes::dot_acc;
+use super::super::lanes::{dot_acc, f16_at};
 use super::super::Segment;
 use super::{KActs, CHUNK, Q5K, Q6K, QK, SUMS};
 
@@ -21,13 +21,6 @@ const PREFETCH: usize = 8192;
 /// Activation bytes of a group that fit L1 beside the weights streaming past (half of
 /// Zen 4/5's 48 KiB).
 const L1_ACTS: usize = 24 * 1024;
-
-#[inline(always)]
-unsafe fn f16_at(p: *const u8) -> f32 {
-    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(
-        p.cast::<u16>().read_unaligned() as i32,
-    )))
-}
 
 /// The six-bit scales and mins of a Q4_K/Q5_K block as two u64s of eight bytes each
 /// (the byte shuffle of `blocks::k4_scales_mins`, done on 32-bit words).

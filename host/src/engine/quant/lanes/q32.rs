@@ -12,10 +12,10 @@
 use std::arch::x86_64::*;
 
 use super::super::aligned::Aligned;
-use super::super::k_kernels::quantize_block;
+use super::super::k_kernels::{quantize_block, round_rows};
 use super::super::{Format, Segment};
-use super::{dot_acc, transpose, LaneFormat, LaneKernel, LANES};
-use crate::engine::team::{split, split_mut, Team};
+use super::{dot_acc, f16_at, transpose, LaneFormat, LaneKernel, LANES};
+use crate::engine::team::Team;
 
 /// Elements per block.
 const BLOCK: usize = 32;
@@ -35,30 +35,9 @@ pub(in crate::engine::quant) struct Acts32 {
 impl Acts32 {
     /// Rounds the `m` rows of `x` (`[m][k]`, `k` a multiple of 32), rows split across the team.
     pub(in crate::engine::quant) fn new(team: &Team, x: &[f32], m: usize, k: usize) -> Self {
-        assert!(k.is_multiple_of(BLOCK) && x.len() == m * k);
-        let nb = k / BLOCK;
-        let mut q = Aligned::zeroed(m * k);
-        let (mut scale, mut sums) = (vec![0f32; m * nb], vec![0f32; m * nb]);
-        let parts = team.threads().min(m);
-        let ranges: Vec<_> = (0..parts).map(|p| split(m, 1, p, parts)).collect();
-        let qs = split_mut(q.as_mut_slice(), ranges.iter().map(|r| r.len() * k));
-        let ss = split_mut(&mut scale, ranges.iter().map(|r| r.len() * nb));
-        let us = split_mut(&mut sums, ranges.iter().map(|r| r.len() * nb));
-        team.run(&|p, _| {
-            let Some(range) = ranges.get(p) else { return };
-            let mut q = qs[p].lock().unwrap_or_else(|e| e.into_inner());
-            let mut s = ss[p].lock().unwrap_or_else(|e| e.into_inner());
-            let mut u = us[p].lock().unwrap_or_else(|e| e.into_inner());
-            let blocks = x[range.start * k..range.end * k].chunks_exact(BLOCK);
-            for (i, (xb, qb)) in blocks.zip(q.chunks_exact_mut(BLOCK)).enumerate() {
-                u[i] = xb.iter().sum();
-                s[i] = quantize_block(xb, qb);
-                if !u[i].is_finite() {
-                    // A NaN or infinity rounds to nothing in i16: carry it in the scale, so
-                    // the block's products are NaN as the f32 kernels' would be.
-                    s[i] = f32::NAN;
-                }
-            }
+        let (q, scale, sums) = round_rows::<BLOCK, 1>(team, x, m, k, |xb, q, u| {
+            u[0] = xb.iter().sum();
+            quantize_block(xb, q)
         });
         Self { k, q, scale, sums }
     }
@@ -74,13 +53,6 @@ const Q8_0: u8 = 4;
 /// Whether the format has a min (`w = d·q + m`, a second float vector per block).
 const fn affine(f: u8) -> bool {
     f == Q4_1 || f == Q5_1
-}
-
-#[inline(always)]
-unsafe fn f16_at(p: *const u8) -> f32 {
-    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(
-        p.cast::<u16>().read_unaligned() as i32,
-    )))
 }
 
 /// A block's 32 weights as signed 16-bit integers in element order, its `d` and its min.
@@ -191,42 +163,34 @@ pub(in crate::engine::quant) fn tile(
     dst: &mut [f32],
     span: u64,
 ) {
-    let (k, nb) = (a.k, a.k / BLOCK);
-    assert!(
-        s.cols == k && (1..=8).contains(&g) && a.q.as_slice().len() >= (i0 + g) * k,
-        "activations for the segment's columns"
-    );
-    macro_rules! run {
-        ($f:expr, $g:expr) => {{
-            let x = Rows::<$g> {
-                q: std::array::from_fn(|j| a.q.as_slice()[(i0 + j) * k..].as_ptr().cast()),
-                scale: std::array::from_fn(|j| a.scale[(i0 + j) * nb..].as_ptr()),
-                sums: std::array::from_fn(|j| a.sums[(i0 + j) * nb..].as_ptr()),
-            };
-            // SAFETY: asserted above: blocks < nb of rows < i0 + g, each row k wide.
-            unsafe { super::span_lanes::<Q32<{ $f }>, $g>(span, s, (r0, nr), &x, dst) }
-        }};
-    }
-    macro_rules! by_group {
-        ($f:expr) => {
-            match g {
-                8 => run!($f, 8),
-                7 => run!($f, 7),
-                6 => run!($f, 6),
-                5 => run!($f, 5),
-                4 => run!($f, 4),
-                3 => run!($f, 3),
-                2 => run!($f, 2),
-                _ => run!($f, 1),
-            }
-        };
-    }
+    assert!((1..=8).contains(&g), "a group of one to eight rows");
+    let args = (s, r0, nr, a, i0, dst);
     match s.format {
-        Format::Q4_0 => by_group!(Q4_0),
-        Format::Q4_1 => by_group!(Q4_1),
-        Format::Q5_0 => by_group!(Q5_0),
-        Format::Q5_1 => by_group!(Q5_1),
-        Format::Q8_0 => by_group!(Q8_0),
+        Format::Q4_0 => super::super::by_group!(span_lanes, Q4_0, g, span, args),
+        Format::Q4_1 => super::super::by_group!(span_lanes, Q4_1, g, span, args),
+        Format::Q5_0 => super::super::by_group!(span_lanes, Q5_0, g, span, args),
+        Format::Q5_1 => super::super::by_group!(span_lanes, Q5_1, g, span, args),
+        Format::Q8_0 => super::super::by_group!(span_lanes, Q8_0, g, span, args),
         other => unreachable!("{other:?} is a k-quant"),
     }
+}
+
+/// `tile` for format `F` and a group of G rows.
+#[allow(clippy::type_complexity)]
+fn span_lanes<const F: u8, const G: usize>(
+    span: u64,
+    (s, r0, nr, a, i0, dst): (&Segment, usize, usize, &Acts32, usize, &mut [f32]),
+) {
+    let (k, nb) = (a.k, a.k / BLOCK);
+    assert!(
+        s.cols == k && a.q.as_slice().len() >= (i0 + G) * k,
+        "activations for the segment's columns"
+    );
+    let x = Rows::<G> {
+        q: std::array::from_fn(|j| a.q.as_slice()[(i0 + j) * k..].as_ptr().cast()),
+        scale: std::array::from_fn(|j| a.scale[(i0 + j) * nb..].as_ptr()),
+        sums: std::array::from_fn(|j| a.sums[(i0 + j) * nb..].as_ptr()),
+    };
+    // SAFETY: asserted above: blocks < nb of rows < i0 + G, each row k wide.
+    unsafe { super::span_lanes::<Q32<F>, G>(span, s, (r0, nr), &x, dst) }
 }

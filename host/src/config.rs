@@ -236,6 +236,11 @@ pub struct EngineConfig {
     /// Speculate only while at most this many sequences run: drafts pay when decode is bound
     /// by reading the weights, not in large batches.
     pub speculative_max_seqs: usize,
+    /// Bits the CPU batch kernels (decode, drafts, small batches) round activations to before
+    /// they meet k-quant weights: 16 (default; greedy output as the dense-f32 reference's) or
+    /// 8 (llama.cpp's Q8_K: faster decode, greedy output parts from the f32 reference's at
+    /// closer calls). Prompt kernels always take 16.
+    pub decode_activation_bits: u8,
 }
 
 /// Where a model's engine computes.
@@ -363,6 +368,7 @@ impl Default for EngineConfig {
             gpu_memory_utilization: 0.9,
             speculative_tokens: 4,
             speculative_max_seqs: 2,
+            decode_activation_bits: 16,
         }
     }
 }
@@ -410,6 +416,12 @@ impl Config {
             if e.block_size == 0 || !e.block_size.is_power_of_two() {
                 return bad(format!(
                     "models.{}: block_size must be a power of two",
+                    m.name
+                ));
+            }
+            if !matches!(e.decode_activation_bits, 8 | 16) {
+                return bad(format!(
+                    "models.{}: decode_activation_bits must be 8 or 16",
                     m.name
                 ));
             }

@@ -126,6 +126,10 @@ struct EngineArgs {
     /// Compute threads per model (0 = one per core).
     #[arg(long)]
     threads: Option<usize>,
+    /// Bits the CPU decode kernels round activations to for k-quant weights: 16 (default,
+    /// greedy output as the f32 reference's) or 8 (faster decode, as llama.cpp).
+    #[arg(long)]
+    decode_activation_bits: Option<u8>,
     /// Where models run: cpu, cuda or cuda:N (CUDA needs a build with --features cuda).
     #[arg(long)]
     device: Option<gateway::config::ComputeDevice>,
@@ -241,6 +245,9 @@ impl EngineArgs {
                 .unwrap_or(e.max_num_batched_tokens);
             e.prefix_caching &= !self.no_prefix_caching;
             e.threads = self.threads.unwrap_or(e.threads);
+            e.decode_activation_bits = self
+                .decode_activation_bits
+                .unwrap_or(e.decode_activation_bits);
             e.device = self.device.unwrap_or(e.device);
             e.dtype = self.dtype.unwrap_or(e.dtype);
             e.gpu_memory_utilization = self

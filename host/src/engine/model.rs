@@ -13,7 +13,7 @@ use candle_core::quantized::{QMatMul, QTensor};
 use candle_core::{Device, Tensor};
 
 use super::cpu_ops::{geglu, rms_norm, rms_norm_in_place, swiglu};
-use super::quant::QuantMatrix;
+use super::quant::{ActivationBits, QuantMatrix};
 use super::team::Team;
 
 use super::paged_attention::{AttnSeq, KvCache};
@@ -85,7 +85,7 @@ impl Linear {
     /// `QuantMatrix::matmul_rows`); returns `[rows, out]`.
     fn forward(
         &self,
-        team: &Team,
+        (team, bits): (&Team, ActivationBits),
         x: &[f32],
         prompt: &[bool],
         dev: &Device,
@@ -93,7 +93,7 @@ impl Linear {
         let rows = prompt.len();
         if let Linear::Native(w) = self {
             let mut out = vec![0f32; rows * w.rows()];
-            w.matmul_rows(team, x, prompt, &mut out);
+            w.matmul_rows(team, x, prompt, bits, &mut out);
             return Ok(out);
         }
         let xt = Tensor::from_slice(x, (rows, x.len() / rows), dev)?;
@@ -199,6 +199,8 @@ pub struct Model {
     rope_local: Option<(Vec<f32>, Vec<f32>)>,
     /// Threads that run this model's kernels.
     team: Team,
+    /// How the batch kernels round activations for k-quant weights.
+    bits: ActivationBits,
 }
 
 impl Model {
@@ -227,6 +229,7 @@ impl Model {
             rope_sin,
             rope_local,
             team: Team::new(0),
+            bits: ActivationBits::default(),
         }
     }
 
@@ -238,6 +241,17 @@ impl Model {
     /// Compute threads for this model's kernels (0 = one per core).
     pub fn set_threads(&mut self, threads: usize) {
         self.team = Team::new(threads);
+    }
+
+    /// How the batch kernels (decode, drafts, small batches) round activations for k-quant
+    /// weights (`engine.decode_activation_bits`).
+    pub fn set_activation_bits(&mut self, bits: ActivationBits) {
+        self.bits = bits;
+    }
+
+    /// What every projection runs with.
+    fn kernels(&self) -> (&Team, ActivationBits) {
+        (&self.team, self.bits)
     }
 
     /// Runs one step. Writes every row's K/V into `cache` and returns one logits row per
@@ -276,7 +290,7 @@ impl Model {
         rms_norm(x, &layer.attn_norm, s.rms_eps, &mut h);
         let mut qkv = layer
             .qkv
-            .forward(&self.team, &h, &step.prompt, &self.device)?;
+            .forward(self.kernels(), &h, &step.prompt, &self.device)?;
         let width = qdim + 2 * kvdim;
         if let Some(b) = &layer.qkv_bias {
             for r in qkv.chunks_mut(width) {
@@ -310,7 +324,7 @@ impl Model {
         cache.attention(&self.team, li, &q, seqs, nh, scale, window, &mut attn);
         let mut o = layer
             .o
-            .forward(&self.team, &attn, &step.prompt, &self.device)?;
+            .forward(self.kernels(), &attn, &step.prompt, &self.device)?;
         if let Some(g) = &layer.gemma {
             rms_norm_in_place(&mut o, &g.post_attn, s.rms_eps);
         }
@@ -325,7 +339,7 @@ impl Model {
         rms_norm(x, &layer.ffn_norm, s.rms_eps, &mut h);
         let gu = layer
             .gate_up
-            .forward(&self.team, &h, prompt, &self.device)?;
+            .forward(self.kernels(), &h, prompt, &self.device)?;
         let inter = s.intermediate;
         let mut act = vec![0f32; rows * inter];
         for (a, row) in act.chunks_mut(inter).zip(gu.chunks(2 * inter)) {
@@ -336,7 +350,9 @@ impl Model {
                 None => swiglu(a, u),
             }
         }
-        let mut d = layer.down.forward(&self.team, &act, prompt, &self.device)?;
+        let mut d = layer
+            .down
+            .forward(self.kernels(), &act, prompt, &self.device)?;
         if let Some(g) = &layer.gemma {
             rms_norm_in_place(&mut d, &g.post_ffn, s.rms_eps);
         }
@@ -365,7 +381,7 @@ impl Model {
         rms_norm(&last, &self.norm, self.shape.rms_eps, &mut normed);
         let mut logits =
             self.lm_head
-                .forward(&self.team, &normed, &vec![false; n], &self.device)?;
+                .forward(self.kernels(), &normed, &vec![false; n], &self.device)?;
         if let Some(cap) = self.shape.gemma.as_ref().and_then(|g| g.final_softcap) {
             logits.iter_mut().for_each(|l| *l = cap * (*l / cap).tanh());
         }

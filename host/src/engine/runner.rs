@@ -10,6 +10,7 @@ use super::batch::BatchSeq;
 pub use super::batch::Pool;
 use super::model::Model;
 use super::paged_attention::KvCache;
+use super::quant::ActivationBits;
 use super::ModelError;
 
 // One runner per engine, built once and never moved on a hot path: variant sizes do not matter.
@@ -35,6 +36,10 @@ impl Runner {
         match e.device {
             ComputeDevice::Cpu => {
                 model.set_threads(e.threads);
+                model.set_activation_bits(match e.decode_activation_bits {
+                    8 => ActivationBits::Eight,
+                    _ => ActivationBits::Sixteen,
+                });
                 let s = &model.shape;
                 let block_bytes =
                     KvCache::block_bytes(s.num_layers, e.block_size, s.num_kv_heads, s.head_dim);

@@ -1,4 +1,5 @@
-//! Q4_K, Q5_K and Q6_K (256-weight super-blocks) times activations rounded to 16-bit integers.
+//! Q4_K, Q5_K and Q6_K (256-weight super-blocks) times activations rounded to integers: 16 bits
+//! by default, 8 for the batch kernels where a model asks (`ActivationBits`).
 //!
 //! Per super-block `b` of a weight row and activation row `x ≈ s_b · x16`:
 //! - Q4_K / Q5_K: `w = d·sc_j·q − dmin·m_j` for sub-block `j` (32 weights), so
@@ -18,6 +19,7 @@
 //! bits, are the same whichever kernel a row goes through.
 
 use super::aligned::Aligned;
+use super::ActivationBits;
 use crate::engine::team::{split, split_mut, Team};
 
 /// Elements per super-block.
@@ -28,7 +30,7 @@ const SUMS: usize = 16;
 /// Activation rows prepared for the k-quant kernels.
 pub(super) struct KActs {
     k: usize,
-    /// `[m][k]`: each 256-element block scaled so its largest magnitude is 32767.
+    /// `[m][k]`: each 256-element block scaled so its largest magnitude is 32767 (or 127).
     q: Aligned<i16, 32>,
     /// `[m][k / 256]`: the scale of each block (`x ≈ q · scale`).
     scale: Vec<f32>,
@@ -40,7 +42,8 @@ pub(super) struct KActs {
 }
 
 #[cfg(all(target_arch = "x86_64", target_feature = "avx512bw"))]
-/// One activation row split into bytes, in element order: `q = 256·hi + lo`.
+/// One activation row as bytes, in element order: rounded to 16 bits, `q = 256·hi + lo`; to 8,
+/// the values are `hi` and there is no `lo`.
 ///
 /// A row's weights are read once from memory, so the one-row kernel's cost is the unpacking:
 /// it multiplies the packed 4-6-bit values as bytes (`maddubs`, no widening and no per-vector
@@ -48,37 +51,51 @@ pub(super) struct KActs {
 /// scales to the 16-bit pair sums.
 pub(super) struct RowBytes {
     hi: Aligned<i8, 64>,
-    lo: Aligned<u8, 64>,
+    lo: Option<Aligned<u8, 64>>,
     /// `[k / 2]`: `32·(hi[2i] + hi[2i + 1])`, Q6_K's offset of 32 on the high bytes of a pair.
     hs: Aligned<i16, 32>,
 }
 
 #[cfg(all(target_arch = "x86_64", target_feature = "avx512bw"))]
 impl RowBytes {
-    /// From one row of stored 16-bit activations (`deinterleave` order).
-    fn new(q: &[i16]) -> Self {
+    /// From one row of stored activations (`deinterleave` order) rounded to `bits`.
+    fn new(q: &[i16], bits: ActivationBits) -> Self {
         let k = q.len();
+        let wide = bits == ActivationBits::Sixteen;
         let (mut hi, mut lo, mut hs) = (
             Aligned::zeroed(k),
-            Aligned::zeroed(k),
+            Aligned::zeroed(if wide { k } else { 0 }),
             Aligned::zeroed(k / 2),
         );
         let runs = q.chunks_exact(64).zip(
             hi.as_mut_slice()
                 .chunks_exact_mut(64)
-                .zip(lo.as_mut_slice().chunks_exact_mut(64))
                 .zip(hs.as_mut_slice().chunks_exact_mut(32)),
         );
-        for (run, ((hi, lo), hs)) in runs {
+        for (run, (hi, hs)) in runs {
             // A stored run is its 32 even elements, then its 32 odd ones.
             let (even, odd) = run.split_at(32);
             for (m, (&e, &o)) in even.iter().zip(odd).enumerate() {
-                let (he, ho) = ((e >> 8) as i8, (o >> 8) as i8);
+                let (he, ho) = match wide {
+                    true => ((e >> 8) as i8, (o >> 8) as i8),
+                    false => (e as i8, o as i8),
+                };
                 (hi[2 * m], hi[2 * m + 1]) = (he, ho);
-                (lo[2 * m], lo[2 * m + 1]) = (e as u8, o as u8);
                 hs[m] = 32 * (i16::from(he) + i16::from(ho));
             }
         }
+        let lo = wide.then(|| {
+            for (run, lo) in q
+                .chunks_exact(64)
+                .zip(lo.as_mut_slice().chunks_exact_mut(64))
+            {
+                let (even, odd) = run.split_at(32);
+                for (m, (&e, &o)) in even.iter().zip(odd).enumerate() {
+                    (lo[2 * m], lo[2 * m + 1]) = (e as u8, o as u8);
+                }
+            }
+            lo
+        });
         Self { hi, lo, hs }
     }
 }
@@ -98,12 +115,16 @@ fn deinterleave(q: &mut [i16]) {
 }
 
 impl KActs {
-    /// Quantizes the `m` rows of `x` (`[m][k]`, `k` a multiple of 256), rows split across the
-    /// team.
-    pub(super) fn new(team: &Team, x: &[f32], m: usize, k: usize) -> Self {
+    /// Quantizes the `m` rows of `x` (`[m][k]`, `k` a multiple of 256) to `bits`, rows split
+    /// across the team.
+    pub(super) fn new(team: &Team, x: &[f32], m: usize, k: usize, bits: ActivationBits) -> Self {
         assert!(k.is_multiple_of(QK), "k-quant rows are whole super-blocks");
+        let max = match bits {
+            ActivationBits::Sixteen => 32767.0,
+            ActivationBits::Eight => 127.0,
+        };
         let (q, scale, sums) = round_rows::<QK, SUMS>(team, x, m, k, |xb, q, u| {
-            let scale = quantize_block(xb, q);
+            let scale = quantize_block(xb, q, max);
             deinterleave(q);
             for (j, sub) in xb.chunks_exact(32).enumerate() {
                 u[j] = sub.iter().sum();
@@ -113,7 +134,7 @@ impl KActs {
         Self {
             k,
             #[cfg(all(target_arch = "x86_64", target_feature = "avx512bw"))]
-            bytes: (m == 1).then(|| RowBytes::new(q.as_slice())),
+            bytes: (m == 1).then(|| RowBytes::new(q.as_slice(), bits)),
             q,
             scale,
             sums,
@@ -166,8 +187,9 @@ pub(super) fn round_rows<const B: usize, const S: usize>(
     (q, scale, sums)
 }
 
-/// Rounds one block to i16 (ties to even, so it vectorises); returns its scale.
-pub(super) fn quantize_block(x: &[f32], q: &mut [i16]) -> f32 {
+/// Rounds one block to integers of magnitude up to `max` (ties to even, so it vectorises);
+/// returns its scale.
+pub(super) fn quantize_block(x: &[f32], q: &mut [i16], max: f32) -> f32 {
     if !x.iter().all(|v| v.is_finite()) {
         // A NaN or infinity rounds to nothing in i16 (and `max` passes over NaN): the scale
         // carries it, so the block's products are NaN as unrounded arithmetic's would be.
@@ -179,11 +201,11 @@ pub(super) fn quantize_block(x: &[f32], q: &mut [i16]) -> f32 {
         q.fill(0);
         return 0.0;
     }
-    let inv = 32767.0 / amax;
+    let inv = max / amax;
     for (q, &v) in q.iter_mut().zip(x) {
         *q = (v * inv).round_ties_even() as i16;
     }
-    amax / 32767.0
+    amax / max
 }
 
 /// What the SIMD kernels (AVX-512 and AVX2) share.

@@ -1,5 +1,6 @@
 use super::*;
 use candle_core::{Device, Tensor};
+use ActivationBits::{Eight, Sixteen};
 
 const ALL: [GgmlDType; 8] = [
     GgmlDType::Q4_0,
@@ -44,10 +45,10 @@ fn reference(x: &[f32], deq: &[f32], m: usize, n: usize, k: usize) -> Vec<f64> {
     out
 }
 
-/// Tolerance for one output: f32 kernels are exact to rounding; k-quants, and the prompt
-/// kernels of every format (`rounded`), round activations to 16 bits per block (error ≤
-/// amax / 65534 per element).
-fn tolerance(rounded: bool, x: &[f32], deq_row: &[f32]) -> f64 {
+/// Tolerance for one output: f32 kernels are exact to rounding; the k-quant kernels, and the
+/// prompt kernels of every format, round activations per block to integers up to `rounded`
+/// (error ≤ amax / (2·rounded) per element).
+fn tolerance(rounded: Option<f64>, x: &[f32], deq_row: &[f32]) -> f64 {
     let mass: f64 = x
         .iter()
         .zip(deq_row)
@@ -56,8 +57,8 @@ fn tolerance(rounded: bool, x: &[f32], deq_row: &[f32]) -> f64 {
     let amax = x.iter().fold(0f32, |a, v| a.max(v.abs())) as f64;
     let l1: f64 = deq_row.iter().map(|v| v.abs() as f64).sum();
     match rounded {
-        true => 1e-5 * mass + amax / 65534.0 * l1 + 1e-4,
-        false => 1e-5 * mass + 1e-4,
+        Some(max) => 1e-5 * mass + amax / (2.0 * max) * l1 + 1e-4,
+        None => 1e-5 * mass + 1e-4,
     }
 }
 
@@ -95,19 +96,30 @@ fn matmul_matches_the_dequantized_float_reference_for_every_format_and_batch() {
                 })
                 .collect();
             let want = reference(&x, &deq, m, n, k);
-            // Generated rows, then prompt rows (their own kernels from a group on).
-            for prompt in [false, true] {
+            // Generated rows at both roundings, then prompt rows (their own kernels from a
+            // group on).
+            for (prompt, bits) in [(false, Sixteen), (false, Eight), (true, Sixteen)] {
                 let mut out = vec![0f32; m * n];
-                qm.matmul_rows(&team, &x, &vec![prompt; m], &mut out);
+                qm.matmul_rows(&team, &x, &vec![prompt; m], bits, &mut out);
+                // The prompt kernels round every format to 16 bits; the batch kernels round
+                // k-quants to `bits` and give the others floats.
+                let prompt_kernel = prompt
+                    && m >= GROUP
+                    && cfg!(all(target_arch = "x86_64", target_feature = "avx512bw"));
+                let rounded = match (prompt_kernel, is_k, bits) {
+                    (true, _, _) | (false, true, Sixteen) => Some(32767.0),
+                    (false, true, Eight) => Some(127.0),
+                    (false, false, _) => None,
+                };
                 for i in 0..m {
                     for r in 0..n {
                         let deq_row = &deq[r * k..(r + 1) * k];
-                        let tol = tolerance(is_k || prompt, &x[i * k..(i + 1) * k], deq_row);
+                        let tol = tolerance(rounded, &x[i * k..(i + 1) * k], deq_row);
                         let got = out[i * n + r] as f64;
                         let want = want[i * n + r];
                         assert!(
                             (got - want).abs() <= tol,
-                            "{dtype:?} m={m} prompt={prompt} ({i},{r}): {got} vs {want} (tol {tol})"
+                            "{dtype:?} m={m} prompt={prompt} {bits:?} ({i},{r}): {got} vs {want} (tol {tol})"
                         );
                     }
                 }
@@ -127,19 +139,21 @@ fn k_kernels_agree_with_the_scalar_dot() {
         let x: Vec<f32> = (0..3 * k)
             .map(|i| ((i * 17 % 29) as f32 - 14.0) * 0.03)
             .collect();
-        let acts = KActs::new(&team, &x, 3, k);
-        let mut out = vec![0f32; 3 * n];
-        qm.matmul(&team, &x, 3, &mut out);
-        let seg = &qm.segments[0];
-        for r in 0..n {
-            let row = &seg.bytes()[r * seg.row_bytes()..(r + 1) * seg.row_bytes()];
-            for i in 0..3 {
-                let want = k_kernels::dot_row(seg.format, row, &acts, i);
-                let got = out[i * n + r];
-                assert!(
-                    (got - want).abs() <= 1e-4 * want.abs().max(1.0),
-                    "{dtype:?} ({i},{r}): {got} vs {want}"
-                );
+        for bits in [Sixteen, Eight] {
+            let acts = KActs::new(&team, &x, 3, k, bits);
+            let mut out = vec![0f32; 3 * n];
+            qm.batch(&team, &x, 3, bits, &mut out);
+            let seg = &qm.segments[0];
+            for r in 0..n {
+                let row = &seg.bytes()[r * seg.row_bytes()..(r + 1) * seg.row_bytes()];
+                for i in 0..3 {
+                    let want = k_kernels::dot_row(seg.format, row, &acts, i);
+                    let got = out[i * n + r];
+                    assert!(
+                        (got - want).abs() <= 1e-4 * want.abs().max(1.0),
+                        "{dtype:?} {bits:?} ({i},{r}): {got} vs {want}"
+                    );
+                }
             }
         }
     }
@@ -163,7 +177,7 @@ fn avx2_k_kernel_agrees_with_the_scalar_dot_whatever_the_group() {
         let x: Vec<f32> = (0..m * k)
             .map(|i| ((i * 23 % 37) as f32 - 18.0) * 0.04)
             .collect();
-        let acts = KActs::new(&team, &x, m, k);
+        let acts = KActs::new(&team, &x, m, k, Sixteen);
         let seg = &qm.segments[0];
         let mut group = vec![0f32; n * m];
         k_kernels::avx2::tile(seg, 0, n, &acts, 0, m, &mut group, Walk::Stream);
@@ -198,23 +212,25 @@ fn a_row_result_does_not_depend_on_the_batch() {
         let x: Vec<f32> = (0..40 * k)
             .map(|i| ((i * 13 % 31) as f32 - 15.0) * 0.05)
             .collect();
-        let alone = |i: usize| {
-            let mut out = vec![0f32; n];
-            qm.matmul(&team, &x[i * k..(i + 1) * k], 1, &mut out);
-            out
-        };
-        let (first, later) = (alone(0), alone(33));
-        // Up to a group (one pass), several groups, several prefill spans.
-        for m in [2, 5, 8, 13, 40] {
-            let mut out = vec![0f32; m * n];
-            qm.matmul(&team, &x[..m * k], m, &mut out);
-            assert_eq!(out[..n], first[..], "{dtype:?} batch {m}");
-            if m > 33 {
-                assert_eq!(
-                    out[33 * n..34 * n],
-                    later[..],
-                    "{dtype:?} batch {m}, row 33"
-                );
+        for bits in [Sixteen, Eight] {
+            let run = |rows: std::ops::Range<usize>| {
+                let mut out = vec![0f32; rows.len() * n];
+                let x = &x[rows.start * k..rows.end * k];
+                qm.batch(&team, x, rows.len(), bits, &mut out);
+                out
+            };
+            let (first, later) = (run(0..1), run(33..34));
+            // Up to a group (one pass), several groups, several prefill spans.
+            for m in [2, 5, 8, 13, 40] {
+                let out = run(0..m);
+                assert_eq!(out[..n], first[..], "{dtype:?} {bits:?} batch {m}");
+                if m > 33 {
+                    assert_eq!(
+                        out[33 * n..34 * n],
+                        later[..],
+                        "{dtype:?} {bits:?} batch {m}, row 33"
+                    );
+                }
             }
         }
     }
@@ -236,7 +252,8 @@ fn prompt_rows_do_not_depend_on_the_batch_nor_change_generated_rows() {
             .collect();
         let run = |rows: std::ops::Range<usize>, prompt: &[bool]| {
             let mut out = vec![0f32; rows.len() * n];
-            qm.matmul_rows(&team, &x[rows.start * k..rows.end * k], prompt, &mut out);
+            let x = &x[rows.start * k..rows.end * k];
+            qm.matmul_rows(&team, x, prompt, Sixteen, &mut out);
             out
         };
         let all = run(0..40, &[true; 40]);
@@ -271,11 +288,18 @@ fn a_nan_activation_spoils_its_row_in_every_kernel() {
     for dtype in ALL {
         let (q, _) = quantize(&weights(n, k, 7), n, k, dtype);
         let qm = QuantMatrix::from_qtensor(&q).unwrap();
-        for (m, prompt) in [(1, false), (3, false), (9, false), (9, true)] {
+        let cases = [
+            (1, false, Sixteen),
+            (1, false, Eight),
+            (3, false, Sixteen),
+            (9, false, Eight),
+            (9, true, Sixteen),
+        ];
+        for (m, prompt, bits) in cases {
             let mut x: Vec<f32> = (0..m * k).map(|i| (i % 7) as f32 * 0.1 - 0.3).collect();
             x[(m - 1) * k + 100] = f32::NAN;
             let mut out = vec![0f32; m * n];
-            qm.matmul_rows(&team, &x, &vec![prompt; m], &mut out);
+            qm.matmul_rows(&team, &x, &vec![prompt; m], bits, &mut out);
             let (rest, last) = out.split_at((m - 1) * n);
             assert!(rest.iter().all(|v| v.is_finite()), "{dtype:?} m={m}");
             assert!(
@@ -313,7 +337,7 @@ fn stacks_of_mixed_formats_multiply_as_one_matrix() {
             .map(|i| ((i * 7 % 11) as f32 - 5.0) * 0.2)
             .collect();
         let mut out = vec![0f32; m * n];
-        s.matmul_rows(&team, &x, &vec![prompt; m], &mut out);
+        s.matmul_rows(&team, &x, &vec![prompt; m], Sixteen, &mut out);
         let want = reference(&x, &deq_all, m, n, k);
         for (i, (&g, &w)) in out.iter().zip(&want).enumerate() {
             assert!(

@@ -3,7 +3,8 @@
 //!   the sub-block scales folded in, each met by 32 activations in one `vpdpwssd` (VNNI;
 //!   `vpmaddwd` + add without it), unpacked once for the group's rows.
 //! - One row (`one_row`, decode): the packed values stay bytes and meet the activation's high
-//!   and low bytes in `vpmaddubsw`; the 16-bit pair sums take the scales in `vpdpwssd`.
+//!   and low bytes (or, rounded to 8 bits, its only byte) in `vpmaddubsw`; the 16-bit pair
+//!   sums take the scales in `vpdpwssd`.
 //!
 //! Both give each i32 lane the same integers (see the parent module), then one float
 //! conversion per super-block and activation row.
@@ -431,6 +432,7 @@ pub(super) fn one_row<const F: u8>(
     let x = Acts::<1>::new(s, r0..r0 + nr, a, i0, dst.len());
     let bytes = a.bytes.as_ref().expect("one_row needs the row as bytes");
     assert!(i0 == 0 && bytes.hi.as_slice().len() == k && bytes.hs.as_slice().len() == k / 2);
+    assert!(bytes.lo.as_ref().is_none_or(|lo| lo.as_slice().len() == k));
     let w = Weights {
         data,
         r0,
@@ -438,11 +440,13 @@ pub(super) fn one_row<const F: u8>(
         bb: s.format.block_bytes(),
         pf: PREFETCH_ONE,
     };
-    let (hi, lo, hs) = (
-        bytes.hi.as_slice().as_ptr(),
-        bytes.lo.as_slice().as_ptr(),
-        bytes.hs.as_slice().as_ptr(),
-    );
+    let (hi, hs) = (bytes.hi.as_slice().as_ptr(), bytes.hs.as_slice().as_ptr());
+    // Rounded to 8 bits, a row has no low bytes; `byte_block::<F, false>` never reads `lo`.
+    let lo = bytes
+        .lo
+        .as_ref()
+        .map_or(std::ptr::null(), |lo| lo.as_slice().as_ptr());
+    let wide = bytes.lo.is_some();
     for t in 0..nr {
         let row = data[(r0 + t) * rb..].as_ptr();
         for c0 in (0..nb).step_by(CHUNK) {
@@ -455,8 +459,11 @@ pub(super) fn one_row<const F: u8>(
                     let blk = row.add(b * w.bb);
                     prefetch(blk, &w);
                     let at = b * QK;
-                    let (ia, d, mins) =
-                        byte_block::<F>(blk, hi.add(at), lo.add(at), hs.add(at / 2));
+                    let (hi, lo, hs) = (hi.add(at), lo.wrapping_add(at), hs.add(at / 2));
+                    let (ia, d, mins) = match wide {
+                        true => byte_block::<F, true>(blk, hi, lo, hs),
+                        false => byte_block::<F, false>(blk, hi, lo, hs),
+                    };
                     acc = fold::<F, 1>(acc, ia, d, mins, &x, 0, b);
                 }
             }
@@ -465,16 +472,19 @@ pub(super) fn one_row<const F: u8>(
     }
 }
 
-/// One super-block against one activation row as bytes: the i32 lane sums, `d` and the mins.
+/// One super-block against one activation row as bytes (`WIDE`: 16-bit activations as high and
+/// low bytes; otherwise 8-bit ones in `hi` and `lo` unused): the i32 lane sums, `d` and the
+/// mins.
 ///
 /// Per run, `vpmaddubsw` sums neighbouring pairs of value × activation byte into i16 without
 /// saturating (|pair| ≤ 2·63·255 < 2¹⁵), and `vpdpwssd` multiplies the pairs by their
 /// sub-block scale. Q6_K's values carry an offset of 32: the low bytes meet `q − 32` (signed),
-/// the high bytes meet `q` and lose `32·(hi + hi')` per pair (`RowBytes::hs`). Summing high
-/// and low halves apart and combining them as `256·high + low` gives the lane the same
-/// integer as `prep`'s vectors (i32 wraps, so only the final sum has to fit, and it does).
+/// the high bytes meet `q` and lose `32·(hi + hi')` per pair (`RowBytes::hs`; |pair| ≤
+/// 2·63·128 + 32·256 < 2¹⁵). Summing high and low halves apart and combining them as
+/// `256·high + low` gives the lane the same integer as `prep`'s vectors (i32 wraps, so only
+/// the final sum has to fit, and it does). Rounded to 8 bits, the high half is the sum.
 #[inline(always)]
-unsafe fn byte_block<const F: u8>(
+unsafe fn byte_block<const F: u8, const WIDE: bool>(
     b: *const u8,
     hi: *const i8,
     lo: *const u8,
@@ -485,16 +495,22 @@ unsafe fn byte_block<const F: u8>(
     let (mut high, mut low) = (_mm512_setzero_si512(), _mm512_setzero_si512());
     for r in 0..4 {
         let h = _mm512_load_si512(hi.add(64 * r).cast());
-        let l = _mm512_load_si512(lo.add(64 * r).cast());
         let mut hp = _mm512_maddubs_epi16(n[r], h);
-        let lp = if F == Q6K {
+        if F == Q6K {
             hp = _mm512_sub_epi16(hp, _mm512_load_si512(hs.add(32 * r).cast()));
-            _mm512_maddubs_epi16(l, _mm512_sub_epi8(n[r], _mm512_set1_epi8(32)))
-        } else {
-            _mm512_maddubs_epi16(l, n[r])
-        };
+        }
         high = dot_acc(high, hp, s[r]);
-        low = dot_acc(low, lp, s[r]);
+        if WIDE {
+            let l = _mm512_load_si512(lo.add(64 * r).cast());
+            let lp = match F == Q6K {
+                true => _mm512_maddubs_epi16(l, _mm512_sub_epi8(n[r], _mm512_set1_epi8(32))),
+                false => _mm512_maddubs_epi16(l, n[r]),
+            };
+            low = dot_acc(low, lp, s[r]);
+        }
     }
-    (_mm512_add_epi32(_mm512_slli_epi32::<8>(high), low), d, mins)
+    match WIDE {
+        true => (_mm512_add_epi32(_mm512_slli_epi32::<8>(high), low), d, mins),
+        false => (high, d, mins),
+    }
 }

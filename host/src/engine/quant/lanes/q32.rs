@@ -37,7 +37,7 @@ impl Acts32 {
     pub(in crate::engine::quant) fn new(team: &Team, x: &[f32], m: usize, k: usize) -> Self {
         let (q, scale, sums) = round_rows::<BLOCK, 1>(team, x, m, k, |xb, q, u| {
             u[0] = xb.iter().sum();
-            quantize_block(xb, q)
+            quantize_block(xb, q, 32767.0)
         });
         Self { k, q, scale, sums }
     }

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Side by side on one GGUF and the same cores, in one run: `gateway bench` against llama.cpp's
-# `llama-bench` (prefill and single-stream decode), then both servers over HTTP at the same
+# `llama-bench` (prefill and single-stream decode; the gateway's decode also with the opt-in
+# `--decode-activation-bits 8`), then both servers over HTTP at the same
 # concurrency levels (aggregate output tok/s, 128-token prompts, 64 tokens out, greedy).
 # Prints the figures and the ratios. Usage: host/scripts/bench-vs-llama.sh MODEL.gguf [CONC...]
 # Builds the llama.cpp peer once (host/scripts/build-llama-peer.sh, cached outside the clone).
@@ -24,11 +25,15 @@ gw=target/release/gateway
 # two runs minutes apart measured the drift.
 rounds=3
 : >/tmp/bench-vs-llama.gateway
+: >/tmp/bench-vs-llama.gateway8
 : >/tmp/bench-vs-llama.llama
 echo "## engines without HTTP ($threads threads, $rounds alternating rounds)"
 for _ in $(seq "$rounds"); do
   "$gw" bench -m "$model" --prompt-tokens 512 --gen-tokens 64 --repeat 1 --single-stream-only \
     2>/dev/null >>/tmp/bench-vs-llama.gateway
+  # The opt-in 8-bit decode activations (llama.cpp's own rounding), decode only.
+  "$gw" bench -m "$model" --decode-activation-bits 8 --prompt-tokens 16 --gen-tokens 64 --repeat 1 \
+    --single-stream-only 2>/dev/null >>/tmp/bench-vs-llama.gateway8
   "$peer/llama-bench" -m "$model" -t "$threads" -p 512 -n 64 -r 1 -o md 2>/dev/null \
     >>/tmp/bench-vs-llama.llama
 done
@@ -43,11 +48,12 @@ pid_gw=$!
   >/tmp/bench-vs-llama.ll.log 2>&1 &
 pid_ll=$!
 trap 'kill $pid_gw $pid_ll 2>/dev/null || true' EXIT
-python3 - "$port_gw" "$port_ll" /tmp/bench-vs-llama.gateway /tmp/bench-vs-llama.llama "${conc[@]}" <<'PY'
+python3 - "$port_gw" "$port_ll" /tmp/bench-vs-llama.gateway /tmp/bench-vs-llama.llama \
+  /tmp/bench-vs-llama.gateway8 "${conc[@]}" <<'PY'
 import json, re, sys, threading, time, urllib.request
 
-gw, ll, gw_table, ll_table = sys.argv[1:5]
-levels = [int(c) for c in " ".join(sys.argv[5:]).split()]
+gw, ll, gw_table, ll_table, gw8_table = sys.argv[1:6]
+levels = [int(c) for c in " ".join(sys.argv[6:]).split()]
 
 def wait(port):
     for _ in range(600):
@@ -92,9 +98,11 @@ for n, c in enumerate(levels):
 
 def nums(pattern, text):
     return [float(v) for v in re.findall(pattern, text)]
-g, l = open(gw_table).read(), open(ll_table).read()
+g, l, g8 = open(gw_table).read(), open(ll_table).read(), open(gw8_table).read()
+decode = r"decode, single stream \| ([\d.]+)"
 rows = [("prefill, 512-token prompt", nums(r"prefill, 512 prompt tokens \| ([\d.]+)", g), nums(r"pp512 \|\s+([\d.]+)", l)),
-        ("decode, single stream", nums(r"decode, single stream \| ([\d.]+)", g), nums(r"tg64 \|\s+([\d.]+)", l))]
+        ("decode, single stream", nums(decode, g), nums(r"tg64 \|\s+([\d.]+)", l)),
+        ("decode, `--decode-activation-bits 8`", nums(decode, g8), nums(r"tg64 \|\s+([\d.]+)", l))]
 print()
 print("| engine, no HTTP | gateway tok/s, per round | llama-bench tok/s, per round | ratio per round | median ratio |")
 print("|---|---|---|---|---|")

@@ -479,3 +479,34 @@ impl Config {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(engine: &str) -> Config {
+        let text =
+            format!("[[models]]\nname = \"m\"\npath = \"m.gguf\"\n[models.engine]\n{engine}\n");
+        toml::from_str(&text).unwrap()
+    }
+
+    #[test]
+    fn decode_activation_bits_take_8_or_16_only() {
+        assert_eq!(parse("").models[0].engine.decode_activation_bits, 16);
+        for bits in [8, 16] {
+            parse(&format!("decode_activation_bits = {bits}"))
+                .validate()
+                .unwrap();
+        }
+        for bits in [0, 4, 12, 32] {
+            let err = parse(&format!("decode_activation_bits = {bits}"))
+                .validate()
+                .unwrap_err();
+            assert!(
+                err.to_string()
+                    .contains("decode_activation_bits must be 8 or 16"),
+                "{err}"
+            );
+        }
+    }
+}

@@ -136,6 +136,16 @@ fn completions_sampling_stop_logprobs_and_n() {
     };
     assert_eq!(texts(&a).len(), 2);
     assert_eq!(texts(&a), texts(&b), "same seed, same output");
+    // A prompt long enough for the prompt kernels: its choices may be prefilled in one step
+    // or in two, and must sample alike either way.
+    let long = json!({"model": MODEL, "prompt": "Once upon a time, in a village by the sea, there lived an old", "max_tokens": 12, "temperature": 0.9, "seed": 7, "n": 2});
+    let runs: Vec<_> = (0..3)
+        .map(|_| texts(&s.post("/v1/completions", &long).1))
+        .collect();
+    assert!(
+        runs.iter().all(|r| r == &runs[0]),
+        "same seed, same output: {runs:?}"
+    );
     assert_eq!(a["object"], "text_completion");
     assert_eq!(a["choices"][1]["index"], 1);
     assert_eq!(

@@ -14,11 +14,11 @@ pub struct BatchSeq<'a> {
     /// With `want_logits`, also return logits for this many rows before the last (the rows
     /// of speculative drafts being verified), in row order.
     pub draft_rows: usize,
-    /// Positions before this one hold the prompt's tokens: their rows may take the prompt
-    /// kernels, which round differently from the kernels of generated rows (see
-    /// `QuantMatrix::matmul_rows`). A sequence recomputed after preemption keeps its original
-    /// prompt length, so its generated tokens take the same kernels as the first time (its
-    /// prompt rows may not: which kernel they take depends on the step's count of them).
+    /// Positions before this one hold the prompt's tokens: their rows take the prompt
+    /// kernels (unless the prompt is shorter than `quant::PROMPT_KERNEL_MIN`), which round
+    /// differently from the kernels of generated rows (see `QuantMatrix::matmul_rows`). A
+    /// sequence recomputed after preemption keeps its original prompt length, so every row
+    /// takes the same kernels as the first time.
     pub prompt_len: usize,
 }
 

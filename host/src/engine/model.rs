@@ -13,7 +13,7 @@ use candle_core::quantized::{QMatMul, QTensor};
 use candle_core::{Device, Tensor};
 
 use super::cpu_ops::{geglu, rms_norm, rms_norm_in_place, swiglu};
-use super::quant::{ActivationBits, QuantMatrix};
+use super::quant::{ActivationBits, QuantMatrix, PROMPT_KERNEL_MIN};
 use super::team::Team;
 
 use super::paged_attention::{AttnSeq, KvCache};
@@ -464,7 +464,8 @@ struct Step<'a> {
     positions: Vec<usize>,
     slots: Vec<usize>,
     attn_seqs: Vec<AttnSeq<'a>>,
-    /// Whether each row is a prompt token's (`BatchSeq::prompt_len`).
+    /// Whether each row is a prompt token's (`BatchSeq::prompt_len`) of a prompt of at least
+    /// `PROMPT_KERNEL_MIN` tokens, for the prompt kernels.
     prompt: Vec<bool>,
 }
 
@@ -492,7 +493,10 @@ impl<'a> Step<'a> {
             .collect();
         let prompt = seqs
             .iter()
-            .flat_map(|q| (q.start..q.start + q.tokens.len()).map(|p| p < q.prompt_len))
+            .flat_map(|q| {
+                let long = q.prompt_len >= PROMPT_KERNEL_MIN;
+                (q.start..q.start + q.tokens.len()).map(move |p| long && p < q.prompt_len)
+            })
             .collect();
         Self {
             tokens,

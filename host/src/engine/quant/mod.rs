@@ -87,6 +87,11 @@ use super::team::{split, split_mut, Shares, Team};
 const TILE: usize = 32;
 /// Activation rows sharing one pass over the weights.
 const GROUP: usize = 8;
+/// Prompts shorter than this count their rows as generated ones (the batch kernels): packing
+/// a tile for a handful of rows costs more than the prompt kernels save (Qwen2.5, a 7-token
+/// prompt: 99 ms to the first token on the batch kernels, 234 ms packed). A prompt's length,
+/// unlike a step's count of prompt rows, does not depend on the traffic.
+pub const PROMPT_KERNEL_MIN: usize = GROUP;
 /// Groups per team run in prefill: a 32-row weight tile serves all of them from L2 (for
 /// the widest Qwen2.5 1.5B matrix 161 KiB of weights and 573 KiB of activations).
 const SPAN: usize = 4;
@@ -312,14 +317,14 @@ impl QuantMatrix {
         self.prefill(team, x, &acts, m, out, false);
     }
 
-    /// `matmul` where `prompt[i]` marks the rows of prompt tokens. When a step has at least a
-    /// group of them, those rows go through the prompt kernels (on AVX-512, weight rows across
-    /// the lanes against 16-bit activations: `lanes`, 1.2–2x the GMAC/s), whose results differ
-    /// from the batch kernels' in the last bits. Generated rows (decode, drafts) always take
-    /// the batch kernels, so they give the same bits whatever runs beside them. Fewer prompt
-    /// rows in a step take the batch kernels too (packing a tile for a handful of rows, such as
-    /// the one a prefix-cache hit leaves, would cost more than it saves), so a prompt row's
-    /// bits depend on the step's count of prompt rows: which kernel, not which batch within it.
+    /// `matmul` where `prompt[i]` marks the rows of prompt tokens. On AVX-512 those rows go
+    /// through the prompt kernels (weight rows across the lanes against 16-bit activations:
+    /// `lanes`, 1.2–2x the GMAC/s), whose results differ from the batch kernels' in the last
+    /// bits; generated rows (decode, drafts) take the batch kernels. Each kind always takes its
+    /// own kernels, however many rows of it a step has, so every row gives the same bits
+    /// whatever runs beside it: a seeded request samples the same tokens whether its prompt
+    /// was prefilled alone, beside other prompts or in chunks. (Prompt rows took the batch
+    /// kernels below eight to a step, which made a seed's output depend on the traffic.)
     /// `bits`: how the batch kernels round activations for k-quant weights.
     pub fn matmul_rows(
         &self,
@@ -330,13 +335,13 @@ impl QuantMatrix {
         out: &mut [f32],
     ) {
         #[cfg(all(target_arch = "x86_64", target_feature = "avx512bw"))]
-        if prompt.iter().filter(|&&p| p).count() >= GROUP {
+        if prompt.contains(&true) {
             return self.prompt_rows(team, x, prompt, bits, out);
         }
         self.batch(team, x, prompt.len(), bits, out)
     }
 
-    /// `matmul_rows` for a step with at least a group of prompt rows.
+    /// `matmul_rows` for a step with prompt rows.
     #[cfg(all(target_arch = "x86_64", target_feature = "avx512bw"))]
     fn prompt_rows(
         &self,
@@ -371,7 +376,7 @@ impl QuantMatrix {
         }
     }
 
-    /// `m` prompt rows (at least a group) through the prompt kernels.
+    /// `m` prompt rows through the prompt kernels.
     #[cfg(all(target_arch = "x86_64", target_feature = "avx512bw"))]
     fn prompt_pass(&self, team: &Team, x: &[f32], m: usize, out: &mut [f32]) {
         let k = self.cols;

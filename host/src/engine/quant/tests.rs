@@ -96,16 +96,14 @@ fn matmul_matches_the_dequantized_float_reference_for_every_format_and_batch() {
                 })
                 .collect();
             let want = reference(&x, &deq, m, n, k);
-            // Generated rows at both roundings, then prompt rows (their own kernels from a
-            // group on).
+            // Generated rows at both roundings, then prompt rows (their own kernels).
             for (prompt, bits) in [(false, Sixteen), (false, Eight), (true, Sixteen)] {
                 let mut out = vec![0f32; m * n];
                 qm.matmul_rows(&team, &x, &vec![prompt; m], bits, &mut out);
                 // The prompt kernels round every format to 16 bits; the batch kernels round
                 // k-quants to `bits` and give the others floats.
-                let prompt_kernel = prompt
-                    && m >= GROUP
-                    && cfg!(all(target_arch = "x86_64", target_feature = "avx512bw"));
+                let prompt_kernel =
+                    prompt && cfg!(all(target_arch = "x86_64", target_feature = "avx512bw"));
                 let rounded = match (prompt_kernel, is_k, bits) {
                     (true, _, _) | (false, true, Sixteen) => Some(32767.0),
                     (false, true, Eight) => Some(127.0),
@@ -260,6 +258,18 @@ fn prompt_rows_do_not_depend_on_the_batch_nor_change_generated_rows() {
         // Row 33 second in a batch of eight, and row 0 in batches of 8 and 13.
         let tail = run(32..40, &[true; 8]);
         assert_eq!(tail[n..2 * n], all[33 * n..34 * n], "{dtype:?} row 33");
+        // Alone, and a few beside generated rows (a prompt's last chunk joining decodes).
+        assert_eq!(
+            run(33..34, &[true]),
+            all[33 * n..34 * n],
+            "{dtype:?} row 33 alone"
+        );
+        let few = run(32..36, &[false, true, true, false]);
+        assert_eq!(
+            few[n..2 * n],
+            all[33 * n..34 * n],
+            "{dtype:?} row 33 of few"
+        );
         for m in [8, 13] {
             assert_eq!(
                 run(0..m, &vec![true; m])[..n],

@@ -62,17 +62,16 @@ impl RowBytes {
     fn new(q: &[i16], bits: ActivationBits) -> Self {
         let k = q.len();
         let wide = bits == ActivationBits::Sixteen;
-        let (mut hi, mut lo, mut hs) = (
-            Aligned::zeroed(k),
-            Aligned::zeroed(if wide { k } else { 0 }),
-            Aligned::zeroed(k / 2),
-        );
-        let runs = q.chunks_exact(64).zip(
-            hi.as_mut_slice()
-                .chunks_exact_mut(64)
-                .zip(hs.as_mut_slice().chunks_exact_mut(32)),
-        );
-        for (run, (hi, hs)) in runs {
+        let (mut hi, mut hs) = (Aligned::zeroed(k), Aligned::zeroed(k / 2));
+        let mut lo = wide.then(|| Aligned::<u8, 64>::zeroed(k));
+        for (r, run) in q.chunks_exact(64).enumerate() {
+            let (hi, hs) = (
+                &mut hi.as_mut_slice()[64 * r..64 * r + 64],
+                &mut hs.as_mut_slice()[32 * r..32 * r + 32],
+            );
+            let mut lo = lo
+                .as_mut()
+                .map(|lo| &mut lo.as_mut_slice()[64 * r..64 * r + 64]);
             // A stored run is its 32 even elements, then its 32 odd ones.
             let (even, odd) = run.split_at(32);
             for (m, (&e, &o)) in even.iter().zip(odd).enumerate() {
@@ -82,20 +81,11 @@ impl RowBytes {
                 };
                 (hi[2 * m], hi[2 * m + 1]) = (he, ho);
                 hs[m] = 32 * (i16::from(he) + i16::from(ho));
-            }
-        }
-        let lo = wide.then(|| {
-            for (run, lo) in q
-                .chunks_exact(64)
-                .zip(lo.as_mut_slice().chunks_exact_mut(64))
-            {
-                let (even, odd) = run.split_at(32);
-                for (m, (&e, &o)) in even.iter().zip(odd).enumerate() {
+                if let Some(lo) = lo.as_mut() {
                     (lo[2 * m], lo[2 * m + 1]) = (e as u8, o as u8);
                 }
             }
-            lo
-        });
+        }
         Self { hi, lo, hs }
     }
 }
@@ -119,12 +109,8 @@ impl KActs {
     /// across the team.
     pub(super) fn new(team: &Team, x: &[f32], m: usize, k: usize, bits: ActivationBits) -> Self {
         assert!(k.is_multiple_of(QK), "k-quant rows are whole super-blocks");
-        let max = match bits {
-            ActivationBits::Sixteen => 32767.0,
-            ActivationBits::Eight => 127.0,
-        };
         let (q, scale, sums) = round_rows::<QK, SUMS>(team, x, m, k, |xb, q, u| {
-            let scale = quantize_block(xb, q, max);
+            let scale = quantize_block(xb, q, bits.max());
             deinterleave(q);
             for (j, sub) in xb.chunks_exact(32).enumerate() {
                 u[j] = sub.iter().sum();

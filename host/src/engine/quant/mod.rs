@@ -194,6 +194,16 @@ pub enum ActivationBits {
     Eight,
 }
 
+impl ActivationBits {
+    /// The largest magnitude a block is rounded to.
+    fn max(self) -> f32 {
+        match self {
+            ActivationBits::Sixteen => 32767.0,
+            ActivationBits::Eight => 127.0,
+        }
+    }
+}
+
 pub struct QuantMatrix {
     rows: usize,
     cols: usize,

@@ -13,7 +13,7 @@ use std::arch::x86_64::*;
 
 use super::super::aligned::Aligned;
 use super::super::k_kernels::{quantize_block, round_rows};
-use super::super::{Format, Segment};
+use super::super::{ActivationBits, Format, Segment};
 use super::{dot_acc, f16_at, transpose, LaneFormat, LaneKernel, LANES};
 use crate::engine::team::Team;
 
@@ -37,7 +37,7 @@ impl Acts32 {
     pub(in crate::engine::quant) fn new(team: &Team, x: &[f32], m: usize, k: usize) -> Self {
         let (q, scale, sums) = round_rows::<BLOCK, 1>(team, x, m, k, |xb, q, u| {
             u[0] = xb.iter().sum();
-            quantize_block(xb, q, 32767.0)
+            quantize_block(xb, q, ActivationBits::Sixteen.max())
         });
         Self { k, q, scale, sums }
     }

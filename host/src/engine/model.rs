@@ -19,6 +19,10 @@ use super::team::Team;
 use super::paged_attention::{AttnSeq, KvCache};
 use super::ModelError;
 
+/// Rows per slice of a step's feed-forward block (`Model::ffn_block`): a span of the prompt
+/// kernel (sixteen groups of eight).
+const FFN_ROWS: usize = 128;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RopeStyle {
     /// Rotates pairs (2i, 2i+1): llama.cpp permutes llama Q/K weights into this order in GGUF.
@@ -333,7 +337,21 @@ impl Model {
     }
 
     /// `x += ffn(norm(x))`: SwiGLU, or Gemma's GeGLU with a norm on the output.
+    ///
+    /// A long prefill step goes through in slices of FFN_ROWS rows: the gate/up output of
+    /// 512 Qwen2.5 rows is 36 MiB, over glibc's largest mmap threshold (32 MiB), so every
+    /// layer mapped it afresh and paid a page fault per 4 KiB (a quarter of a million faults
+    /// per 512-token prefill); a slice's buffers are reused from the heap. A row's result does
+    /// not depend on the other rows of its matmul, so slicing changes no bits.
     fn ffn_block(&self, layer: &Layer, prompt: &[bool], x: &mut [f32]) -> Result<(), ModelError> {
+        let hidden = self.shape.hidden;
+        for (x, prompt) in x.chunks_mut(FFN_ROWS * hidden).zip(prompt.chunks(FFN_ROWS)) {
+            self.ffn_slice(layer, prompt, x)?;
+        }
+        Ok(())
+    }
+
+    fn ffn_slice(&self, layer: &Layer, prompt: &[bool], x: &mut [f32]) -> Result<(), ModelError> {
         let (s, rows) = (&self.shape, prompt.len());
         let mut h = vec![0f32; x.len()];
         rms_norm(x, &layer.ffn_norm, s.rms_eps, &mut h);

@@ -55,8 +55,8 @@ fn check(file: &str) {
         let ids = loaded.tokenizer.encode(text, false).unwrap();
         ids.get_ids().to_vec()
     };
-    // 300 rows: three feed-forward slices alone, split at other rows beside a 60-token
-    // neighbour.
+    // 300 rows: two feed-forward slices of 256 alone, split at another row beside a
+    // 60-token neighbour.
     let long = encode(&format!("Summarise: {}", TEXT.repeat(16)));
     let long = &long[..300.min(long.len())];
     let short = encode(&format!("Request B. {}", TEXT.repeat(4)));

@@ -13,15 +13,16 @@ use candle_core::quantized::{QMatMul, QTensor};
 use candle_core::{Device, Tensor};
 
 use super::cpu_ops::{geglu, rms_norm, rms_norm_in_place, swiglu};
-use super::quant::{ActivationBits, QuantMatrix, PROMPT_KERNEL_MIN};
+use super::quant::{ActivationBits, QuantMatrix, PROMPT_KERNEL_MIN, PROMPT_SPAN_ROWS};
 use super::team::Team;
 
 use super::paged_attention::{AttnSeq, KvCache};
 use super::ModelError;
 
-/// Rows per slice of a step's feed-forward block (`Model::ffn_block`): a span of the prompt
-/// kernel (sixteen groups of eight).
-const FFN_ROWS: usize = 128;
+/// The most bytes of gate/up output one slice of a step's feed-forward block may take
+/// (`Model::ffn_block`): under glibc's largest mmap threshold (32 MiB), so the buffer is reused
+/// from the heap instead of mapped afresh in every layer.
+const FFN_SLICE_BYTES: usize = 24 << 20;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RopeStyle {
@@ -338,14 +339,16 @@ impl Model {
 
     /// `x += ffn(norm(x))`: SwiGLU, or Gemma's GeGLU with a norm on the output.
     ///
-    /// A long prefill step goes through in slices of FFN_ROWS rows: the gate/up output of
-    /// 512 Qwen2.5 rows is 36 MiB, over glibc's largest mmap threshold (32 MiB), so every
-    /// layer mapped it afresh and paid a page fault per 4 KiB (a quarter of a million faults
-    /// per 512-token prefill); a slice's buffers are reused from the heap. A row's result does
-    /// not depend on the other rows of its matmul, so slicing changes no bits.
+    /// A long prefill step goes through in slices of rows, a span of the prompt kernel each
+    /// where that fits FFN_SLICE_BYTES (256 rows of Qwen2.5 1.5B: 17.5 MiB). Unsliced, the
+    /// gate/up output of 512 Qwen2.5 rows (35 MiB) was mapped afresh in every layer at a page
+    /// fault per 4 KiB: a quarter of a million faults per 512-token prefill. A row's result
+    /// does not depend on the other rows of its matmul, so slicing changes no bits.
     fn ffn_block(&self, layer: &Layer, prompt: &[bool], x: &mut [f32]) -> Result<(), ModelError> {
         let hidden = self.shape.hidden;
-        for (x, prompt) in x.chunks_mut(FFN_ROWS * hidden).zip(prompt.chunks(FFN_ROWS)) {
+        let per_row = 2 * self.shape.intermediate * std::mem::size_of::<f32>();
+        let rows = (FFN_SLICE_BYTES / per_row).clamp(PROMPT_KERNEL_MIN, PROMPT_SPAN_ROWS);
+        for (x, prompt) in x.chunks_mut(rows * hidden).zip(prompt.chunks(rows)) {
             self.ffn_slice(layer, prompt, x)?;
         }
         Ok(())

@@ -345,10 +345,11 @@ impl Model {
     /// fault per 4 KiB: a quarter of a million faults per 512-token prefill. A row's result
     /// does not depend on the other rows of its matmul, so slicing changes no bits.
     fn ffn_block(&self, layer: &Layer, prompt: &[bool], x: &mut [f32]) -> Result<(), ModelError> {
-        let hidden = self.shape.hidden;
-        let per_row = 2 * self.shape.intermediate * std::mem::size_of::<f32>();
+        // `max(1)`: a malformed shape with no width must not divide by zero or chunk by zero.
+        let per_row = (2 * self.shape.intermediate * std::mem::size_of::<f32>()).max(1);
         let rows = (FFN_SLICE_BYTES / per_row).clamp(PROMPT_KERNEL_MIN, PROMPT_SPAN_ROWS);
-        for (x, prompt) in x.chunks_mut(rows * hidden).zip(prompt.chunks(rows)) {
+        let width = (rows * self.shape.hidden).max(1);
+        for (x, prompt) in x.chunks_mut(width).zip(prompt.chunks(rows)) {
             self.ffn_slice(layer, prompt, x)?;
         }
         Ok(())

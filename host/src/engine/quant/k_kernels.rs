@@ -392,3 +392,9 @@ mod avx512;
 
 #[cfg(all(target_arch = "x86_64", target_feature = "avx512bw"))]
 mod lanes;
+
+#[cfg(all(target_arch = "x86_64", target_feature = "avx512bw"))]
+mod few;
+
+#[cfg(all(target_arch = "x86_64", target_feature = "avx512bw"))]
+pub(super) use few::{pass as few_pass, Few};

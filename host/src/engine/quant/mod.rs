@@ -394,6 +394,13 @@ impl QuantMatrix {
     fn prompt_pass(&self, team: &Team, x: &[f32], m: usize, out: &mut [f32]) {
         let k = self.cols;
         let formats = self.formats();
+        // A short prompt, or a long one's tail after a prefix-cache hit, is not worth packing
+        // every weight row for: `few` gives the same bits without it (the 32-element formats'
+        // rows still pack).
+        if m <= lanes::LANES && formats.iter().all(|f| f.is_k()) {
+            let a = KActs::new(team, x, m, k, ActivationBits::Sixteen);
+            return k_kernels::few_pass(self, team, &k_kernels::Few::new(&a, m), out);
+        }
         let acts = Acts {
             k: formats
                 .iter()

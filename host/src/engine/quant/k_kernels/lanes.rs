@@ -15,7 +15,7 @@ use super::{KActs, Q4K, Q5K, Q6K, QK, SUMS};
 /// Pairs summed in i32 before the lanes go to float. A lane's sum of products must stay below
 /// 2³¹ whatever the values: |x16| ≤ 32767 against |w| ≤ 945 (Q4_K: 64 products), 1953 (Q5_K:
 /// 32) or 4096 (Q6_K: 16, and 16 · 4096 · 32767 = 2147418112).
-const fn segment_pairs(f: u8) -> usize {
+pub(super) const fn segment_pairs(f: u8) -> usize {
     if f == Q4K {
         32
     } else if f == Q5K {

@@ -1,0 +1,241 @@
+//! A few k-quant prompt rows (at most sixteen) across the lanes the other way round: the
+//! activation rows, not the weight rows, share a vector, and each weight row's `prep` vectors
+//! meet them pair by pair as broadcasts.
+//!
+//! `lanes` packs every weight row of a matrix once per prompt span, which is worth it for
+//! hundreds of prompt rows but costs as much as the multiplies of about sixteen of them: a
+//! short prompt, or the tail of a long one after a prefix-cache hit, paid it in full. Here
+//! sixteen activation rows are transposed instead (a few KiB per super-block), and a weight
+//! row is unpacked once, as the batch kernels do.
+//!
+//! Results are bit for bit those of `lanes`, so a prompt row's bits still do not depend on
+//! how many prompt rows its step has: each (weight row, activation row) pair sums the same
+//! products in i32 per segment (`segment_pairs`; integer sums are exact, so splitting a
+//! segment over several accumulators changes nothing), and takes the same float steps in the
+//! same order: the segment's sum times `d · scale` (that product rounded once, either way
+//! round), then the mins.
+
+use std::arch::x86_64::*;
+
+use super::super::lanes::{dot_acc, transpose, LANES};
+use super::super::{Format, QuantMatrix, Segment, TILE};
+use super::avx512::prep;
+use super::lanes::segment_pairs;
+use super::{KActs, Q4K, Q5K, Q6K, QK, SUMS};
+use crate::engine::team::{Shares, Team};
+
+/// i16 pairs per super-block.
+const PAIRS: usize = QK / 2;
+/// How far ahead of the super-block being multiplied the weights are prefetched: the
+/// hardware prefetcher alone left a fifth of the time on their loads.
+const PREFETCH: usize = 1024;
+/// Weight rows walked together: each activation vector loaded serves four of them.
+const WALK: usize = 4;
+/// Independent i32 accumulators per weight row and segment (`vpdpwssd` takes four to five
+/// cycles and issues one per cycle).
+const ACCS: usize = 2;
+
+/// Up to sixteen activation rows, transposed: lane `j` of each vector belongs to row `j`
+/// (lanes past the last row hold zeros).
+pub(in super::super) struct Few {
+    /// Activation rows.
+    m: usize,
+    nb: usize,
+    /// `[nb][PAIRS]`: pair `t` of super-block `b` (elements `2t`, `2t + 1` as stored) as i32.
+    pairs: Vec<__m512i>,
+    /// `[nb]`: the super-block's scale.
+    scale: Vec<__m512>,
+    /// `[nb][8]`: the float sums of its eight 32-element sub-blocks.
+    sums: Vec<__m512>,
+}
+
+impl Few {
+    /// The `m` (≤ 16) rows of `a`.
+    pub(in super::super) fn new(a: &KActs, m: usize) -> Self {
+        let (k, nb) = (a.k, a.k / QK);
+        let q = a.q();
+        assert!(
+            m <= LANES
+                && q.len() >= m * k
+                && a.scale.len() >= m * nb
+                && a.sums.len() >= m * nb * SUMS
+        );
+        let lanes = |f: &dyn Fn(usize) -> f32| {
+            let v: [f32; LANES] = std::array::from_fn(|j| if j < m { f(j) } else { 0.0 });
+            // SAFETY: plain AVX-512F; `v` holds sixteen floats.
+            unsafe { _mm512_loadu_ps(v.as_ptr()) }
+        };
+        let mut pairs = Vec::with_capacity(nb * PAIRS);
+        for b in 0..nb {
+            for c in (0..PAIRS).step_by(LANES) {
+                // Sixteen pairs of each row, one row per vector, then turned across.
+                let v: [__m512i; LANES] = std::array::from_fn(|j| match j < m {
+                    // SAFETY: elements 2c..2c + 32 of super-block b of row j < m are within
+                    // `q` (asserted above).
+                    true => unsafe {
+                        _mm512_loadu_si512(q[j * k + b * QK + 2 * c..].as_ptr().cast())
+                    },
+                    // SAFETY: plain AVX-512F.
+                    false => unsafe { _mm512_setzero_si512() },
+                });
+                // SAFETY: plain AVX-512F.
+                pairs.extend(unsafe { transpose(v) });
+            }
+        }
+        let scale = (0..nb).map(|b| lanes(&|j| a.scale[j * nb + b])).collect();
+        let sums = (0..nb * 8)
+            .map(|i| lanes(&|j| a.sums[(j * nb + i / 8) * SUMS + i % 8]))
+            .collect();
+        Self {
+            m,
+            nb,
+            pairs,
+            scale,
+            sums,
+        }
+    }
+}
+
+/// The rows of `x` (prompt rows) times every weight row of `qm` (all k-quants), into `out`
+/// (`[x.m][rows]`): one pass over the weights, each thread streaming its share of the tiles as
+/// `QuantMatrix::pass` does, each writing its tiles' results straight into `out`.
+pub(in super::super) fn pass(qm: &QuantMatrix, team: &Team, x: &Few, out: &mut [f32]) {
+    let (n, m) = (qm.rows, x.m);
+    assert_eq!(out.len(), m * n, "output shape");
+    let tiles = n.div_ceil(TILE);
+    let shares = Shares::new(tiles, team.threads());
+    let out = Scatter(out.as_mut_ptr());
+    team.run(&|p, _| {
+        let mut d = [0f32; TILE * LANES];
+        while let Some(t) = shares.next(p) {
+            let (start, end) = (t * TILE, n.min((t + 1) * TILE));
+            let mut r = start;
+            while r < end {
+                let s = qm.segment(r);
+                let e = end.min(s.row0 + s.rows);
+                let (r0, nr, dst) = (r - s.row0, e - r, &mut d[(r - start) * m..(e - start) * m]);
+                match s.format {
+                    Format::Q4K => rows::<Q4K>(s, r0, nr, x, dst),
+                    Format::Q5K => rows::<Q5K>(s, r0, nr, x, dst),
+                    Format::Q6K => rows::<Q6K>(s, r0, nr, x, dst),
+                    other => unreachable!("{other:?} is not a k-quant"),
+                }
+                r = e;
+            }
+            for (r, col) in (start..end).zip(d.chunks_exact(m)) {
+                for (i, &v) in col.iter().enumerate() {
+                    // SAFETY: i < m and r < n index `out` (`m · n` long, asserted), and only
+                    // the thread that took tile t writes its rows' elements.
+                    unsafe { *out.at(i * n + r) = v };
+                }
+            }
+        }
+    });
+}
+
+/// An output whose elements the team's threads write apart (`pass`: each its tiles' rows of
+/// every activation row), with no transposed copy to gather from.
+struct Scatter(*mut f32);
+
+// SAFETY: the threads sharing one write disjoint elements, and `team.run` returns only when
+// all are done.
+unsafe impl Sync for Scatter {}
+
+impl Scatter {
+    fn at(&self, i: usize) -> *mut f32 {
+        self.0.wrapping_add(i)
+    }
+}
+
+/// Weight rows `r0..r0 + nr` of `s` (format `F`) times the rows of `x`, into
+/// `dst[row * x.m + j]`.
+fn rows<const F: u8>(s: &Segment, r0: usize, nr: usize, x: &Few, dst: &mut [f32]) {
+    let rb = s.row_bytes();
+    assert!(
+        s.cols == x.nb * QK && s.bytes().len() >= (r0 + nr) * rb && dst.len() >= nr * x.m,
+        "few rows: shapes"
+    );
+    let whole = nr / WALK * WALK;
+    for t in (0..whole).step_by(WALK) {
+        // SAFETY: rows r0 + t .. r0 + t + WALK ≤ r0 + nr, in bounds by the assert.
+        unsafe { walk::<F, WALK>(s, r0 + t, x, &mut dst[t * x.m..]) };
+    }
+    for t in whole..nr {
+        // SAFETY: as above, one row.
+        unsafe { walk::<F, 1>(s, r0 + t, x, &mut dst[t * x.m..]) };
+    }
+}
+
+/// Weight rows `r..r + R` of `s` against every super-block of `x`, into `dst[row * x.m + j]`.
+///
+/// # Safety
+/// Rows `r..r + R` must be within `s`, and `s` as wide as `x`.
+#[inline(always)]
+unsafe fn walk<const F: u8, const R: usize>(s: &Segment, r: usize, x: &Few, dst: &mut [f32]) {
+    let (rb, bb) = (s.row_bytes(), s.format.block_bytes());
+    let rows: [*const u8; R] = std::array::from_fn(|i| s.bytes()[(r + i) * rb..].as_ptr());
+    let mut sum = [_mm512_setzero_ps(); R];
+    for b in 0..x.nb {
+        let blks: [*const u8; R] = std::array::from_fn(|i| rows[i].add(b * bb));
+        for blk in blks {
+            for line in (0..bb).step_by(64) {
+                _mm_prefetch::<_MM_HINT_T0>(blk.wrapping_add(PREFETCH + line).cast());
+            }
+        }
+        block::<F, R>(blks, x, b, &mut sum);
+    }
+    for (i, sum) in sum.iter().enumerate() {
+        let mut lanes = [0f32; LANES];
+        _mm512_storeu_ps(lanes.as_mut_ptr(), *sum);
+        dst[i * x.m..(i + 1) * x.m].copy_from_slice(&lanes[..x.m]);
+    }
+}
+
+/// `sum[i]` plus super-block `b` of weight row `i` (at `blks[i]`) against super-block `b` of
+/// every row of `x`.
+#[inline(always)]
+unsafe fn block<const F: u8, const R: usize>(
+    blks: [*const u8; R],
+    x: &Few,
+    b: usize,
+    sum: &mut [__m512; R],
+) {
+    // Filled in place: `array::map` over `prep` moved the vectors through memcpy calls.
+    let mut w = [[_mm512_setzero_si512(); 8]; R];
+    let mut mins = [_mm512_setzero_ps(); R];
+    let mut scale = [_mm512_setzero_ps(); R];
+    for i in 0..R {
+        let d;
+        (w[i], d, mins[i]) = prep::<F>(blks[i]);
+        scale[i] = _mm512_mul_ps(_mm512_set1_ps(d), x.scale[b]);
+    }
+    let p = x.pairs.as_ptr().add(b * PAIRS);
+    let seg = segment_pairs(F);
+    for s0 in (0..PAIRS).step_by(seg) {
+        let mut ia = [[_mm512_setzero_si512(); ACCS]; R];
+        for t in s0..s0 + seg {
+            let xv = *p.add(t);
+            for (i, ia) in ia.iter_mut().enumerate() {
+                // Pair t of weight row i is i32 element t of its eight vectors, as `lanes`
+                // packs them.
+                let pair = *w[i].as_ptr().cast::<i32>().add(t);
+                ia[t % ACCS] = dot_acc(ia[t % ACCS], xv, _mm512_set1_epi32(pair));
+            }
+        }
+        for (i, ia) in ia.iter().enumerate() {
+            let ia = ia
+                .iter()
+                .fold(_mm512_setzero_si512(), |a, &v| _mm512_add_epi32(a, v));
+            sum[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia), scale[i], sum[i]);
+        }
+    }
+    if F != Q6K {
+        for (i, mins) in mins.iter().enumerate() {
+            let mut m = [0f32; LANES];
+            _mm512_storeu_ps(m.as_mut_ptr(), *mins);
+            for (j, &m) in m.iter().take(8).enumerate() {
+                sum[i] = _mm512_fnmadd_ps(_mm512_set1_ps(m), x.sums[b * 8 + j], sum[i]);
+            }
+        }
+    }
+}

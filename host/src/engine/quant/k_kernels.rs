@@ -397,4 +397,4 @@ mod lanes;
 mod few;
 
 #[cfg(all(target_arch = "x86_64", target_feature = "avx512bw"))]
-pub(super) use few::{pass as few_pass, Few};
+pub(super) use few::{pass as few_pass, Few, FEW_ROWS};

@@ -397,7 +397,7 @@ impl QuantMatrix {
         // A short prompt, or a long one's tail after a prefix-cache hit, is not worth packing
         // every weight row for: `few` gives the same bits without it (the 32-element formats'
         // rows still pack).
-        if m <= lanes::LANES && formats.iter().all(|f| f.is_k()) {
+        if m <= k_kernels::FEW_ROWS && formats.iter().all(|f| f.is_k()) {
             let a = KActs::new(team, x, m, k, ActivationBits::Sixteen);
             return k_kernels::few_pass(self, team, &k_kernels::Few::new(&a, m), out);
         }

@@ -240,12 +240,13 @@ fn a_row_result_does_not_depend_on_the_batch() {
 fn prompt_rows_do_not_depend_on_the_batch_nor_change_generated_rows() {
     let team = Team::new(2);
     // 40 rows of a 2048-wide matrix: tiles of two lane groups (the last one partial), two
-    // column chunks, several groups per span.
+    // column chunks, several groups per span. 72 prompt rows go through the lanes kernel;
+    // up to 64 through `few` (k-quants), which must give the same bits.
     let (n, k) = (40, 2048);
     for dtype in ALL {
         let (q, _) = quantize(&weights(n, k, 6), n, k, dtype);
         let qm = QuantMatrix::from_qtensor(&q).unwrap();
-        let x: Vec<f32> = (0..40 * k)
+        let x: Vec<f32> = (0..72 * k)
             .map(|i| ((i * 11 % 29) as f32 - 14.0) * 0.05)
             .collect();
         let run = |rows: std::ops::Range<usize>, prompt: &[bool]| {
@@ -254,7 +255,7 @@ fn prompt_rows_do_not_depend_on_the_batch_nor_change_generated_rows() {
             qm.matmul_rows(&team, x, prompt, Sixteen, &mut out);
             out
         };
-        let all = run(0..40, &[true; 40]);
+        let all = run(0..72, &[true; 72]);
         // Row 33 second in a batch of eight, and row 0 in batches of 8 and 13.
         let tail = run(32..40, &[true; 8]);
         assert_eq!(tail[n..2 * n], all[33 * n..34 * n], "{dtype:?} row 33");
@@ -270,8 +271,7 @@ fn prompt_rows_do_not_depend_on_the_batch_nor_change_generated_rows() {
             all[33 * n..34 * n],
             "{dtype:?} row 33 of few"
         );
-        // Up to sixteen rows take `few` (no weight packing), seventeen the lanes again.
-        for m in [8, 13, 16, 17] {
+        for m in [8, 13, 16, 17, 33, 48, 64, 65] {
             assert_eq!(
                 run(0..m, &vec![true; m])[..n],
                 all[..n],

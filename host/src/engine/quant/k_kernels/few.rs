@@ -1,12 +1,12 @@
-//! A few k-quant prompt rows (at most sixteen) across the lanes the other way round: the
-//! activation rows, not the weight rows, share a vector, and each weight row's `prep` vectors
-//! meet them pair by pair as broadcasts.
+//! A few k-quant prompt rows (at most `FEW_ROWS`) across the lanes the other way round: the
+//! activation rows, sixteen to a vector, not the weight rows, share a vector, and each weight
+//! row's `prep` vectors meet them pair by pair as broadcasts.
 //!
 //! `lanes` packs every weight row of a matrix once per prompt span, which is worth it for
 //! hundreds of prompt rows but costs as much as the multiplies of about sixteen of them: a
 //! short prompt, or the tail of a long one after a prefix-cache hit, paid it in full. Here
-//! sixteen activation rows are transposed instead (a few KiB per super-block), and a weight
-//! row is unpacked once, as the batch kernels do.
+//! the activation rows are transposed instead (8 KiB per sixteen rows and super-block), and a
+//! weight row is unpacked once for all of them, as the batch kernels do.
 //!
 //! Results are bit for bit those of `lanes`, so a prompt row's bits still do not depend on
 //! how many prompt rows its step has: each (weight row, activation row) pair sums the same
@@ -24,71 +24,76 @@ use super::lanes::segment_pairs;
 use super::{KActs, Q4K, Q5K, Q6K, QK, SUMS};
 use crate::engine::team::{Shares, Team};
 
+/// Most prompt rows taken here: four vectors of sixteen.
+pub(in super::super) const FEW_ROWS: usize = 4 * LANES;
 /// i16 pairs per super-block.
 const PAIRS: usize = QK / 2;
 /// How far ahead of the super-block being multiplied the weights are prefetched: the
 /// hardware prefetcher alone left a fifth of the time on their loads.
 const PREFETCH: usize = 1024;
-/// Weight rows walked together: each activation vector loaded serves four of them.
-const WALK: usize = 4;
-/// Independent i32 accumulators per weight row and segment (`vpdpwssd` takes four to five
-/// cycles and issues one per cycle).
-const ACCS: usize = 2;
 
-/// Up to sixteen activation rows, transposed: lane `j` of each vector belongs to row `j`
-/// (lanes past the last row hold zeros).
+/// Up to `FEW_ROWS` activation rows, transposed: lane `j` of each vector of group `g` belongs
+/// to row `16g + j` (lanes past the last row hold zeros).
 pub(in super::super) struct Few {
     /// Activation rows.
     m: usize,
     nb: usize,
-    /// `[nb][PAIRS]`: pair `t` of super-block `b` (elements `2t`, `2t + 1` as stored) as i32.
+    /// Vectors of sixteen rows.
+    groups: usize,
+    /// `[nb][groups][PAIRS]`: pair `t` of super-block `b` (elements `2t`, `2t + 1` as
+    /// stored) as i32.
     pairs: Vec<__m512i>,
-    /// `[nb]`: the super-block's scale.
+    /// `[nb][groups]`: the super-block's scale.
     scale: Vec<__m512>,
-    /// `[nb][8]`: the float sums of its eight 32-element sub-blocks.
+    /// `[nb][groups][8]`: the float sums of its eight 32-element sub-blocks.
     sums: Vec<__m512>,
 }
 
 impl Few {
-    /// The `m` (≤ 16) rows of `a`.
+    /// The `m` (≤ `FEW_ROWS`) rows of `a`.
     pub(in super::super) fn new(a: &KActs, m: usize) -> Self {
-        let (k, nb) = (a.k, a.k / QK);
+        let (k, nb, groups) = (a.k, a.k / QK, m.div_ceil(LANES));
         let q = a.q();
         assert!(
-            m <= LANES
+            m <= FEW_ROWS
                 && q.len() >= m * k
                 && a.scale.len() >= m * nb
                 && a.sums.len() >= m * nb * SUMS
         );
-        let lanes = |f: &dyn Fn(usize) -> f32| {
-            let v: [f32; LANES] = std::array::from_fn(|j| if j < m { f(j) } else { 0.0 });
+        let lanes = |g: usize, f: &dyn Fn(usize) -> f32| {
+            let v: [f32; LANES] = std::array::from_fn(|l| match g * LANES + l {
+                j if j < m => f(j),
+                _ => 0.0,
+            });
             // SAFETY: plain AVX-512F; `v` holds sixteen floats.
             unsafe { _mm512_loadu_ps(v.as_ptr()) }
         };
-        let mut pairs = Vec::with_capacity(nb * PAIRS);
+        let mut pairs = Vec::with_capacity(nb * groups * PAIRS);
+        let (mut scale, mut sums) = (Vec::new(), Vec::new());
         for b in 0..nb {
-            for c in (0..PAIRS).step_by(LANES) {
-                // Sixteen pairs of each row, one row per vector, then turned across.
-                let v: [__m512i; LANES] = std::array::from_fn(|j| match j < m {
-                    // SAFETY: elements 2c..2c + 32 of super-block b of row j < m are within
-                    // `q` (asserted above).
-                    true => unsafe {
-                        _mm512_loadu_si512(q[j * k + b * QK + 2 * c..].as_ptr().cast())
-                    },
+            for g in 0..groups {
+                for c in (0..PAIRS).step_by(LANES) {
+                    // Sixteen pairs of each row, one row per vector, then turned across.
+                    let v: [__m512i; LANES] = std::array::from_fn(|l| match g * LANES + l {
+                        // SAFETY: elements 2c..2c + 32 of super-block b of row j < m are
+                        // within `q` (asserted above).
+                        j if j < m => unsafe {
+                            _mm512_loadu_si512(q[j * k + b * QK + 2 * c..].as_ptr().cast())
+                        },
+                        // SAFETY: plain AVX-512F.
+                        _ => unsafe { _mm512_setzero_si512() },
+                    });
                     // SAFETY: plain AVX-512F.
-                    false => unsafe { _mm512_setzero_si512() },
-                });
-                // SAFETY: plain AVX-512F.
-                pairs.extend(unsafe { transpose(v) });
+                    pairs.extend(unsafe { transpose(v) });
+                }
+                scale.push(lanes(g, &|j| a.scale[j * nb + b]));
+                sums.extend((0..8).map(|u| lanes(g, &|j| a.sums[(j * nb + b) * SUMS + u])));
             }
         }
-        let scale = (0..nb).map(|b| lanes(&|j| a.scale[j * nb + b])).collect();
-        let sums = (0..nb * 8)
-            .map(|i| lanes(&|j| a.sums[(j * nb + i / 8) * SUMS + i % 8]))
-            .collect();
         Self {
             m,
             nb,
+            groups,
             pairs,
             scale,
             sums,
@@ -106,7 +111,7 @@ pub(in super::super) fn pass(qm: &QuantMatrix, team: &Team, x: &Few, out: &mut [
     let shares = Shares::new(tiles, team.threads());
     let out = Scatter(out.as_mut_ptr());
     team.run(&|p, _| {
-        let mut d = [0f32; TILE * LANES];
+        let mut d = vec![0f32; TILE * m];
         while let Some(t) = shares.next(p) {
             let (start, end) = (t * TILE, n.min((t + 1) * TILE));
             let mut r = start;
@@ -122,11 +127,12 @@ pub(in super::super) fn pass(qm: &QuantMatrix, team: &Team, x: &Few, out: &mut [
                 }
                 r = e;
             }
-            for (r, col) in (start..end).zip(d.chunks_exact(m)) {
-                for (i, &v) in col.iter().enumerate() {
+            // Activation row by activation row, so the writes run along `out`'s rows.
+            for i in 0..m {
+                for (r, col) in (start..end).zip(d.chunks_exact(m)) {
                     // SAFETY: i < m and r < n index `out` (`m · n` long, asserted), and only
                     // the thread that took tile t writes its rows' elements.
-                    unsafe { *out.at(i * n + r) = v };
+                    unsafe { *out.at(i * n + r) = col[i] };
                 }
             }
         }
@@ -155,26 +161,46 @@ fn rows<const F: u8>(s: &Segment, r0: usize, nr: usize, x: &Few, dst: &mut [f32]
         s.cols == x.nb * QK && s.bytes().len() >= (r0 + nr) * rb && dst.len() >= nr * x.m,
         "few rows: shapes"
     );
-    let whole = nr / WALK * WALK;
-    for t in (0..whole).step_by(WALK) {
-        // SAFETY: rows r0 + t .. r0 + t + WALK ≤ r0 + nr, in bounds by the assert.
-        unsafe { walk::<F, WALK>(s, r0 + t, x, &mut dst[t * x.m..]) };
+    // R weight rows walk together (each activation vector loaded serves R of them) and A
+    // accumulators per (row, group) keep eight `vpdpwssd` chains in flight (each takes four
+    // to five cycles and one issues per cycle).
+    macro_rules! walk {
+        ($r:literal, $g:literal, $a:literal) => {{
+            let whole = nr / $r * $r;
+            for t in (0..whole).step_by($r) {
+                // SAFETY: rows r0 + t .. r0 + t + R ≤ r0 + nr, in bounds by the assert.
+                unsafe { walk::<F, $r, $g, $a>(s, r0 + t, x, &mut dst[t * x.m..]) };
+            }
+            for t in whole..nr {
+                // SAFETY: as above, one row.
+                unsafe { walk::<F, 1, $g, 4>(s, r0 + t, x, &mut dst[t * x.m..]) };
+            }
+        }};
     }
-    for t in whole..nr {
-        // SAFETY: as above, one row.
-        unsafe { walk::<F, 1>(s, r0 + t, x, &mut dst[t * x.m..]) };
+    match x.groups {
+        1 => walk!(4, 1, 2),
+        2 => walk!(4, 2, 1),
+        3 => walk!(2, 3, 1),
+        4 => walk!(2, 4, 1),
+        g => unreachable!("{g} groups of few rows"),
     }
 }
 
-/// Weight rows `r..r + R` of `s` against every super-block of `x`, into `dst[row * x.m + j]`.
+/// Weight rows `r..r + R` of `s` against every super-block of `x` (G groups), into
+/// `dst[row * x.m + j]`.
 ///
 /// # Safety
-/// Rows `r..r + R` must be within `s`, and `s` as wide as `x`.
+/// Rows `r..r + R` must be within `s`, `s` as wide as `x`, and `x.groups == G`.
 #[inline(always)]
-unsafe fn walk<const F: u8, const R: usize>(s: &Segment, r: usize, x: &Few, dst: &mut [f32]) {
+unsafe fn walk<const F: u8, const R: usize, const G: usize, const A: usize>(
+    s: &Segment,
+    r: usize,
+    x: &Few,
+    dst: &mut [f32],
+) {
     let (rb, bb) = (s.row_bytes(), s.format.block_bytes());
     let rows: [*const u8; R] = std::array::from_fn(|i| s.bytes()[(r + i) * rb..].as_ptr());
-    let mut sum = [_mm512_setzero_ps(); R];
+    let mut sum = [[_mm512_setzero_ps(); G]; R];
     for b in 0..x.nb {
         let blks: [*const u8; R] = std::array::from_fn(|i| rows[i].add(b * bb));
         for blk in blks {
@@ -182,59 +208,72 @@ unsafe fn walk<const F: u8, const R: usize>(s: &Segment, r: usize, x: &Few, dst:
                 _mm_prefetch::<_MM_HINT_T0>(blk.wrapping_add(PREFETCH + line).cast());
             }
         }
-        block::<F, R>(blks, x, b, &mut sum);
+        block::<F, R, G, A>(blks, x, b, &mut sum);
     }
     for (i, sum) in sum.iter().enumerate() {
-        let mut lanes = [0f32; LANES];
-        _mm512_storeu_ps(lanes.as_mut_ptr(), *sum);
-        dst[i * x.m..(i + 1) * x.m].copy_from_slice(&lanes[..x.m]);
+        for (g, sum) in sum.iter().enumerate() {
+            let mut lanes = [0f32; LANES];
+            _mm512_storeu_ps(lanes.as_mut_ptr(), *sum);
+            let (j0, j1) = (g * LANES, x.m.min((g + 1) * LANES));
+            dst[i * x.m + j0..i * x.m + j1].copy_from_slice(&lanes[..j1 - j0]);
+        }
     }
 }
 
-/// `sum[i]` plus super-block `b` of weight row `i` (at `blks[i]`) against super-block `b` of
-/// every row of `x`.
+/// `sum[i][g]` plus super-block `b` of weight row `i` (at `blks[i]`) against super-block `b`
+/// of group `g` of `x`.
 #[inline(always)]
-unsafe fn block<const F: u8, const R: usize>(
+#[allow(clippy::needless_range_loop)] // (row, group) index the accumulators, sums and inputs
+unsafe fn block<const F: u8, const R: usize, const G: usize, const A: usize>(
     blks: [*const u8; R],
     x: &Few,
     b: usize,
-    sum: &mut [__m512; R],
+    sum: &mut [[__m512; G]; R],
 ) {
     // Filled in place: `array::map` over `prep` moved the vectors through memcpy calls.
     let mut w = [[_mm512_setzero_si512(); 8]; R];
     let mut mins = [_mm512_setzero_ps(); R];
-    let mut scale = [_mm512_setzero_ps(); R];
+    let mut d = [0f32; R];
     for i in 0..R {
-        let d;
-        (w[i], d, mins[i]) = prep::<F>(blks[i]);
-        scale[i] = _mm512_mul_ps(_mm512_set1_ps(d), x.scale[b]);
+        (w[i], d[i], mins[i]) = prep::<F>(blks[i]);
     }
-    let p = x.pairs.as_ptr().add(b * PAIRS);
+    let p = x.pairs.as_ptr().add(b * G * PAIRS);
     let seg = segment_pairs(F);
     for s0 in (0..PAIRS).step_by(seg) {
-        let mut ia = [[_mm512_setzero_si512(); ACCS]; R];
+        let mut ia = [[[_mm512_setzero_si512(); A]; G]; R];
         for t in s0..s0 + seg {
-            let xv = *p.add(t);
-            for (i, ia) in ia.iter_mut().enumerate() {
-                // Pair t of weight row i is i32 element t of its eight vectors, as `lanes`
-                // packs them.
-                let pair = *w[i].as_ptr().cast::<i32>().add(t);
-                ia[t % ACCS] = dot_acc(ia[t % ACCS], xv, _mm512_set1_epi32(pair));
+            // Pair t of weight row i is i32 element t of its eight vectors, as `lanes` packs
+            // them.
+            let wt: [__m512i; R] =
+                std::array::from_fn(|i| _mm512_set1_epi32(*w[i].as_ptr().cast::<i32>().add(t)));
+            for g in 0..G {
+                let xv = *p.add(g * PAIRS + t);
+                for i in 0..R {
+                    let a = &mut ia[i][g][t % A];
+                    *a = dot_acc(*a, xv, wt[i]);
+                }
             }
         }
-        for (i, ia) in ia.iter().enumerate() {
-            let ia = ia
-                .iter()
-                .fold(_mm512_setzero_si512(), |a, &v| _mm512_add_epi32(a, v));
-            sum[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia), scale[i], sum[i]);
+        for i in 0..R {
+            for g in 0..G {
+                let v = ia[i][g]
+                    .iter()
+                    .fold(_mm512_setzero_si512(), |a, &v| _mm512_add_epi32(a, v));
+                // `d · scale` rounds as the lanes kernel's product of the same two floats.
+                let scale = _mm512_mul_ps(_mm512_set1_ps(d[i]), x.scale[b * G + g]);
+                sum[i][g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(v), scale, sum[i][g]);
+            }
         }
     }
     if F != Q6K {
         for (i, mins) in mins.iter().enumerate() {
             let mut m = [0f32; LANES];
             _mm512_storeu_ps(m.as_mut_ptr(), *mins);
-            for (j, &m) in m.iter().take(8).enumerate() {
-                sum[i] = _mm512_fnmadd_ps(_mm512_set1_ps(m), x.sums[b * 8 + j], sum[i]);
+            for (u, &m) in m.iter().take(8).enumerate() {
+                for g in 0..G {
+                    let at = (b * G + g) * 8 + u;
+                    sum[i][g] = _mm512_fnmadd_ps(_mm512_set1_ps(m), x.sums[at], sum[i][g]);
+                }
             }
         }
     }

@@ -161,15 +161,17 @@ fn rows<const F: u8>(s: &Segment, r0: usize, nr: usize, x: &Few, dst: &mut [f32]
         s.cols == x.nb * QK && s.bytes().len() >= (r0 + nr) * rb && dst.len() >= nr * x.m,
         "few rows: shapes"
     );
-    // R weight rows walk together (each activation vector loaded serves R of them) and A
-    // accumulators per (row, group) keep eight `vpdpwssd` chains in flight (each takes four
-    // to five cycles and one issues per cycle).
+    // Four weight rows walk together, so each activation vector loaded serves four
+    // `vpdpwssd`, and A accumulators per (row, group) keep at least eight chains in flight
+    // (each takes four to five cycles and one issues per cycle). With three or four groups
+    // the partial sums no longer fit in registers, but they are touched once per segment;
+    // two weight rows at a time were no faster there (48 and 64 rows, Qwen2.5).
     macro_rules! walk {
-        ($r:literal, $g:literal, $a:literal) => {{
-            let whole = nr / $r * $r;
-            for t in (0..whole).step_by($r) {
-                // SAFETY: rows r0 + t .. r0 + t + R ≤ r0 + nr, in bounds by the assert.
-                unsafe { walk::<F, $r, $g, $a>(s, r0 + t, x, &mut dst[t * x.m..]) };
+        ($g:literal, $a:literal) => {{
+            let whole = nr / 4 * 4;
+            for t in (0..whole).step_by(4) {
+                // SAFETY: rows r0 + t .. r0 + t + 4 ≤ r0 + nr, in bounds by the assert.
+                unsafe { walk::<F, 4, $g, $a>(s, r0 + t, x, &mut dst[t * x.m..]) };
             }
             for t in whole..nr {
                 // SAFETY: as above, one row.
@@ -178,10 +180,10 @@ fn rows<const F: u8>(s: &Segment, r0: usize, nr: usize, x: &Few, dst: &mut [f32]
         }};
     }
     match x.groups {
-        1 => walk!(4, 1, 2),
-        2 => walk!(4, 2, 1),
-        3 => walk!(2, 3, 1),
-        4 => walk!(2, 4, 1),
+        1 => walk!(1, 2),
+        2 => walk!(2, 1),
+        3 => walk!(3, 1),
+        4 => walk!(4, 1),
         g => unreachable!("{g} groups of few rows"),
     }
 }

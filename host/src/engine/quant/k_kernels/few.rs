@@ -180,6 +180,17 @@ fn rows<const F: u8>(s: &Segment, r0: usize, nr: usize, x: &Few, dst: &mut [f32]
         }};
     }
     match x.groups {
+        1 if x.m <= LANES / 2 => {
+            let whole = nr / 4 * 4;
+            for t in (0..whole).step_by(4) {
+                // SAFETY: rows r0 + t .. r0 + t + 4 ≤ r0 + nr, in bounds by the assert.
+                unsafe { walk_half::<F, 4>(s, r0 + t, x, &mut dst[t * x.m..]) };
+            }
+            for t in whole..nr {
+                // SAFETY: as above, one row.
+                unsafe { walk_half::<F, 1>(s, r0 + t, x, &mut dst[t * x.m..]) };
+            }
+        }
         1 => walk!(1, 2),
         2 => walk!(2, 1),
         3 => walk!(3, 1),
@@ -278,5 +289,93 @@ unsafe fn block<const F: u8, const R: usize, const G: usize, const A: usize>(
                 }
             }
         }
+    }
+}
+
+/// `walk` for at most eight rows in one group, on 256-bit vectors: `vpdpwssd` issues two of
+/// those per cycle where it issues one on 512 bits (7.1 against 3.6 G/s measured here), so
+/// the lanes past the eighth row cost nothing. Same sums in the same order, so the same bits.
+///
+/// # Safety
+/// As `walk`, with `x.groups == 1` and `x.m <= 8`.
+#[inline(always)]
+unsafe fn walk_half<const F: u8, const R: usize>(s: &Segment, r: usize, x: &Few, dst: &mut [f32]) {
+    let (rb, bb) = (s.row_bytes(), s.format.block_bytes());
+    let rows: [*const u8; R] = std::array::from_fn(|i| s.bytes()[(r + i) * rb..].as_ptr());
+    let mut sum = [_mm256_setzero_ps(); R];
+    for b in 0..x.nb {
+        let blks: [*const u8; R] = std::array::from_fn(|i| rows[i].add(b * bb));
+        for blk in blks {
+            for line in (0..bb).step_by(64) {
+                _mm_prefetch::<_MM_HINT_T0>(blk.wrapping_add(PREFETCH + line).cast());
+            }
+        }
+        block_half::<F, R>(blks, x, b, &mut sum);
+    }
+    for (i, sum) in sum.iter().enumerate() {
+        let mut lanes = [0f32; LANES / 2];
+        _mm256_storeu_ps(lanes.as_mut_ptr(), *sum);
+        dst[i * x.m..(i + 1) * x.m].copy_from_slice(&lanes[..x.m]);
+    }
+}
+
+/// `block` for one group of at most eight rows, on the low halves of its vectors.
+#[inline(always)]
+unsafe fn block_half<const F: u8, const R: usize>(
+    blks: [*const u8; R],
+    x: &Few,
+    b: usize,
+    sum: &mut [__m256; R],
+) {
+    /// Accumulators per weight row: sixteen chains for two issues per cycle.
+    const A: usize = 4;
+    let mut w = [[_mm512_setzero_si512(); 8]; R];
+    let mut mins = [_mm512_setzero_ps(); R];
+    let mut d = [0f32; R];
+    for i in 0..R {
+        (w[i], d[i], mins[i]) = prep::<F>(blks[i]);
+    }
+    let p = x.pairs.as_ptr().add(b * PAIRS);
+    let xs = _mm512_castps512_ps256(x.scale[b]);
+    let seg = segment_pairs(F);
+    for s0 in (0..PAIRS).step_by(seg) {
+        let mut ia = [[_mm256_setzero_si256(); A]; R];
+        for t in s0..s0 + seg {
+            let xv = _mm512_castsi512_si256(*p.add(t));
+            for (i, ia) in ia.iter_mut().enumerate() {
+                let pair = *w[i].as_ptr().cast::<i32>().add(t);
+                ia[t % A] = dot_acc_half(ia[t % A], xv, _mm256_set1_epi32(pair));
+            }
+        }
+        for (i, ia) in ia.iter().enumerate() {
+            let v = ia
+                .iter()
+                .fold(_mm256_setzero_si256(), |a, &v| _mm256_add_epi32(a, v));
+            let scale = _mm256_mul_ps(_mm256_set1_ps(d[i]), xs);
+            sum[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(v), scale, sum[i]);
+        }
+    }
+    if F != Q6K {
+        for (i, mins) in mins.iter().enumerate() {
+            let mut m = [0f32; LANES];
+            _mm512_storeu_ps(m.as_mut_ptr(), *mins);
+            for (u, &m) in m.iter().take(8).enumerate() {
+                let at = _mm512_castps512_ps256(x.sums[b * 8 + u]);
+                sum[i] = _mm256_fnmadd_ps(_mm256_set1_ps(m), at, sum[i]);
+            }
+        }
+    }
+}
+
+/// `dot_acc` on 256 bits.
+#[inline(always)]
+unsafe fn dot_acc_half(acc: __m256i, w: __m256i, x: __m256i) -> __m256i {
+    #[cfg(target_feature = "avx512vnni")]
+    {
+        _mm256_dpwssd_epi32(acc, w, x)
+    }
+    #[cfg(not(target_feature = "avx512vnni"))]
+    {
+        _mm256_add_epi32(acc, _mm256_madd_epi16(w, x))
     }
 }

@@ -257,6 +257,24 @@ impl QuantMatrix {
         self.segments.iter().map(|s| s.format).collect()
     }
 
+    /// Weight rows `rows` split where segments meet: (segment, first row within it, rows,
+    /// offset of the piece within `rows`).
+    fn pieces(
+        &self,
+        rows: std::ops::Range<usize>,
+    ) -> impl Iterator<Item = (&Segment, usize, usize, usize)> {
+        let mut r = rows.start;
+        std::iter::from_fn(move || {
+            (r < rows.end).then(|| {
+                let s = self.segment(r);
+                let e = rows.end.min(s.row0 + s.rows);
+                let piece = (s, r - s.row0, e - r, r - rows.start);
+                r = e;
+                piece
+            })
+        })
+    }
+
     fn segment(&self, r: usize) -> &Segment {
         self.segments
             .iter()
@@ -512,13 +530,8 @@ impl QuantMatrix {
         dst: &mut [f32],
         walk: Walk,
     ) {
-        let mut r = rows.start;
-        while r < rows.end {
-            let s = self.segment(r);
-            let e = rows.end.min(s.row0 + s.rows);
-            let d = &mut dst[(r - rows.start) * g..(e - rows.start) * g];
-            let (r0, nr) = (r - s.row0, e - r);
-            r = e;
+        for (s, r0, nr, at) in self.pieces(rows) {
+            let d = &mut dst[at * g..(at + nr) * g];
             if s.format.is_k() {
                 let a = acts.k.as_ref().expect("k-quant activations");
                 k_kernels::tile(s, r0, nr, a, i0, g, d, walk);

@@ -256,7 +256,7 @@ fn prompt_rows_do_not_depend_on_the_batch_nor_change_generated_rows() {
             out
         };
         let all = run(0..72, &[true; 72]);
-        // Row 33 second in a batch of eight, and row 0 in batches of 8 and 13.
+        // Row 33 second in a batch of eight, and row 0 in batches of 8 to 65.
         let tail = run(32..40, &[true; 8]);
         assert_eq!(tail[n..2 * n], all[33 * n..34 * n], "{dtype:?} row 33");
         // Alone, and a few beside generated rows (a prompt's last chunk joining decodes).

@@ -116,18 +116,14 @@ pub(in super::super) fn pass(qm: &QuantMatrix, team: &Team, x: &Few, out: &mut [
         let mut d = vec![0f32; TILE * m];
         while let Some(t) = shares.next(p) {
             let (start, end) = (t * TILE, n.min((t + 1) * TILE));
-            let mut r = start;
-            while r < end {
-                let s = qm.segment(r);
-                let e = end.min(s.row0 + s.rows);
-                let (r0, nr, dst) = (r - s.row0, e - r, &mut d[(r - start) * m..(e - start) * m]);
+            for (s, r0, nr, at) in qm.pieces(start..end) {
+                let dst = &mut d[at * m..(at + nr) * m];
                 match s.format {
                     Format::Q4K => rows::<Q4K>(s, r0, nr, x, dst),
                     Format::Q5K => rows::<Q5K>(s, r0, nr, x, dst),
                     Format::Q6K => rows::<Q6K>(s, r0, nr, x, dst),
                     other => unreachable!("{other:?} is not a k-quant"),
                 }
-                r = e;
             }
             // Activation row by activation row, so the writes run along `out`'s rows.
             for i in 0..m {
@@ -169,36 +165,64 @@ fn rows<const F: u8>(s: &Segment, r0: usize, nr: usize, x: &Few, dst: &mut [f32]
     // the partial sums no longer fit in registers, but they are touched once per segment;
     // two weight rows at a time were no faster there (48 and 64 rows, Qwen2.5).
     macro_rules! walk {
-        ($g:literal, $a:literal) => {{
+        ($four:expr, $one:expr) => {{
             let whole = nr / 4 * 4;
             for t in (0..whole).step_by(4) {
                 // SAFETY: rows r0 + t .. r0 + t + 4 ≤ r0 + nr, in bounds by the assert.
-                unsafe { walk::<F, 4, $g, $a>(s, r0 + t, x, &mut dst[t * x.m..]) };
+                unsafe { $four(s, r0 + t, x, &mut dst[t * x.m..]) };
             }
             for t in whole..nr {
                 // SAFETY: as above, one row.
-                unsafe { walk::<F, 1, $g, 4>(s, r0 + t, x, &mut dst[t * x.m..]) };
+                unsafe { $one(s, r0 + t, x, &mut dst[t * x.m..]) };
             }
         }};
     }
     match x.groups {
-        1 if x.m <= LANES / 2 => {
-            let whole = nr / 4 * 4;
-            for t in (0..whole).step_by(4) {
-                // SAFETY: rows r0 + t .. r0 + t + 4 ≤ r0 + nr, in bounds by the assert.
-                unsafe { walk_half::<F, 4>(s, r0 + t, x, &mut dst[t * x.m..]) };
-            }
-            for t in whole..nr {
-                // SAFETY: as above, one row.
-                unsafe { walk_half::<F, 1>(s, r0 + t, x, &mut dst[t * x.m..]) };
-            }
-        }
-        1 => walk!(1, 2),
-        2 => walk!(2, 1),
-        3 => walk!(3, 1),
-        4 => walk!(4, 1),
+        1 if x.m <= LANES / 2 => walk!(walk_half::<F, 4>, walk_half::<F, 1>),
+        1 => walk!(walk::<F, 4, 1, 2>, walk::<F, 1, 1, 4>),
+        2 => walk!(walk::<F, 4, 2, 1>, walk::<F, 1, 2, 4>),
+        3 => walk!(walk::<F, 4, 3, 1>, walk::<F, 1, 3, 4>),
+        4 => walk!(walk::<F, 4, 4, 1>, walk::<F, 1, 4, 4>),
         g => unreachable!("{g} groups of few rows"),
     }
+}
+
+/// The super-block `b` of each of weight rows `r..r + R` of `s`, with the blocks
+/// `PREFETCH` bytes ahead of them prefetched (weights come from DRAM).
+///
+/// # Safety
+/// Rows `r..r + R` must be within `s` and `b` one of their super-blocks.
+#[inline(always)]
+unsafe fn blocks<const R: usize>(s: &Segment, r: usize, b: usize) -> [*const u8; R] {
+    let (rb, bb) = (s.row_bytes(), s.format.block_bytes());
+    let blks: [*const u8; R] =
+        std::array::from_fn(|i| s.bytes().as_ptr().add((r + i) * rb + b * bb));
+    for blk in blks {
+        for line in (0..bb).step_by(64) {
+            _mm_prefetch::<_MM_HINT_T0>(blk.wrapping_add(PREFETCH + line).cast());
+        }
+    }
+    blks
+}
+
+/// Weight rows' super-blocks at `blks` unpacked by `prep`: their vectors, `d` and the mins of
+/// their sub-blocks as floats (`dmin·m_j`, zero for Q6_K).
+#[inline(always)]
+unsafe fn unpack<const F: u8, const R: usize>(
+    blks: [*const u8; R],
+) -> ([[__m512i; 8]; R], [f32; R], [[f32; 8]; R]) {
+    // Filled in place: `array::map` over `prep` moved the vectors through memcpy calls.
+    let mut w = [[_mm512_setzero_si512(); 8]; R];
+    let mut d = [0f32; R];
+    let mut mins = [[0f32; 8]; R];
+    for i in 0..R {
+        let m;
+        (w[i], d[i], m) = prep::<F>(blks[i]);
+        let mut lanes = [0f32; LANES];
+        _mm512_storeu_ps(lanes.as_mut_ptr(), m);
+        mins[i].copy_from_slice(&lanes[..8]);
+    }
+    (w, d, mins)
 }
 
 /// Weight rows `r..r + R` of `s` against every super-block of `x` (G groups), into
@@ -213,17 +237,9 @@ unsafe fn walk<const F: u8, const R: usize, const G: usize, const A: usize>(
     x: &Few,
     dst: &mut [f32],
 ) {
-    let (rb, bb) = (s.row_bytes(), s.format.block_bytes());
-    let rows: [*const u8; R] = std::array::from_fn(|i| s.bytes()[(r + i) * rb..].as_ptr());
     let mut sum = [[_mm512_setzero_ps(); G]; R];
     for b in 0..x.nb {
-        let blks: [*const u8; R] = std::array::from_fn(|i| rows[i].add(b * bb));
-        for blk in blks {
-            for line in (0..bb).step_by(64) {
-                _mm_prefetch::<_MM_HINT_T0>(blk.wrapping_add(PREFETCH + line).cast());
-            }
-        }
-        block::<F, R, G, A>(blks, x, b, &mut sum);
+        block::<F, R, G, A>(blocks::<R>(s, r, b), x, b, &mut sum);
     }
     for (i, sum) in sum.iter().enumerate() {
         for (g, sum) in sum.iter().enumerate() {
@@ -245,13 +261,7 @@ unsafe fn block<const F: u8, const R: usize, const G: usize, const A: usize>(
     b: usize,
     sum: &mut [[__m512; G]; R],
 ) {
-    // Filled in place: `array::map` over `prep` moved the vectors through memcpy calls.
-    let mut w = [[_mm512_setzero_si512(); 8]; R];
-    let mut mins = [_mm512_setzero_ps(); R];
-    let mut d = [0f32; R];
-    for i in 0..R {
-        (w[i], d[i], mins[i]) = prep::<F>(blks[i]);
-    }
+    let (w, d, mins) = unpack::<F, R>(blks);
     let p = x.pairs.as_ptr().add(b * G * PAIRS);
     let seg = segment_pairs(F);
     for s0 in (0..PAIRS).step_by(seg) {
@@ -282,9 +292,7 @@ unsafe fn block<const F: u8, const R: usize, const G: usize, const A: usize>(
     }
     if F != Q6K {
         for (i, mins) in mins.iter().enumerate() {
-            let mut m = [0f32; LANES];
-            _mm512_storeu_ps(m.as_mut_ptr(), *mins);
-            for (u, &m) in m.iter().take(8).enumerate() {
+            for (u, &m) in mins.iter().enumerate() {
                 for g in 0..G {
                     let at = (b * G + g) * 8 + u;
                     sum[i][g] = _mm512_fnmadd_ps(_mm512_set1_ps(m), x.sums[at], sum[i][g]);
@@ -302,17 +310,9 @@ unsafe fn block<const F: u8, const R: usize, const G: usize, const A: usize>(
 /// As `walk`, with `x.groups == 1` and `x.m <= 8`.
 #[inline(always)]
 unsafe fn walk_half<const F: u8, const R: usize>(s: &Segment, r: usize, x: &Few, dst: &mut [f32]) {
-    let (rb, bb) = (s.row_bytes(), s.format.block_bytes());
-    let rows: [*const u8; R] = std::array::from_fn(|i| s.bytes()[(r + i) * rb..].as_ptr());
     let mut sum = [_mm256_setzero_ps(); R];
     for b in 0..x.nb {
-        let blks: [*const u8; R] = std::array::from_fn(|i| rows[i].add(b * bb));
-        for blk in blks {
-            for line in (0..bb).step_by(64) {
-                _mm_prefetch::<_MM_HINT_T0>(blk.wrapping_add(PREFETCH + line).cast());
-            }
-        }
-        block_half::<F, R>(blks, x, b, &mut sum);
+        block_half::<F, R>(blocks::<R>(s, r, b), x, b, &mut sum);
     }
     for (i, sum) in sum.iter().enumerate() {
         let mut lanes = [0f32; LANES / 2];
@@ -331,12 +331,7 @@ unsafe fn block_half<const F: u8, const R: usize>(
 ) {
     /// Accumulators per weight row: sixteen chains for two issues per cycle.
     const A: usize = 4;
-    let mut w = [[_mm512_setzero_si512(); 8]; R];
-    let mut mins = [_mm512_setzero_ps(); R];
-    let mut d = [0f32; R];
-    for i in 0..R {
-        (w[i], d[i], mins[i]) = prep::<F>(blks[i]);
-    }
+    let (w, d, mins) = unpack::<F, R>(blks);
     let p = x.pairs.as_ptr().add(b * PAIRS);
     let xs = _mm512_castps512_ps256(x.scale[b]);
     let seg = segment_pairs(F);
@@ -359,9 +354,7 @@ unsafe fn block_half<const F: u8, const R: usize>(
     }
     if F != Q6K {
         for (i, mins) in mins.iter().enumerate() {
-            let mut m = [0f32; LANES];
-            _mm512_storeu_ps(m.as_mut_ptr(), *mins);
-            for (u, &m) in m.iter().take(8).enumerate() {
+            for (u, &m) in mins.iter().enumerate() {
                 let at = _mm512_castps512_ps256(x.sums[b * 8 + u]);
                 sum[i] = _mm256_fnmadd_ps(_mm256_set1_ps(m), at, sum[i]);
             }

@@ -1,0 +1,207 @@
+//! Decode's one-row kernels per weight format, beside this machine's streaming read rate in the
+//! same run: how fast each kernel multiplies when its weights sit in L2 (its compute ceiling,
+//! one thread), and how fast it reads them from DRAM on every thread, as decode does.
+//!
+//! Single-stream decode reads every weight once per token, so a format's DRAM figure against
+//! the streaming read rate says how much of the memory bandwidth decode gets, and the L2 figure
+//! says whether the arithmetic or the memory holds it back.
+//!
+//! `cargo bench --bench kernels [-- ROUNDS] [PART...]` (default 9 rounds, medians; every part
+//! unless some are named: a format (`Q4_K`, `Q6_K`, …), `calls`, `step`). Weights are
+//! random blocks with small, finite scales: the kernels' speed does not depend on the values.
+
+use std::time::Instant;
+
+use gateway::engine::quant::{Bytes, Format, QuantMatrix};
+use gateway::engine::team::{split, Team};
+
+/// Columns of every matrix (Qwen2.5-1.5B's hidden size).
+const COLS: usize = 1536;
+/// Bytes of weights that stay in L2 (2 MiB on Zen 4 and most server cores since).
+const L2_BYTES: usize = 768 << 10;
+/// Bytes of weights streamed from DRAM per round: well past any L3.
+const DRAM_BYTES: usize = 384 << 20;
+
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        self.0 ^ (self.0 >> 29)
+    }
+
+    fn fill(&mut self, out: &mut [u8]) {
+        for chunk in out.chunks_mut(8) {
+            chunk.copy_from_slice(&self.next().to_le_bytes()[..chunk.len()]);
+        }
+    }
+}
+
+/// Byte offsets of a block's f16 scales (`d`, and `dmin` or `m` where the format has one).
+fn f16_offsets(format: Format) -> &'static [usize] {
+    match format {
+        Format::Q4_0 | Format::Q5_0 | Format::Q8_0 => &[0],
+        Format::Q4_1 | Format::Q5_1 | Format::Q4K | Format::Q5K => &[0, 2],
+        Format::Q6K => &[208],
+    }
+}
+
+/// Random blocks of `format`, `bytes` of them at most, in a `[rows, COLS]` matrix.
+fn matrix(format: Format, bytes: usize, rng: &mut Rng) -> QuantMatrix {
+    let row_bytes = COLS / format.block_elems() * format.block_bytes();
+    shaped(format, (bytes / row_bytes).max(1), COLS, rng)
+}
+
+/// Random blocks of `format` in a `[rows, cols]` matrix.
+fn shaped(format: Format, rows: usize, cols: usize, rng: &mut Rng) -> QuantMatrix {
+    let row_bytes = cols / format.block_elems() * format.block_bytes();
+    let mut data = vec![0u8; rows * row_bytes];
+    rng.fill(&mut data);
+    // About 2⁻¹⁰: finite scales, so no NaN or infinity takes a slow path.
+    let small = half::f16::from_f32(1.0 / 1024.0).to_le_bytes();
+    for block in data.chunks_exact_mut(format.block_bytes()) {
+        for &at in f16_offsets(format) {
+            block[at..at + 2].copy_from_slice(&small);
+        }
+    }
+    QuantMatrix::new(format, rows, cols, Bytes::Owned(data)).expect("whole blocks")
+}
+
+fn bytes_of(m: &QuantMatrix) -> usize {
+    let f = m.formats()[0];
+    m.rows() * m.cols() / f.block_elems() * f.block_bytes()
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// GB/s of one activation row through `mats`, each `reps` times, median of `rounds`.
+fn rate(team: &Team, mats: &[QuantMatrix], reps: usize, rounds: usize) -> f64 {
+    let widest = mats.iter().map(QuantMatrix::cols).max().unwrap_or(0);
+    let x: Vec<f32> = (0..widest)
+        .map(|i| ((i * 37 % 101) as f32 - 50.0) / 50.0)
+        .collect();
+    let most = mats.iter().map(QuantMatrix::rows).max().unwrap_or(0);
+    let mut out = vec![0f32; most];
+    let bytes: usize = mats.iter().map(bytes_of).sum::<usize>() * reps;
+    let runs = (0..rounds)
+        .map(|_| {
+            let t = Instant::now();
+            for _ in 0..reps {
+                for m in mats {
+                    m.matmul(team, &x[..m.cols()], 1, &mut out[..m.rows()]);
+                }
+            }
+            bytes as f64 / t.elapsed().as_secs_f64() / 1e9
+        })
+        .collect();
+    median(runs)
+}
+
+/// GB/s of plain 64-bit reads over `buf`, split across the team, median of `rounds`.
+fn stream_read(team: &Team, buf: &[u64], rounds: usize) -> f64 {
+    let runs = (0..rounds)
+        .map(|_| {
+            let t = Instant::now();
+            team.run(&|p, parts| {
+                let part = &buf[split(buf.len(), 4096, p, parts)];
+                // Wrapping adds reassociate, so this vectorises and keeps up with the loads.
+                std::hint::black_box(part.iter().fold(0u64, |a, &v| a.wrapping_add(v)));
+            });
+            std::mem::size_of_val(buf) as f64 / t.elapsed().as_secs_f64() / 1e9
+        })
+        .collect();
+    median(runs)
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .collect();
+    let rounds: usize = args.iter().find_map(|a| a.parse().ok()).unwrap_or(9);
+    let named: Vec<&str> = args
+        .iter()
+        .map(String::as_str)
+        .filter(|a| a.parse::<usize>().is_err())
+        .collect();
+    let wanted = |name: &str| named.is_empty() || named.contains(&name);
+    let (one, all) = (Team::new(1), Team::new(0));
+    let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+    let buf: Vec<u64> = (0..DRAM_BYTES / 8).map(|_| rng.next()).collect();
+    let roof = stream_read(&all, &buf, rounds);
+    drop(buf);
+    println!(
+        "one activation row (decode) through {COLS}-column matrices, medians of {rounds} rounds"
+    );
+    println!(
+        "streaming read, {} threads: {roof:.1} GB/s\n",
+        all.threads()
+    );
+    println!(
+        "| format | L2-resident, 1 thread (GB/s) | DRAM, {} threads (GB/s) | DRAM / streaming read |",
+        all.threads()
+    );
+    println!("|---|---:|---:|---:|");
+    let formats = [
+        ("Q4_K", Format::Q4K),
+        ("Q5_K", Format::Q5K),
+        ("Q6_K", Format::Q6K),
+        ("Q8_0", Format::Q8_0),
+        ("Q5_0", Format::Q5_0),
+        ("Q4_0", Format::Q4_0),
+    ];
+    for (name, format) in formats.into_iter().filter(|(name, _)| wanted(name)) {
+        let small = [matrix(format, L2_BYTES, &mut rng)];
+        let cached = rate(&one, &small, 64, rounds);
+        // Eight matrices of 48 MiB: each is read once per round, as decode reads a model.
+        let big: Vec<_> = (0..8)
+            .map(|_| matrix(format, DRAM_BYTES / 8, &mut rng))
+            .collect();
+        let dram = rate(&all, &big, 1, rounds);
+        println!(
+            "| {name} | {cached:.1} | {dram:.1} | {:.0}% |",
+            100.0 * dram / roof
+        );
+    }
+    if wanted("calls") {
+        calls(&one, &mut rng, rounds);
+    }
+    if !wanted("step") {
+        return;
+    }
+    // A decode step's matrices in Qwen2.5-1.5B's shapes (Q4_K; its output matrix Q6_K): the
+    // calls are smaller than above, so what each one costs beyond its weights shows here.
+    let mut step = Vec::new();
+    for _ in 0..28 {
+        for (rows, cols) in [(2048, 1536), (1536, 1536), (17920, 1536), (1536, 8960)] {
+            step.push(shaped(Format::Q4K, rows, cols, &mut rng));
+        }
+    }
+    step.push(shaped(Format::Q6K, 151_936, 1536, &mut rng));
+    let gb = step.iter().map(bytes_of).sum::<usize>() as f64 / 1e9;
+    let dram = rate(&all, &step, 1, rounds);
+    println!(
+        "\nQwen2.5-1.5B-shaped decode step ({} matrices, {gb:.2} GB): {dram:.1} GB/s, {:.1} steps/s",
+        step.len(),
+        dram / gb
+    );
+}
+
+/// What a call costs beyond its multiplies: a 64-row Q4_K matrix in L1/L2, one thread, so the
+/// activation row's rounding and the call's set-up weigh against little arithmetic.
+fn calls(one: &Team, rng: &mut Rng, rounds: usize) {
+    println!("\n| 64 × k Q4_K, one thread | µs per call | weights / call time |");
+    println!("|---|---:|---:|");
+    for cols in [1536, 8960] {
+        let m = [shaped(Format::Q4K, 64, cols, rng)];
+        let gbs = rate(one, &m, 2000, rounds);
+        let us = bytes_of(&m[0]) as f64 / gbs / 1e3;
+        println!("| k = {cols} | {us:.1} | {gbs:.1} GB/s |");
+    }
+}

@@ -112,9 +112,7 @@ impl KActs {
         let (q, scale, sums) = round_rows::<QK, SUMS>(team, x, m, k, |xb, q, u| {
             let scale = quantize_block(xb, q, bits.max());
             deinterleave(q);
-            for (j, sub) in xb.chunks_exact(32).enumerate() {
-                u[j] = sub.iter().sum();
-            }
+            sub_block_sums(xb, u);
             scale
         });
         Self {
@@ -173,23 +171,59 @@ pub(super) fn round_rows<const B: usize, const S: usize>(
     (q, scale, sums)
 }
 
-/// Rounds one block to integers of magnitude up to `max` (ties to even, so it vectorises);
-/// returns its scale.
+/// The float sum of each 32-element sub-block of a 256-element block, `u[j]` for `x[32j..]`:
+/// each added in element order from −0.0, as `Iterator::sum` does (so the same bits), the eight
+/// sub-blocks side by side. One sum at a time was a chain of dependent adds, about a third of
+/// a decode call's cost beside its multiplies (`cargo bench --bench kernels -- calls`).
+pub(super) fn sub_block_sums(x: &[f32], u: &mut [f32]) {
+    let mut acc = [-0.0f32; 8];
+    for i in 0..32 {
+        for (j, acc) in acc.iter_mut().enumerate() {
+            *acc += x[32 * j + i];
+        }
+    }
+    u[..8].copy_from_slice(&acc);
+}
+
+/// The largest magnitude in `x`, or `None` when a value is not finite. Magnitudes compare as
+/// their bit patterns (a NaN's or infinity's are above every finite one's), and an integer
+/// maximum may be taken in any order, so the loop vectorises and gives what a sequential float
+/// fold gives (that fold was a chain of dependent compares).
+fn finite_amax(x: &[f32]) -> Option<f32> {
+    let top = x
+        .iter()
+        .fold(0u32, |a, &v| a.max(v.to_bits() & 0x7FFF_FFFF));
+    (top < f32::INFINITY.to_bits()).then(|| f32::from_bits(top))
+}
+
+/// 1.5·2²³: a float of magnitude under 2²² plus this is rounded to an integer, ties to even (the
+/// default rounding), which sits in the sum's low mantissa bits. Unlike `round_ties_even`
+/// and a saturating cast, it vectorises.
+const ROUND: f32 = 12_582_912.0;
+
+/// Rounds one block to integers of magnitude up to `max` (ties to even); returns its scale.
 pub(super) fn quantize_block(x: &[f32], q: &mut [i16], max: f32) -> f32 {
-    if !x.iter().all(|v| v.is_finite()) {
-        // A NaN or infinity rounds to nothing in i16 (and `max` passes over NaN): the scale
-        // carries it, so the block's products are NaN as unrounded arithmetic's would be.
+    let Some(amax) = finite_amax(x) else {
+        // A NaN or infinity rounds to nothing in i16: the scale carries it, so the block's
+        // products are NaN as unrounded arithmetic's would be.
         q.fill(0);
         return f32::NAN;
-    }
-    let amax = x.iter().fold(0f32, |a, v| a.max(v.abs()));
+    };
     if amax <= 0.0 {
         q.fill(0);
         return 0.0;
     }
     let inv = max / amax;
+    if !inv.is_finite() {
+        // A block below about 10⁻³⁴: the saturating cast keeps the largest values at ±max.
+        for (q, &v) in q.iter_mut().zip(x) {
+            *q = (v * inv).round_ties_even() as i16;
+        }
+        return amax / max;
+    }
+    // |v · inv| ≤ max·(1 + 2⁻²³) < 2²², so the sum rounds as `round_ties_even` would.
     for (q, &v) in q.iter_mut().zip(x) {
-        *q = (v * inv).round_ties_even() as i16;
+        *q = ((v * inv + ROUND).to_bits() as i32 - ROUND.to_bits() as i32) as i16;
     }
     amax / max
 }

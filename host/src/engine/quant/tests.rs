@@ -374,3 +374,76 @@ fn shapes_that_are_not_whole_blocks_are_refused() {
     assert!(QuantMatrix::new(Format::Q8_0, 2, 32, Bytes::Owned(vec![0; 34])).is_none());
     assert!(QuantMatrix::new(Format::Q6K, 1, 256, Bytes::Owned(vec![0; 210])).is_some());
 }
+
+/// The vectorised rounding of activation blocks gives what the plain loops give, bit for bit:
+/// the largest magnitude, the rounded values (ties to even), the scale and the sub-block sums,
+/// on ordinary, tied, tiny, huge, zero and non-finite blocks.
+#[test]
+fn activation_blocks_round_as_the_plain_loops_do() {
+    let plain = |x: &[f32], max: f32| -> (Vec<i16>, f32) {
+        if !x.iter().all(|v| v.is_finite()) {
+            return (vec![0; x.len()], f32::NAN);
+        }
+        let amax = x.iter().fold(0f32, |a, v| a.max(v.abs()));
+        if amax <= 0.0 {
+            return (vec![0; x.len()], 0.0);
+        }
+        let inv = max / amax;
+        let q = x
+            .iter()
+            .map(|&v| (v * inv).round_ties_even() as i16)
+            .collect();
+        (q, amax / max)
+    };
+    let wave = |scale: f32| -> Vec<f32> {
+        (0..256)
+            .map(|i| ((i * 7919 % 1013) as f32 / 1013.0 - 0.45) * scale)
+            .collect()
+    };
+    let mut blocks = vec![
+        wave(1.0),
+        wave(3.0e-3),
+        wave(2.0e30),
+        wave(1.0e-36),
+        vec![0.0; 256],
+        vec![-0.0; 256],
+    ];
+    // Ties: with a largest magnitude of 32767 against a max of 32767, `inv` is 1 and the
+    // halves stay halves.
+    blocks.push(
+        (0..256)
+            .map(|i| {
+                if i == 0 {
+                    32767.0
+                } else {
+                    i as f32 * 3.0 - 300.5
+                }
+            })
+            .collect(),
+    );
+    let mut poisoned = wave(1.0);
+    poisoned[77] = f32::NAN;
+    blocks.push(poisoned);
+    let mut infinite = wave(1.0);
+    infinite[200] = f32::NEG_INFINITY;
+    blocks.push(infinite);
+    for (n, x) in blocks.iter().enumerate() {
+        for max in [32767.0, 127.0] {
+            let (want_q, want_scale) = plain(x, max);
+            let mut q = vec![0i16; 256];
+            let scale = k_kernels::quantize_block(x, &mut q, max);
+            assert_eq!(q, want_q, "block {n}, max {max}");
+            assert_eq!(
+                scale.to_bits(),
+                want_scale.to_bits(),
+                "block {n}, max {max}"
+            );
+        }
+        let mut u = [0f32; 16];
+        k_kernels::sub_block_sums(x, &mut u);
+        for j in 0..8 {
+            let want: f32 = x[32 * j..32 * j + 32].iter().sum();
+            assert_eq!(u[j].to_bits(), want.to_bits(), "block {n}, sub-block {j}");
+        }
+    }
+}

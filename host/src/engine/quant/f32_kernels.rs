@@ -298,6 +298,60 @@ mod avx512 {
         )))
     }
 
+    /// The sixteen bytes of `v` zero-extended to 32-bit lanes. With VBMI one byte permute
+    /// does it: `vpmovzxbd` from a 128-bit source was the dearest step of the dequantization.
+    #[inline(always)]
+    unsafe fn widen_u8(v: __m128i) -> __m512i {
+        #[cfg(target_feature = "avx512vbmi")]
+        {
+            // Byte 4i of the result takes byte i; the mask zeroes the other three of the lane.
+            static IDX: [u8; 64] = {
+                let mut t = [0u8; 64];
+                let mut i = 0;
+                while i < 16 {
+                    t[4 * i] = i as u8;
+                    i += 1;
+                }
+                t
+            };
+            let idx = _mm512_loadu_si512(IDX.as_ptr().cast());
+            _mm512_maskz_permutexvar_epi8(0x1111_1111_1111_1111, idx, _mm512_castsi128_si512(v))
+        }
+        #[cfg(not(target_feature = "avx512vbmi"))]
+        {
+            _mm512_cvtepu8_epi32(v)
+        }
+    }
+
+    /// The sixteen bytes of `v` sign-extended to 32-bit lanes (`widen_u8`'s permute puts each
+    /// byte at the top of its lane, and an arithmetic shift brings it down).
+    #[inline(always)]
+    unsafe fn widen_i8(v: __m128i) -> __m512i {
+        #[cfg(target_feature = "avx512vbmi")]
+        {
+            static IDX: [u8; 64] = {
+                let mut t = [0u8; 64];
+                let mut i = 0;
+                while i < 16 {
+                    t[4 * i + 3] = i as u8;
+                    i += 1;
+                }
+                t
+            };
+            let idx = _mm512_loadu_si512(IDX.as_ptr().cast());
+            let top = _mm512_maskz_permutexvar_epi8(
+                0x8888_8888_8888_8888,
+                idx,
+                _mm512_castsi128_si512(v),
+            );
+            _mm512_srai_epi32::<24>(top)
+        }
+        #[cfg(not(target_feature = "avx512vbmi"))]
+        {
+            _mm512_cvtepi8_epi32(v)
+        }
+    }
+
     /// The 32 weights of the block at `b` as two 16-lane vectors. The format is a constant so
     /// the inner loop carries no branch on it.
     #[inline(always)]
@@ -306,7 +360,7 @@ mod avx512 {
             let vd = _mm512_set1_ps(f16_at(b));
             let f = |o: usize| {
                 _mm512_mul_ps(
-                    _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(b.add(2 + o).cast()))),
+                    _mm512_cvtepi32_ps(widen_i8(_mm_loadu_si128(b.add(2 + o).cast()))),
                     vd,
                 )
             };
@@ -321,22 +375,17 @@ mod avx512 {
             };
             // Bit j of qh is the fifth bit of weight j: a lane mask for a masked add of 16.
             let h = qh.cast::<u32>().read_unaligned();
-            let q = _mm_loadu_si128(qs.cast());
-            let mask = _mm_set1_epi8(0x0F);
             let (vd, vm, sixteen) = (
                 _mm512_set1_ps(d),
                 _mm512_set1_ps(min),
                 _mm512_set1_epi32(16),
             );
-            let f = |v: __m128i, bits: u16| {
-                let v = _mm512_cvtepu8_epi32(v);
+            let f = |v: __m512i, bits: u16| {
                 let v = _mm512_mask_add_epi32(v, bits, v, sixteen);
                 _mm512_fmadd_ps(_mm512_cvtepi32_ps(v), vd, vm)
             };
-            return [
-                f(_mm_and_si128(q, mask), h as u16),
-                f(_mm_and_si128(_mm_srli_epi16(q, 4), mask), (h >> 16) as u16),
-            ];
+            let [lo, hi] = nibbles(qs);
+            return [f(lo, h as u16), f(hi, (h >> 16) as u16)];
         }
         let d = f16_at(b);
         let (min, qs) = if F == Q4_1 {
@@ -344,13 +393,18 @@ mod avx512 {
         } else {
             (-8.0 * d, b.add(2))
         };
-        let q = _mm_loadu_si128(qs.cast());
-        let mask = _mm_set1_epi8(0x0F);
         let (vd, vm) = (_mm512_set1_ps(d), _mm512_set1_ps(min));
-        let f = |v: __m128i| _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(v)), vd, vm);
+        nibbles(qs).map(|v| _mm512_fmadd_ps(_mm512_cvtepi32_ps(v), vd, vm))
+    }
+
+    /// The sixteen bytes at `qs` as 32-bit lanes of their low nibbles (weights 0..16), then
+    /// of their high ones (16..32): one widening for both.
+    #[inline(always)]
+    unsafe fn nibbles(qs: *const u8) -> [__m512i; 2] {
+        let bytes = widen_u8(_mm_loadu_si128(qs.cast()));
         [
-            f(_mm_and_si128(q, mask)),
-            f(_mm_and_si128(_mm_srli_epi16(q, 4), mask)),
+            _mm512_and_si512(bytes, _mm512_set1_epi32(0x0F)),
+            _mm512_srli_epi32::<4>(bytes),
         ]
     }
 

@@ -22,21 +22,19 @@ const L2_BYTES: usize = 768 << 10;
 /// Bytes of weights streamed from DRAM per round: well past any L3.
 const DRAM_BYTES: usize = 384 << 20;
 
-struct Rng(u64);
+#[path = "support/rng.rs"]
+mod rng;
+use rng::Rng;
 
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self
-            .0
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        self.0 ^ (self.0 >> 29)
-    }
+/// 64 random bits, the state's high bits folded into its weak low ones.
+fn next(rng: &mut Rng) -> u64 {
+    let s = rng.step();
+    s ^ (s >> 29)
+}
 
-    fn fill(&mut self, out: &mut [u8]) {
-        for chunk in out.chunks_mut(8) {
-            chunk.copy_from_slice(&self.next().to_le_bytes()[..chunk.len()]);
-        }
+fn fill(rng: &mut Rng, out: &mut [u8]) {
+    for chunk in out.chunks_mut(8) {
+        chunk.copy_from_slice(&next(rng).to_le_bytes()[..chunk.len()]);
     }
 }
 
@@ -59,7 +57,7 @@ fn matrix(format: Format, bytes: usize, rng: &mut Rng) -> QuantMatrix {
 fn shaped(format: Format, rows: usize, cols: usize, rng: &mut Rng) -> QuantMatrix {
     let row_bytes = cols / format.block_elems() * format.block_bytes();
     let mut data = vec![0u8; rows * row_bytes];
-    rng.fill(&mut data);
+    fill(rng, &mut data);
     // About 2⁻¹⁰: finite scales, so no NaN or infinity takes a slow path.
     let small = half::f16::from_f32(1.0 / 1024.0).to_le_bytes();
     for block in data.chunks_exact_mut(format.block_bytes()) {
@@ -133,7 +131,7 @@ fn main() {
     let wanted = |name: &str| named.is_empty() || named.contains(&name);
     let (one, all) = (Team::new(1), Team::new(0));
     let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
-    let buf: Vec<u64> = (0..DRAM_BYTES / 8).map(|_| rng.next()).collect();
+    let buf: Vec<u64> = (0..DRAM_BYTES / 8).map(|_| next(&mut rng)).collect();
     let roof = stream_read(&all, &buf, rounds);
     drop(buf);
     println!(

@@ -13,16 +13,13 @@ use gateway::search::vectors::{dot, Vectors};
 
 const DIM: usize = 384;
 
-struct Rng(u64);
+#[path = "support/rng.rs"]
+mod rng;
+use rng::Rng;
 
-impl Rng {
-    fn next(&mut self) -> f32 {
-        self.0 = self
-            .0
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        ((self.0 >> 40) as f32 / (1u64 << 24) as f32) - 0.5
-    }
+/// Uniform in [-0.5, 0.5), from the state's top 24 bits.
+fn uniform(rng: &mut Rng) -> f32 {
+    ((rng.step() >> 40) as f32 / (1u64 << 24) as f32) - 0.5
 }
 
 fn unit(mut v: Vec<f32>) -> Vec<f32> {
@@ -58,12 +55,12 @@ fn main() {
         .unwrap_or(50_000);
     let mut rng = Rng(7);
     let centroids: Vec<Vec<f32>> = (0..256)
-        .map(|_| unit((0..DIM).map(|_| rng.next()).collect()))
+        .map(|_| unit((0..DIM).map(|_| uniform(&mut rng)).collect()))
         .collect();
     let point = |rng: &mut Rng| {
-        let c = &centroids[((rng.next() + 0.5) * 255.0) as usize];
+        let c = &centroids[((uniform(rng) + 0.5) * 255.0) as usize];
         // Noise of about 1.7 times the centroid's norm: clusters overlap, as topics do.
-        unit(c.iter().map(|x| x + 0.3 * rng.next()).collect())
+        unit(c.iter().map(|x| x + 0.3 * uniform(rng)).collect())
     };
     let data: Vec<(u64, Vec<f32>)> = (0..n as u64).map(|i| (i, point(&mut rng))).collect();
     let queries: Vec<Vec<f32>> = (0..200).map(|_| point(&mut rng)).collect();

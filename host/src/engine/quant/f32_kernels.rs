@@ -298,22 +298,27 @@ mod avx512 {
         )))
     }
 
+    /// `[byte]` for one byte permute that sends byte `i` of a 128-bit source to byte `at` of
+    /// 32-bit lane `i` (the mask of `widen_u8`/`widen_i8` zeroes the lane's other bytes).
+    #[cfg(target_feature = "avx512vbmi")]
+    const fn lane_bytes(at: usize) -> [u8; 64] {
+        let mut t = [0u8; 64];
+        let mut i = 0;
+        while i < 16 {
+            t[4 * i + at] = i as u8;
+            i += 1;
+        }
+        t
+    }
+
     /// The sixteen bytes of `v` zero-extended to 32-bit lanes. With VBMI one byte permute
     /// does it: `vpmovzxbd` from a 128-bit source was the dearest step of the dequantization.
     #[inline(always)]
     unsafe fn widen_u8(v: __m128i) -> __m512i {
         #[cfg(target_feature = "avx512vbmi")]
         {
-            // Byte 4i of the result takes byte i; the mask zeroes the other three of the lane.
-            static IDX: [u8; 64] = {
-                let mut t = [0u8; 64];
-                let mut i = 0;
-                while i < 16 {
-                    t[4 * i] = i as u8;
-                    i += 1;
-                }
-                t
-            };
+            // Byte i goes to the bottom of lane i.
+            static IDX: [u8; 64] = lane_bytes(0);
             let idx = _mm512_loadu_si512(IDX.as_ptr().cast());
             _mm512_maskz_permutexvar_epi8(0x1111_1111_1111_1111, idx, _mm512_castsi128_si512(v))
         }
@@ -323,21 +328,13 @@ mod avx512 {
         }
     }
 
-    /// The sixteen bytes of `v` sign-extended to 32-bit lanes (`widen_u8`'s permute puts each
-    /// byte at the top of its lane, and an arithmetic shift brings it down).
+    /// The sixteen bytes of `v` sign-extended to 32-bit lanes: the byte permute puts each
+    /// byte at the top of its lane, and an arithmetic shift brings it down.
     #[inline(always)]
     unsafe fn widen_i8(v: __m128i) -> __m512i {
         #[cfg(target_feature = "avx512vbmi")]
         {
-            static IDX: [u8; 64] = {
-                let mut t = [0u8; 64];
-                let mut i = 0;
-                while i < 16 {
-                    t[4 * i + 3] = i as u8;
-                    i += 1;
-                }
-                t
-            };
+            static IDX: [u8; 64] = lane_bytes(3);
             let idx = _mm512_loadu_si512(IDX.as_ptr().cast());
             let top = _mm512_maskz_permutexvar_epi8(
                 0x8888_8888_8888_8888,

@@ -41,6 +41,9 @@ pub struct UpstreamConfig {
     pub max_attempts: usize,
     /// Tokens reserved for the completion when the request sets no `max_tokens`.
     pub default_max_tokens: u64,
+    /// The replicas' context window, when known: a request whose `max_tokens` alone does not
+    /// fit is refused before anything is charged. Unset, the replica checks the prompt.
+    pub max_model_len: Option<usize>,
     /// Requests queued on every replica beyond which `fallback` takes new requests (0: never).
     pub saturated_waiting: usize,
     /// Models tried in order when this one is saturated or every replica failed.
@@ -71,6 +74,7 @@ impl Default for UpstreamConfig {
             eject_ms: 5_000,
             max_attempts: 2,
             default_max_tokens: 1_024,
+            max_model_len: None,
             saturated_waiting: 0,
             fallback: Vec::new(),
             prefix_affinity: true,
@@ -80,24 +84,9 @@ impl Default for UpstreamConfig {
     }
 }
 
-impl UpstreamConfig {
-    /// The bearer key sent upstream: `api_key`, else the variable `api_key_env` names.
-    pub fn key(&self) -> Result<Option<String>, String> {
-        match (&self.api_key, &self.api_key_env) {
-            (Some(k), _) => Ok(Some(k.clone())),
-            (None, Some(var)) => std::env::var(var).map(Some).map_err(|_| {
-                format!(
-                    "upstreams.{}: api_key_env names {var}, which is not set",
-                    self.name
-                )
-            }),
-            (None, None) => Ok(None),
-        }
-    }
-}
-
 /// Names unique across local and upstream models, replicas that parse as http(s) URLs, and
-/// fallbacks that name configured models.
+/// fallbacks that name configured models. The key's variable (`api_key_env`) is read where
+/// the pool is built, not here: the config reads no environment.
 pub(super) fn validate(cfg: &super::Config) -> Result<(), String> {
     let mut names = std::collections::HashSet::new();
     for name in cfg.models.iter().map(|m| &m.name) {
@@ -135,7 +124,9 @@ pub(super) fn validate(cfg: &super::Config) -> Result<(), String> {
                 "{at}: timeouts must be > 0 and balance_rel at least 1"
             ));
         }
-        u.key()?;
+        if u.api_key.is_some() && u.api_key_env.is_some() {
+            return Err(format!("{at}: set api_key or api_key_env, not both"));
+        }
     }
     let chains = cfg
         .models

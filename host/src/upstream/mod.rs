@@ -118,7 +118,7 @@ impl Pool {
         Ok(Self {
             name: cfg.name.clone(),
             model: cfg.model.clone().unwrap_or_else(|| cfg.name.clone()),
-            key: cfg.key().map_err(anyhow::Error::msg)?,
+            key: bearer_key(&cfg)?,
             client: client.build()?,
             replicas: RwLock::new(replicas),
             roster: Mutex::new(roster),
@@ -346,4 +346,19 @@ async fn read_capped(mut r: reqwest::Response, cap: usize) -> Bytes {
         }
     }
     out.into()
+}
+
+/// The bearer key sent upstream: `api_key`, else the variable `api_key_env` names (read once,
+/// when the pool is built).
+fn bearer_key(cfg: &UpstreamConfig) -> anyhow::Result<Option<String>> {
+    match (&cfg.api_key, &cfg.api_key_env) {
+        (Some(k), _) => Ok(Some(k.clone())),
+        (None, Some(var)) => std::env::var(var).map(Some).map_err(|_| {
+            anyhow::anyhow!(
+                "upstreams.{}: api_key_env names {var}, which is not set",
+                cfg.name
+            )
+        }),
+        (None, None) => Ok(None),
+    }
 }

@@ -35,6 +35,7 @@ const RULES: &[(&str, &[&str])] = &[
             "search",
             "structured",
             "tenancy",
+            "upstream",
         ],
     ),
     ("server", &["*"]),

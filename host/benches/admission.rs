@@ -11,6 +11,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use gateway::common::Endpoint;
 use gateway::metrics::Metrics;
 use gateway::tenancy::{keys, ledger::Ledger, Tenancy};
 
@@ -43,6 +44,11 @@ fn main() {
         Arc::new(Tenancy::new(Some(path), Some(ledger), Arc::new(Metrics::new())).unwrap());
     let open = Arc::new(Tenancy::new(None, None, Arc::new(Metrics::new())).unwrap());
 
+    // What the server calls, on a runtime as it does (with no Redis configured, neither entry
+    // point awaits anything).
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
     let mut rows = Vec::new();
     for (name, t) in [
         ("policies + ledger", &tenancy),
@@ -57,8 +63,9 @@ fn main() {
             }
             let key = format!("key-{}-a", i % 200);
             let t0 = Instant::now();
-            let caller = t.admit(Some(&key)).unwrap();
-            let r = t.reserve(&caller, "model", "chat", 40, 140).unwrap();
+            let caller = rt.block_on(t.admit_request(Some(&key), true)).unwrap();
+            let reserved = t.reserve_tokens(&caller, "model", Endpoint::Chat, 40, 140);
+            let r = rt.block_on(reserved).unwrap();
             r.settle(40, 60, gateway::tenancy::Outcome::Ok);
             drop(r);
             drop(caller);
@@ -108,7 +115,7 @@ fn shared_row(dir: &std::path::Path) -> Option<(&'static str, f64, f64, f64)> {
             let t0 = Instant::now();
             let caller = t.admit_request(Some("shared-key"), true).await.unwrap();
             let r = t
-                .reserve_tokens(&caller, "model", "chat", 40, 140)
+                .reserve_tokens(&caller, "model", Endpoint::Chat, 40, 140)
                 .await
                 .unwrap();
             r.settle(40, 60, gateway::tenancy::Outcome::Ok);

@@ -288,3 +288,56 @@ mod tests {
         assert_eq!((url.as_str(), root), ("postgres://u@h/db", None));
     }
 }
+
+/// What a request is for. The route table maps paths to it; dispatch, the replies, the usage
+/// ledger and the HTTP metrics all name requests by it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Endpoint {
+    Chat,
+    Completions,
+    Rerank,
+    Embeddings,
+    Models,
+    /// `/v1/models/{id}`.
+    Model,
+    /// `/v1/collections` and everything below it.
+    Collections,
+    /// A collection's search, and retrieval's query embedding (RAG).
+    Search,
+    /// Documents embedded into a collection.
+    Documents,
+    Health,
+    Ready,
+    Metrics,
+    /// `/admin/*`.
+    Admin,
+}
+
+impl Endpoint {
+    /// The name the usage ledger records (and its CSV export shows).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Endpoint::Chat => "chat",
+            Endpoint::Completions => "completions",
+            Endpoint::Rerank => "rerank",
+            Endpoint::Embeddings => "embeddings",
+            Endpoint::Models | Endpoint::Model => "models",
+            Endpoint::Collections => "collections",
+            Endpoint::Search => "search",
+            Endpoint::Documents => "documents",
+            Endpoint::Health => "health",
+            Endpoint::Ready => "ready",
+            Endpoint::Metrics => "metrics",
+            Endpoint::Admin => "admin",
+        }
+    }
+
+    /// The `route` label of the HTTP metrics.
+    pub fn label(self) -> &'static str {
+        match self {
+            Endpoint::Chat => "chat_completions",
+            Endpoint::Search | Endpoint::Documents => "collections",
+            other => other.as_str(),
+        }
+    }
+}

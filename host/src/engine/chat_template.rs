@@ -4,9 +4,40 @@
 use minijinja::{context, Environment, ErrorKind};
 use serde::Serialize;
 
+/// Who speaks a turn. OpenAI's `developer` is the newer name of `system`.
+#[derive(Debug, Clone, Copy, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    System,
+    User,
+    Assistant,
+    Tool,
+}
+
+impl Role {
+    pub fn parse(name: &str) -> Option<Role> {
+        match name {
+            "system" | "developer" => Some(Role::System),
+            "user" => Some(Role::User),
+            "assistant" => Some(Role::Assistant),
+            "tool" => Some(Role::Tool),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::System => "system",
+            Role::User => "user",
+            Role::Assistant => "assistant",
+            Role::Tool => "tool",
+        }
+    }
+}
+
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct ChatMessage {
-    pub role: String,
+    pub role: Role,
     pub content: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
@@ -19,9 +50,9 @@ pub struct ChatMessage {
 }
 
 impl ChatMessage {
-    pub fn new(role: &str, content: impl Into<String>) -> Self {
+    pub fn new(role: Role, content: impl Into<String>) -> Self {
         Self {
-            role: role.to_string(),
+            role,
             content: content.into(),
             name: None,
             tool_calls: Vec::new(),
@@ -137,7 +168,7 @@ mod tests {
     use super::*;
 
     fn msg(role: &str, content: &str) -> ChatMessage {
-        ChatMessage::new(role, content)
+        ChatMessage::new(Role::parse(role).unwrap(), content)
     }
 
     #[test]

@@ -10,14 +10,15 @@
 use serde::Deserialize;
 use serde_json::{json, Value};
 
+use super::openai::Document;
 use super::{Error, Retrieval};
-use crate::engine::chat_template::ChatMessage;
+use crate::engine::chat_template::{ChatMessage, Role};
 use crate::plugins::ContextChunk;
 use crate::search::request::{RagSettings, MAX_RAG_TOP_K};
 use crate::tenancy::Caller;
 
 /// The chat request's `rag` field: settings, or `false` to skip the tenant's default.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(untagged)]
 pub enum RagField {
     Enabled(bool),
@@ -66,7 +67,7 @@ impl Retrieval {
         let query = messages
             .iter()
             .rev()
-            .find(|m| m.role == "user" && !m.content.trim().is_empty())
+            .find(|m| m.role == Role::User && !m.content.trim().is_empty())
             .map(|m| m.content.clone())
             .ok_or_else(|| {
                 Error::invalid(
@@ -118,6 +119,68 @@ pub fn strip_specials(text: &str, specials: &[String]) -> String {
     }
 }
 
+/// Control tokens of the common chat formats (ChatML, Llama 2 and 3, Gemma, Phi, Mistral),
+/// stripped from text grounded for an upstream model, whose own vocabulary the gateway does
+/// not know.
+pub const CONTROL_TOKENS: &[&str] = &[
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|endoftext|>",
+    "<|begin_of_text|>",
+    "<|end_of_text|>",
+    "<|start_header_id|>",
+    "<|end_header_id|>",
+    "<|eot_id|>",
+    "<|system|>",
+    "<|user|>",
+    "<|assistant|>",
+    "<|end|>",
+    "<start_of_turn>",
+    "<end_of_turn>",
+    "<s>",
+    "</s>",
+    "[INST]",
+    "[/INST]",
+    "<<SYS>>",
+    "<</SYS>>",
+];
+
+/// Passages the client sent (vLLM's `documents`), as context chunks: data just like retrieved
+/// ones, so the model's special tokens are stripped from them.
+pub fn documents(docs: &[Document], specials: &[String]) -> Vec<ContextChunk> {
+    docs.iter()
+        .enumerate()
+        .map(|(i, d)| ContextChunk {
+            id: strip_specials(d.id.as_deref().unwrap_or(&i.to_string()), specials),
+            text: strip_specials(&d.text, specials),
+            title: d.title.as_deref().map(|t| strip_specials(t, specials)),
+        })
+        .collect()
+}
+
+/// `ground` for messages kept as the client sent them (an upstream's): the sources join the
+/// first message when it is a system message with text, else open one.
+pub fn ground_values(mut messages: Vec<Value>, context: &[ContextChunk]) -> Vec<Value> {
+    let Some(sources) = sources(context) else {
+        return messages;
+    };
+    match messages.first_mut() {
+        Some(m) if is_system(m) && m["content"].is_string() => {
+            let text = m["content"].as_str().unwrap_or_default().trim_end();
+            m["content"] = Value::String(format!("{text}\n\n{sources}"));
+        }
+        _ => messages.insert(0, json!({"role": "system", "content": sources})),
+    }
+    messages
+}
+
+fn is_system(m: &Value) -> bool {
+    m["role"]
+        .as_str()
+        .and_then(Role::parse)
+        .is_some_and(|r| r == Role::System)
+}
+
 /// The model's own grounding when the tenant has no template plugin: the sources, numbered,
 /// in the system message (after any system prompt the client sent).
 pub fn ground(mut messages: Vec<ChatMessage>, context: &[ContextChunk]) -> Vec<ChatMessage> {
@@ -125,10 +188,10 @@ pub fn ground(mut messages: Vec<ChatMessage>, context: &[ContextChunk]) -> Vec<C
         return messages;
     };
     match messages.first_mut() {
-        Some(m) if m.role == "system" => {
+        Some(m) if m.role == Role::System => {
             m.content = format!("{}\n\n{sources}", m.content.trim_end());
         }
-        _ => messages.insert(0, ChatMessage::new("system", sources)),
+        _ => messages.insert(0, ChatMessage::new(Role::System, sources)),
     }
     messages
 }
@@ -165,17 +228,56 @@ mod tests {
     }
 
     #[test]
+    fn sources_join_the_system_message_of_raw_messages_or_open_one() {
+        let ctx = [ContextChunk {
+            id: "kb-1".into(),
+            text: "Refunds take 5 days.".into(),
+            title: None,
+        }];
+        let with_system = ground_values(
+            vec![
+                json!({"role": "developer", "content": "Be brief."}),
+                json!({"role": "user", "content": "Refunds?"}),
+            ],
+            &ctx,
+        );
+        let text = with_system[0]["content"].as_str().unwrap();
+        assert!(text.starts_with("Be brief.\n\nAnswer using the sources"));
+        assert!(text.ends_with("[1] Refunds take 5 days."));
+        let without = ground_values(vec![json!({"role": "user", "content": "Refunds?"})], &ctx);
+        assert_eq!(without.len(), 2);
+        assert_eq!(without[0]["role"], "system");
+        assert_eq!(ground_values(vec![json!({"role": "user"})], &[]).len(), 1);
+    }
+
+    #[test]
+    fn client_documents_lose_control_tokens() {
+        let specials: Vec<String> = CONTROL_TOKENS.iter().map(|s| s.to_string()).collect();
+        let docs = [Document {
+            id: None,
+            title: Some("<s>T".into()),
+            text: "a<|eot_id|>b[INST]c".into(),
+        }];
+        let chunks = documents(&docs, &specials);
+        assert_eq!(
+            (chunks[0].id.as_str(), chunks[0].text.as_str()),
+            ("0", "abc")
+        );
+        assert_eq!(chunks[0].title.as_deref(), Some("T"));
+    }
+
+    #[test]
     fn sources_join_the_system_message() {
         let ctx = [ContextChunk {
             id: "kb-1".into(),
             text: "Refunds take 5 days.".into(),
             title: Some("Refunds".into()),
         }];
-        let user = ChatMessage::new("user", "How long do refunds take?");
+        let user = ChatMessage::new(Role::User, "How long do refunds take?");
         let m = ground(vec![user.clone()], &ctx);
         assert_eq!(m.len(), 2);
         assert!(m[0].content.contains("[1] Refunds\nRefunds take 5 days."));
-        let sys = ChatMessage::new("system", "Be brief.");
+        let sys = ChatMessage::new(Role::System, "Be brief.");
         let m = ground(vec![sys, user], &ctx);
         assert_eq!(m.len(), 2);
         assert!(m[0]

@@ -8,15 +8,22 @@
 //! `Retrieval`), never the server's state, and fails with a typed `Error` that the edge maps to
 //! a status and an OpenAI error body once (`server/error.rs`). Nothing here knows HTTP.
 
+pub mod chat;
+pub mod completion;
+pub mod constraint;
+pub mod embeddings;
 mod error;
+pub mod generation;
 pub mod grounding;
+pub mod openai;
 pub mod output;
 pub mod plugin_calls;
 pub mod processors;
 pub mod prompt;
 pub mod retrieval;
+pub mod upstream;
 
-pub use error::{Error, PluginFailure};
+pub use error::{Error, PluginFailure, UpstreamFailure};
 pub use plugin_calls::PluginCalls;
 pub use retrieval::Retrieval;
 

@@ -152,7 +152,7 @@ impl PluginCalls {
             messages: messages
                 .into_iter()
                 .map(|m| Message {
-                    role: m.role,
+                    role: m.role.as_str().to_string(),
                     content: m.content,
                     name: m.name,
                 })

@@ -2,7 +2,7 @@
 //! tenant's prompt-template plugin when one is bound, else by the model's own chat template.
 
 use super::{grounding, Error, PluginCalls};
-use crate::engine::chat_template::ChatMessage;
+use crate::engine::chat_template::{ChatMessage, Role};
 use crate::engine::Engine;
 use crate::plugins::{ContextChunk, RenderedPrompt};
 use crate::structured::tools::{self, ToolSet};
@@ -46,7 +46,11 @@ impl PromptStage<'_> {
                         .into_iter()
                         .map(|m| ChatMessage {
                             name: m.name,
-                            ..ChatMessage::new(&m.role, m.content)
+                            // `render` refused any role outside MESSAGE_ROLES.
+                            ..ChatMessage::new(
+                                Role::parse(&m.role).unwrap_or(Role::User),
+                                m.content,
+                            )
                         })
                         .collect(),
                 }

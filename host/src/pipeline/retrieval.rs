@@ -2,6 +2,7 @@
 //! filtered), the charge for embedding the query, and the optional rerank by the tenant's
 //! reranker plugin. `/v1/collections/{name}/search` and RAG both run it.
 
+use crate::common::Endpoint;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -87,7 +88,7 @@ impl Retrieval {
         let model = &c.settings.embedding_model;
         let reservation = self
             .tenancy
-            .reserve_tokens(caller, model, "search", charged, charged)
+            .reserve_tokens(caller, model, Endpoint::Search, charged, charged)
             .await
             .map_err(Error::Denied)?;
         let started = Instant::now();

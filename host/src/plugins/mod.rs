@@ -43,6 +43,9 @@ pub const WIT_VERSION: &str = "0.2.0";
 /// The previous version, still served through `legacy`.
 pub const LEGACY_WIT_VERSION: &str = "0.1.0";
 
+/// The roles a prompt-template plugin's messages may take (OpenAI's, `developer` included).
+pub const MESSAGE_ROLES: &[&str] = &["system", "developer", "user", "assistant", "tool"];
+
 /// The world a plugin implements.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -222,7 +225,8 @@ impl Plugin {
         self.prepared.version()
     }
 
-    /// Runs the `prompt-template` world's `render`.
+    /// Runs the `prompt-template` world's `render`. Returned messages may only take the roles a chat template
+    /// knows, so that a plugin's typo is its own invalid output, not a broken prompt.
     pub async fn render(
         &self,
         rt: &Runtime,
@@ -245,6 +249,18 @@ impl Plugin {
                 "rendered a {size}-byte prompt, over the {}-byte limit (plugins.max_output_bytes)",
                 rt.max_output_bytes
             )));
+        }
+        if let RenderedPrompt::Messages(ms) = &rendered {
+            if let Some(m) = ms
+                .iter()
+                .find(|m| !MESSAGE_ROLES.contains(&m.role.as_str()))
+            {
+                return Err(self.invalid(format!(
+                    "returned a message with role {:?}; roles are {}",
+                    bounded(m.role.clone(), 64),
+                    MESSAGE_ROLES.join(", ")
+                )));
+            }
         }
         Ok(rendered)
     }

@@ -2,6 +2,7 @@
 //! (JSON or JSONL), delete by id or filter, and search (the pipeline's retrieval stage). Index
 //! work runs on the blocking pool.
 
+use crate::common::Endpoint;
 use std::sync::Arc;
 
 use http::{Method, StatusCode};
@@ -211,7 +212,7 @@ async fn upsert(
         .reserve_tokens(
             caller,
             &c.settings.embedding_model,
-            "documents",
+            Endpoint::Documents,
             tokens,
             tokens,
         )

@@ -4,9 +4,9 @@
 use serde_json::{json, Value};
 use tokenizers::Tokenizer;
 
-use super::openai::{ChatTokenLogprob, CompletionLogprobs, TopLogprob};
 use crate::engine::tokenizer::token_bytes;
 use crate::engine::TokenLogprobs;
+use crate::pipeline::openai::{ChatTokenLogprob, CompletionLogprobs, TopLogprob};
 
 fn token_str(tok: &Tokenizer, id: u32) -> String {
     tok.decode(&[id], false).unwrap_or_default()

@@ -5,7 +5,6 @@
 mod admin;
 mod bodies;
 mod collections;
-mod completions;
 mod conn;
 mod deadlines;
 mod dispatch;
@@ -13,7 +12,6 @@ pub use conn::raise_fd_limit;
 mod embeddings;
 pub mod error;
 mod logprobs;
-pub mod openai;
 mod plugins;
 mod relay;
 mod reply;
@@ -21,11 +19,8 @@ mod routes;
 mod sse;
 mod state;
 pub use state::{AppState, Fallback, Shutdown};
-mod structured;
 pub mod tls;
 mod tool_calls;
-mod upstream;
-mod validation;
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -41,7 +36,6 @@ use tokio::net::TcpListener;
 use crate::engine::Engine;
 use bodies::{discard, read_body, text_response};
 pub use bodies::{json_response, sse_response};
-use dispatch::Api;
 use error::ApiError;
 use routes::{Endpoint, Resolved};
 
@@ -100,14 +94,8 @@ async fn route(
             let caller = admit(&state, &req.headers, true).await?;
             let body = read_body(&req.headers, body, state.max_body_bytes, &state.http).await?;
             match endpoint {
-                Endpoint::Chat => dispatch::serve(&state, &caller, &body, Api::Chat).await,
-                Endpoint::Completions => {
-                    dispatch::serve(&state, &caller, &body, Api::Completion).await
-                }
-                Endpoint::Embeddings => {
-                    dispatch::serve(&state, &caller, &body, Api::Embeddings).await
-                }
-                _ => plugins::rerank(&state, &caller, &body).await,
+                Endpoint::Rerank => plugins::rerank(&state, &caller, &body).await,
+                _ => dispatch::serve(&state, &caller, &body, endpoint).await,
             }
         }
         Endpoint::Models => {
@@ -129,7 +117,8 @@ async fn route(
             let engine = state.engine(&caller, id)?;
             Ok(json_response(StatusCode::OK, &model_card(&state, &engine)))
         }
-        Endpoint::Collections => {
+        // Search and Documents name what a collection request charges; the route is one.
+        Endpoint::Collections | Endpoint::Search | Endpoint::Documents => {
             let caller = admit(&state, &req.headers, true).await?;
             let content_type = req
                 .headers

@@ -1,6 +1,7 @@
 //! `POST /v1/rerank` (Cohere/Jina shape): the documents parsed into candidates, scored by the
 //! tenant's reranker plugin through the pipeline's one rerank, and answered with their indices.
 
+use crate::common::Endpoint;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -74,7 +75,7 @@ pub async fn rerank(
     let status = crate::tenancy::Outcome::of(&result);
     state
         .tenancy
-        .record_plain(caller, "rerank", "rerank", started, status);
+        .record_plain(caller, "rerank", Endpoint::Rerank, started, status);
     result
 }
 

@@ -13,8 +13,8 @@ use tokio::sync::mpsc;
 
 use super::error::ApiError;
 use super::sse::Sse;
-use super::upstream::Prepared;
 use super::{json_response, sse_response, Response};
+use crate::pipeline::upstream::Prepared;
 use crate::tenancy::Outcome;
 use crate::upstream::{Lease, Pool};
 

@@ -10,11 +10,12 @@ use tokio::sync::mpsc;
 
 use super::error::ApiError;
 use super::logprobs;
-use super::openai::*;
 use super::tool_calls;
-use super::validation::Generation;
 use super::{json_response, sse_response, Response};
+use crate::common::Endpoint;
 use crate::engine::{Engine, Event, EventStream, FinishReason, TokenLogprobs, Usage};
+use crate::pipeline::generation::Generation;
+use crate::pipeline::openai::*;
 use crate::pipeline::output::OutputStage;
 use crate::pipeline::plugin_calls::debug_report;
 use crate::structured::tools::ToolSet;
@@ -22,15 +23,9 @@ use crate::tenancy::{Outcome, Reservation};
 
 mod streamed;
 
-#[derive(Clone, Copy, PartialEq)]
-pub(super) enum Kind {
-    Chat,
-    Completion,
-}
-
 /// What every chunk and body of one response shares.
 pub(super) struct Reply {
-    kind: Kind,
+    kind: Endpoint,
     id: String,
     created: u64,
     model: String,
@@ -66,7 +61,7 @@ struct Choice {
 
 impl Reply {
     pub(super) fn new(
-        kind: Kind,
+        kind: Endpoint,
         prefix: &str,
         model: String,
         engine: Arc<Engine>,
@@ -187,7 +182,7 @@ impl Reply {
                 let logprobs = self.logprobs(&c.tokens, c.text.len());
                 let finish = c.finish.map(FinishReason::as_str);
                 match self.kind {
-                    Kind::Chat => {
+                    Endpoint::Chat => {
                         let (message, finish) = match (&self.tools, c.finish) {
                             (Some(t), Some(f)) => {
                                 let (m, called) = tool_calls::message(&c.text, t);
@@ -206,7 +201,7 @@ impl Reply {
                         }
                         choice
                     }
-                    Kind::Completion => {
+                    _ => {
                         let text = match &self.echo {
                             Some(p) => format!("{}{}", p[i / self.n], c.text),
                             None => c.text,
@@ -244,9 +239,9 @@ impl Reply {
 
     fn envelope(&self, chunk: bool) -> Value {
         let object = match (self.kind, chunk) {
-            (Kind::Chat, false) => "chat.completion",
-            (Kind::Chat, true) => "chat.completion.chunk",
-            (Kind::Completion, _) => "text_completion",
+            (Endpoint::Chat, false) => "chat.completion",
+            (Endpoint::Chat, true) => "chat.completion.chunk",
+            _ => "text_completion",
         };
         json!({
             "id": self.id,
@@ -271,8 +266,8 @@ impl Reply {
     fn logprobs(&self, tokens: &[(u32, TokenLogprobs)], text_start: usize) -> Value {
         let tok = &self.engine.tokenizer;
         match self.kind {
-            Kind::Chat => logprobs::chat(tok, tokens),
-            Kind::Completion => logprobs::completion(tok, tokens, text_start),
+            Endpoint::Chat => logprobs::chat(tok, tokens),
+            _ => logprobs::completion(tok, tokens, text_start),
         }
     }
 }

@@ -3,24 +3,7 @@
 
 use http::Method;
 
-/// What a request is for, once its path is matched.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Endpoint {
-    Chat,
-    Completions,
-    Rerank,
-    Embeddings,
-    Models,
-    /// `/v1/models/{id}`.
-    Model,
-    /// `/v1/collections` and everything below it (the collections router checks methods).
-    Collections,
-    Health,
-    Ready,
-    Metrics,
-    /// `/admin/*` (the admin router checks methods).
-    Admin,
-}
+pub use crate::common::Endpoint;
 
 #[derive(Clone, Copy)]
 enum Path {
@@ -48,7 +31,6 @@ struct Route {
     /// Empty: any method (the endpoint's own router answers 405).
     methods: &'static [Method],
     endpoint: Endpoint,
-    label: &'static str,
 }
 
 const POST: &[Method] = &[Method::POST];
@@ -59,67 +41,56 @@ const ROUTES: &[Route] = &[
         path: Path::Exact("/v1/chat/completions"),
         methods: POST,
         endpoint: Endpoint::Chat,
-        label: "chat_completions",
     },
     Route {
         path: Path::Exact("/v1/completions"),
         methods: POST,
         endpoint: Endpoint::Completions,
-        label: "completions",
     },
     Route {
         path: Path::Exact("/v1/rerank"),
         methods: POST,
         endpoint: Endpoint::Rerank,
-        label: "rerank",
     },
     Route {
         path: Path::Exact("/v1/embeddings"),
         methods: POST,
         endpoint: Endpoint::Embeddings,
-        label: "embeddings",
     },
     Route {
         path: Path::Exact("/v1/models"),
         methods: GET,
         endpoint: Endpoint::Models,
-        label: "models",
     },
     Route {
         path: Path::Under("/v1/models/"),
         methods: GET,
         endpoint: Endpoint::Model,
-        label: "models",
     },
     Route {
         path: Path::Tree("/v1/collections"),
         methods: &[],
         endpoint: Endpoint::Collections,
-        label: "collections",
     },
     Route {
         path: Path::Exact("/health"),
         methods: GET,
         endpoint: Endpoint::Health,
-        label: "health",
     },
     Route {
         path: Path::Exact("/ready"),
         methods: GET,
         endpoint: Endpoint::Ready,
-        label: "ready",
     },
     Route {
         path: Path::Exact("/metrics"),
         methods: GET,
         endpoint: Endpoint::Metrics,
-        label: "metrics",
     },
     Route {
         path: Path::Under("/admin/"),
         methods: &[],
         endpoint: Endpoint::Admin,
-        label: "admin",
     },
 ];
 
@@ -150,7 +121,7 @@ pub fn label(path: &str) -> &'static str {
     ROUTES
         .iter()
         .find(|r| r.path.matches(path))
-        .map_or("other", |r| r.label)
+        .map_or("other", |r| r.endpoint.label())
 }
 
 impl Endpoint {

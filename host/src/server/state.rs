@@ -111,6 +111,32 @@ impl AppState {
         }
     }
 
+    /// The handles the chat pipeline takes.
+    pub fn stages(&self) -> crate::pipeline::chat::Stages {
+        crate::pipeline::chat::Stages {
+            plugins: self.plugin_calls(),
+            retrieval: self.retrieval(),
+            processors: self.processor_stage(),
+            tenancy: self.tenancy.clone(),
+            metrics: self.metrics.clone(),
+        }
+    }
+
+    /// Where `model` is generated, if the tenant may use it: an upstream pool or a local
+    /// engine.
+    pub fn target(
+        &self,
+        tenant: &crate::tenancy::Tenant,
+        model: &str,
+    ) -> Result<crate::pipeline::chat::Target, ApiError> {
+        use crate::pipeline::chat::Target;
+        match self.upstreams.get(model) {
+            Some(_) if !tenant.allows_model(model) => Err(forbidden_model(tenant, model)),
+            Some(pool) => Ok(Target::Upstream(pool.clone())),
+            None => Ok(Target::Local(self.engine(tenant, model)?)),
+        }
+    }
+
     /// `model` and then its fallbacks, in order.
     pub fn fallback_chain(&self, model: &str) -> Vec<String> {
         let rest = match self.upstreams.get(model) {
@@ -161,10 +187,14 @@ fn allowed_model<'a, T>(
         ApiError::model_not_found(model, &allowed)
     })?;
     if !tenant.allows_model(model) {
-        return Err(ApiError::forbidden(
-            "model",
-            format!("Tenant `{}` may not use model `{model}`.", tenant.name),
-        ));
+        return Err(forbidden_model(tenant, model));
     }
     Ok(found)
+}
+
+fn forbidden_model(tenant: &crate::tenancy::Tenant, model: &str) -> ApiError {
+    ApiError::forbidden(
+        "model",
+        format!("Tenant `{}` may not use model `{model}`.", tenant.name),
+    )
 }

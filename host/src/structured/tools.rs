@@ -8,7 +8,7 @@
 use llguidance::api::TopLevelGrammar;
 use serde_json::{json, Value};
 
-use crate::engine::chat_template::{ChatMessage, ToolCall};
+use crate::engine::chat_template::{ChatMessage, Role, ToolCall};
 
 mod parse;
 pub use parse::{parse, Call, CallParser, Delta};
@@ -130,9 +130,9 @@ pub fn generic_messages(
 ) -> Vec<ChatMessage> {
     if let Some(t) = tools.filter(|t| t.choice != ToolChoice::None) {
         let prompt = t.system_prompt();
-        match messages.first_mut().filter(|m| m.role == "system") {
+        match messages.first_mut().filter(|m| m.role == Role::System) {
             Some(first) => first.content = format!("{}\n\n{prompt}", first.content),
-            None => messages.insert(0, ChatMessage::new("system", prompt)),
+            None => messages.insert(0, ChatMessage::new(Role::System, prompt)),
         }
     }
     generic_history(messages)
@@ -141,8 +141,8 @@ pub fn generic_messages(
 fn generic_history(messages: Vec<ChatMessage>) -> Vec<ChatMessage> {
     let mut out: Vec<ChatMessage> = Vec::with_capacity(messages.len());
     for m in messages {
-        match m.role.as_str() {
-            "assistant" if !m.tool_calls.is_empty() => {
+        match m.role {
+            Role::Assistant if !m.tool_calls.is_empty() => {
                 let mut parts: Vec<String> = Vec::new();
                 if !m.content.is_empty() {
                     parts.push(m.content.clone());
@@ -152,18 +152,19 @@ fn generic_history(messages: Vec<ChatMessage>) -> Vec<ChatMessage> {
                         .iter()
                         .map(|c| call_text(&c.function.name, &c.function.arguments)),
                 );
-                out.push(ChatMessage::new("assistant", parts.join("\n")));
+                out.push(ChatMessage::new(Role::Assistant, parts.join("\n")));
             }
-            "tool" => {
+            Role::Tool => {
                 let response = format!("<tool_response>\n{}\n</tool_response>", m.content);
                 // Results of one turn's calls go together in one user turn.
                 match out.last_mut() {
                     Some(last)
-                        if last.role == "user" && last.content.ends_with("</tool_response>") =>
+                        if last.role == Role::User
+                            && last.content.ends_with("</tool_response>") =>
                     {
                         last.content = format!("{}\n{response}", last.content);
                     }
-                    _ => out.push(ChatMessage::new("user", response)),
+                    _ => out.push(ChatMessage::new(Role::User, response)),
                 }
             }
             _ => out.push(ChatMessage {
@@ -309,16 +310,16 @@ mod tests {
     #[test]
     fn generic_format_folds_tools_into_plain_turns() {
         let tools = set(ToolChoice::Auto);
-        let mut call = ChatMessage::new("assistant", "");
+        let mut call = ChatMessage::new(Role::Assistant, "");
         call.tool_calls = vec![history_call(
             "call_1".into(),
             "lookup".into(),
             r#"{"q":"Acme"}"#,
         )];
-        let mut result = ChatMessage::new("tool", "{\"id\": 7}");
+        let mut result = ChatMessage::new(Role::Tool, "{\"id\": 7}");
         result.tool_call_id = Some("call_1".into());
         let out = generic_messages(
-            vec![ChatMessage::new("user", "Find Acme"), call, result],
+            vec![ChatMessage::new(Role::User, "Find Acme"), call, result],
             Some(&tools),
         );
         let roles: Vec<&str> = out.iter().map(|m| m.role.as_str()).collect();
@@ -333,7 +334,10 @@ mod tests {
             "<tool_response>\n{\"id\": 7}\n</tool_response>"
         );
         // An existing system message gets the instructions appended.
-        let out = generic_messages(vec![ChatMessage::new("system", "Be brief.")], Some(&tools));
+        let out = generic_messages(
+            vec![ChatMessage::new(Role::System, "Be brief.")],
+            Some(&tools),
+        );
         assert_eq!(out.len(), 1);
         assert!(out[0].content.starts_with("Be brief.\n\n# Tools"));
     }

@@ -15,6 +15,7 @@ pub mod watch;
 
 pub use reservation::{Outcome, Reservation};
 
+use crate::common::Endpoint;
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -321,13 +322,6 @@ impl Tenancy {
         Denied::Limited(r)
     }
 
-    /// Authenticates the API key and applies the tenant's request-rate and concurrency
-    /// limits, in this process.
-    pub fn admit(&self, key: Option<&str>) -> Result<Caller, Denied> {
-        let (tenant, key_id) = self.authenticate(key)?;
-        self.admit_locally(tenant, key_id)
-    }
-
     fn admit_locally(&self, tenant: Arc<Tenant>, key_id: Arc<str>) -> Result<Caller, Denied> {
         match tenant
             .usage
@@ -338,7 +332,8 @@ impl Tenancy {
         }
     }
 
-    /// `admit`, against the limits every replica shares when `[cluster] redis` is set
+    /// Authenticates the API key and applies the tenant's request-rate and concurrency
+    /// limits, against the limits every replica shares when `[cluster] redis` is set
     /// (`billable`: also refused while the ledger cannot record the request).
     pub async fn admit_request(&self, key: Option<&str>, billable: bool) -> Result<Caller, Denied> {
         if billable && self.ledger.as_ref().is_some_and(|l| !l.accepting()) {
@@ -375,12 +370,12 @@ impl Tenancy {
     }
 
     /// Reserves `tokens` (prompt + the most the request may generate) for `caller`, in
-    /// this process.
-    pub fn reserve(
+    /// this process only: what `reserve_tokens` falls back to without shared limits.
+    fn reserve_locally(
         self: &Arc<Self>,
         caller: &Caller,
         model: &str,
-        endpoint: &'static str,
+        endpoint: Endpoint,
         prompt_tokens: u64,
         tokens: u64,
     ) -> Result<Reservation, Rejection> {
@@ -402,13 +397,13 @@ impl Tenancy {
         Ok(self.reservation(caller, model, endpoint, prompt_tokens, tokens, None))
     }
 
-    /// `reserve`, against the token rate and budget every replica shares when `[cluster]
-    /// redis` is set.
+    /// Reserves `tokens` (prompt + the most the request may generate) for `caller`, against
+    /// the token rate and budget every replica shares when `[cluster] redis` is set.
     pub async fn reserve_tokens(
         self: &Arc<Self>,
         caller: &Caller,
         model: &str,
-        endpoint: &'static str,
+        endpoint: Endpoint,
         prompt_tokens: u64,
         tokens: u64,
     ) -> Result<Reservation, Denied> {
@@ -417,7 +412,7 @@ impl Tenancy {
             Some(s) if p.token_budget.is_some() || p.tokens_per_minute.is_some() => s,
             _ => {
                 return self
-                    .reserve(caller, model, endpoint, prompt_tokens, tokens)
+                    .reserve_locally(caller, model, endpoint, prompt_tokens, tokens)
                     .map_err(Denied::Limited)
             }
         };
@@ -451,7 +446,7 @@ impl Tenancy {
             Err(_) => match shared.failure {
                 RedisFailure::Open => {
                     self.metrics.shared.local_fallbacks.inc();
-                    self.reserve(caller, model, endpoint, prompt_tokens, tokens)
+                    self.reserve_locally(caller, model, endpoint, prompt_tokens, tokens)
                         .map_err(Denied::Limited)
                 }
                 RedisFailure::Closed => Err(Denied::LimitsUnavailable),
@@ -463,7 +458,7 @@ impl Tenancy {
         self: &Arc<Self>,
         caller: &Caller,
         model: &str,
-        endpoint: &'static str,
+        endpoint: Endpoint,
         prompt_tokens: u64,
         tokens: u64,
         shared: Option<(Arc<Shared>, shared::SharedReservation)>,
@@ -486,7 +481,27 @@ impl Tenancy {
                 .as_ref()
                 .and_then(|(s, r)| s.keep_alive(r.member().into_iter().collect())),
             shared,
+            more_shared: Vec::new(),
+            _more_alive: Vec::new(),
         }
+    }
+
+    /// Grows `r` by `tokens` against the same limits: the prompt, known exactly only after
+    /// retrieval and the template, came out longer than the estimate reserved at admission.
+    pub async fn reserve_more(
+        self: &Arc<Self>,
+        caller: &Caller,
+        r: &mut Reservation,
+        tokens: u64,
+    ) -> Result<(), Denied> {
+        if tokens == 0 {
+            return Ok(());
+        }
+        let more = self
+            .reserve_tokens(caller, &r.model, r.endpoint, 0, tokens)
+            .await?;
+        r.absorb(more);
+        Ok(())
     }
 
     /// Records a request that generated nothing (rerank, or one refused after admission).
@@ -494,7 +509,7 @@ impl Tenancy {
         &self,
         caller: &Caller,
         model: &str,
-        endpoint: &'static str,
+        endpoint: Endpoint,
         started: Instant,
         outcome: Outcome,
     ) {
@@ -509,7 +524,7 @@ impl Tenancy {
                 tenant: caller.tenant.name.to_string(),
                 key_id: caller.key_id.to_string(),
                 model: model.to_string(),
-                endpoint,
+                endpoint: endpoint.as_str(),
                 prompt_tokens: 0,
                 completion_tokens: 0,
                 latency_ms: started.elapsed().as_secs_f64() * 1e3,

@@ -51,7 +51,7 @@ pub struct Reservation {
     pub(super) tenant: Arc<Tenant>,
     pub(super) key_id: Arc<str>,
     pub(super) model: String,
-    pub(super) endpoint: &'static str,
+    pub(super) endpoint: crate::common::Endpoint,
     pub(super) reserved: u64,
     pub(super) prompt_tokens: AtomicU64,
     pub(super) completion_tokens: AtomicU64,
@@ -64,6 +64,10 @@ pub struct Reservation {
     pub(super) shared: Option<(Arc<Shared>, SharedReservation)>,
     /// Keeps the Redis reservation from expiring while the request runs.
     pub(super) _alive: Option<super::shared::KeepAlive>,
+    /// Tokens added after admission (`Tenancy::reserve_more`): their Redis reservations, each
+    /// with its size, and what keeps those alive.
+    pub(super) more_shared: Vec<(Arc<Shared>, SharedReservation, u64)>,
+    pub(super) _more_alive: Vec<super::shared::KeepAlive>,
 }
 
 impl Reservation {
@@ -85,14 +89,47 @@ impl Reservation {
         )
     }
 
+    /// The exact prompt length, once the prompt is built (the reservation was taken on an
+    /// estimate).
+    pub fn set_prompt_tokens(&self, n: u64) {
+        self.prompt_tokens.store(n, Ordering::Relaxed);
+    }
+
+    /// Tokens reserved in all.
+    pub fn reserved(&self) -> u64 {
+        self.reserved
+    }
+
+    /// Takes `more`'s tokens into this reservation, to be settled with it as one request.
+    pub(super) fn absorb(&mut self, mut more: Reservation) {
+        more.settled.store(true, Ordering::Release);
+        self.reserved += more.reserved;
+        if let Some((shared, r)) = more.shared.take() {
+            self.more_shared.push((shared, r, more.reserved));
+        }
+        self._more_alive.extend(more._alive.take());
+    }
+
+    /// The tokens of the reservation taken at admission, without those added since.
+    fn first_reserved(&self) -> u64 {
+        self.reserved - self.more_shared.iter().map(|m| m.2).sum::<u64>()
+    }
+
+    fn settle_more_shared(&self) {
+        for (shared, r, reserved) in &self.more_shared {
+            shared.settle(r.clone(), *reserved, 0);
+        }
+    }
+
     /// Gives the tokens back with no ledger row: the request moved on to a fallback model,
     /// whose own reservation records it.
     pub fn release(self) {
         self.settled.store(true, Ordering::Release);
         self.tenant.usage.settle(self.reserved, 0);
         if let Some((shared, r)) = &self.shared {
-            shared.settle(r.clone(), self.reserved, 0);
+            shared.settle(r.clone(), self.first_reserved(), 0);
         }
+        self.settle_more_shared();
     }
 
     /// Settles a request that ended early (`Failed`, `Shutdown`) with the tokens counted so far.
@@ -111,8 +148,10 @@ impl Reservation {
         t.usage
             .settle(self.reserved, prompt_tokens + completion_tokens);
         if let Some((shared, r)) = &self.shared {
-            shared.settle(r.clone(), self.reserved, prompt_tokens + completion_tokens);
+            let used = prompt_tokens + completion_tokens;
+            shared.settle(r.clone(), self.first_reserved(), used);
         }
+        self.settle_more_shared();
         let m = &self.tenancy.metrics;
         m.tenant_requests
             .with_label_values(&[&t.name, status])
@@ -129,7 +168,7 @@ impl Reservation {
                 tenant: t.name.to_string(),
                 key_id: self.key_id.to_string(),
                 model: self.model.clone(),
-                endpoint: self.endpoint,
+                endpoint: self.endpoint.as_str(),
                 prompt_tokens,
                 completion_tokens,
                 latency_ms: self.started.elapsed().as_secs_f64() * 1e3,

@@ -153,12 +153,39 @@ impl From<crate::search::SearchError> for ApiError {
     }
 }
 
+/// An input the embedding model cannot take is the request's; anything else the server's.
+impl From<crate::search::embedder::EmbedError> for ApiError {
+    fn from(e: crate::search::embedder::EmbedError) -> Self {
+        use crate::search::embedder::EmbedError;
+        match e {
+            EmbedError::TooLong { .. } | EmbedError::BadToken { .. } => {
+                Self::invalid("input", e.to_string())
+            }
+            other => Self::internal(other.to_string()),
+        }
+    }
+}
+
 /// The one mapping of a pipeline stage's failure to its status and OpenAI error.
 impl From<crate::pipeline::Error> for ApiError {
     fn from(e: crate::pipeline::Error) -> Self {
         use crate::pipeline::Error;
         match e {
             Error::Invalid { param, message } => Self::invalid(param, message),
+            Error::InvalidAt { param, message } => Self::invalid_at(param, message),
+            Error::Overloaded(message) => Self::overloaded(message),
+            Error::Json(e) => Self::from(e),
+            Error::Engine(message) => Self::internal(message),
+            Error::Upstream { failure, message } => {
+                use crate::pipeline::UpstreamFailure as F;
+                let (status, code) = match failure {
+                    F::Unavailable => (StatusCode::SERVICE_UNAVAILABLE, "upstream_unavailable"),
+                    F::Timeout => (StatusCode::GATEWAY_TIMEOUT, "upstream_timeout"),
+                    F::Unreachable => (StatusCode::BAD_GATEWAY, "upstream_unavailable"),
+                    F::Failed => (StatusCode::BAD_GATEWAY, "upstream_error"),
+                };
+                Self::upstream(status, code, message)
+            }
             Error::Forbidden { param, message } => Self::forbidden(param, message),
             Error::PluginMissing { tenant, message } => Self::plugin_missing(&tenant, message),
             Error::Plugin(f) => Self {
@@ -167,6 +194,7 @@ impl From<crate::pipeline::Error> for ApiError {
             },
             Error::Denied(d) => Self::denied(d),
             Error::Search(e) => Self::from(e),
+            Error::Embed(e) => Self::from(e),
             Error::Task { .. } => Self::internal(e.to_string()),
         }
     }

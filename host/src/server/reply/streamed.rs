@@ -13,7 +13,8 @@ use tokio::sync::mpsc;
 use super::super::error::ApiError;
 use super::super::sse::Sse;
 use super::super::tool_calls::{self, StreamCalls};
-use super::{Kind, Reply};
+use super::Reply;
+use crate::common::Endpoint;
 use crate::engine::{Event, EventStream, FinishReason, TokenLogprobs, Usage};
 use crate::tenancy::Outcome;
 
@@ -50,7 +51,7 @@ impl Reply {
                 .map(move |e| (i, e))
                 .boxed()
         }));
-        if self.kind == Kind::Chat {
+        if self.kind == Endpoint::Chat {
             for i in 0..total {
                 if !sse.send(&self.chunk(json!({"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null}))).await {
                     return;
@@ -137,10 +138,10 @@ impl Reply {
         }
         let text = self.take_echo(&mut p.echo_pending[i], i) + &text;
         vec![match self.kind {
-            Kind::Chat => {
+            Endpoint::Chat => {
                 json!({"index": i, "delta": {"content": text}, "logprobs": lp, "finish_reason": null})
             }
-            Kind::Completion => {
+            _ => {
                 json!({"index": i, "text": text, "logprobs": lp, "finish_reason": null})
             }
         }]
@@ -167,7 +168,7 @@ impl Reply {
             reason = tool_calls::finish_reason(finish, calls.called());
         }
         out.push(match self.kind {
-            Kind::Chat => {
+            Endpoint::Chat => {
                 let mut choice =
                     json!({"index": i, "delta": {}, "logprobs": null, "finish_reason": reason});
                 if let Some(out) = self.parser() {
@@ -180,7 +181,7 @@ impl Reply {
                 }
                 choice
             }
-            Kind::Completion => {
+            _ => {
                 // A choice that produced no text still echoes its prompt.
                 let text = self.take_echo(&mut p.echo_pending[i], i);
                 json!({"index": i, "text": text, "logprobs": null, "finish_reason": reason})

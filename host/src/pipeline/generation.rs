@@ -3,14 +3,15 @@
 
 use crate::engine::{Engine, GenerationRequest, SamplingParams};
 
-use super::error::ApiError;
 use super::openai::SamplingFields;
+use super::Error;
 
 pub const MAX_N: usize = 16;
 pub const MAX_STOP: usize = 16;
 pub const MAX_TOP_LOGPROBS: usize = 20;
 
 /// Everything but the prompt and `max_tokens`, shared by the n choices of each prompt.
+#[derive(Clone)]
 pub struct Generation {
     pub sampling: SamplingParams,
     pub n: usize,
@@ -35,11 +36,11 @@ fn range(
     lo: f32,
     hi: f32,
     default: f32,
-) -> Result<f32, ApiError> {
+) -> Result<f32, Error> {
     match v {
         None => Ok(default),
         Some(x) if x.is_finite() && x >= lo && x <= hi => Ok(x),
-        Some(x) => Err(ApiError::invalid(
+        Some(x) => Err(Error::invalid(
             param,
             format!("`{param}` must be between {lo} and {hi}, got {x}."),
         )),
@@ -49,17 +50,17 @@ fn range(
 /// `logit_bias` as (token id, bias) pairs: keys are token ids, values within [-100, 100].
 fn logit_bias(
     bias: Option<&std::collections::HashMap<String, f32>>,
-) -> Result<Vec<(u32, f32)>, ApiError> {
+) -> Result<Vec<(u32, f32)>, Error> {
     let mut logit_bias = Vec::new();
     for (k, &v) in bias.into_iter().flatten() {
         let id = k.parse::<u32>().map_err(|_| {
-            ApiError::invalid(
+            Error::invalid(
                 "logit_bias",
                 format!("`logit_bias` keys are token ids; {k:?} is not one."),
             )
         })?;
         if !(-100.0..=100.0).contains(&v) {
-            return Err(ApiError::invalid(
+            return Err(Error::invalid(
                 "logit_bias",
                 format!(
                     "`logit_bias` values must be between -100 and 100, got {v} for token {id}."
@@ -75,19 +76,16 @@ pub fn generation(
     f: SamplingFields,
     max_tokens: Option<usize>,
     logprobs: Option<usize>,
-) -> Result<Generation, ApiError> {
+) -> Result<Generation, Error> {
     let top_p = range("top_p", f.top_p, 0.0, 1.0, 1.0)?;
     if top_p == 0.0 {
-        return Err(ApiError::invalid(
-            "top_p",
-            "`top_p` must be greater than 0.",
-        ));
+        return Err(Error::invalid("top_p", "`top_p` must be greater than 0."));
     }
     let top_k = match f.top_k {
         None | Some(-1) | Some(0) => 0,
         Some(k) if k > 0 => k as usize,
         Some(k) => {
-            return Err(ApiError::invalid(
+            return Err(Error::invalid(
                 "top_k",
                 format!("`top_k` must be -1 (off) or positive, got {k}."),
             ))
@@ -96,14 +94,14 @@ pub fn generation(
     let repetition_penalty = range("repetition_penalty", f.repetition_penalty, 0.01, 10.0, 1.0)?;
     let n = f.n.unwrap_or(1);
     if !(1..=MAX_N).contains(&n) {
-        return Err(ApiError::invalid(
+        return Err(Error::invalid(
             "n",
             format!("`n` must be between 1 and {MAX_N}, got {n}."),
         ));
     }
     let stop = f.stop.map(|s| s.into_vec()).unwrap_or_default();
     if stop.len() > MAX_STOP {
-        return Err(ApiError::invalid(
+        return Err(Error::invalid(
             "stop",
             format!(
                 "At most {MAX_STOP} stop sequences are allowed, got {}.",
@@ -112,14 +110,14 @@ pub fn generation(
         ));
     }
     if max_tokens == Some(0) {
-        return Err(ApiError::invalid(
+        return Err(Error::invalid(
             "max_tokens",
             "`max_tokens` must be at least 1.",
         ));
     }
     let logit_bias = logit_bias(f.logit_bias.as_ref())?;
     if f.stream_options.is_some() && !f.stream {
-        return Err(ApiError::invalid(
+        return Err(Error::invalid(
             "stream_options",
             "`stream_options` is only allowed when `stream` is true.",
         ));
@@ -159,32 +157,32 @@ impl Generation {
         engine: &Engine,
         prompt: Vec<u32>,
         param: &'static str,
-    ) -> Result<Vec<GenerationRequest>, ApiError> {
+    ) -> Result<Vec<GenerationRequest>, Error> {
         let limit = engine.info.max_model_len;
         // Ids index the embedding and the logits, so the model's vocabulary is the bound.
         let vocab = engine.info.vocab_size as u32;
         if prompt.is_empty() {
-            return Err(ApiError::invalid(param, "The prompt is empty."));
+            return Err(Error::invalid(param, "The prompt is empty."));
         }
         if let Some(bad) = prompt
             .iter()
             .chain(&self.stop_token_ids)
             .find(|&&t| t >= vocab)
         {
-            return Err(ApiError::invalid(
+            return Err(Error::invalid(
                 param,
                 format!("Token id {bad} is outside the vocabulary (size {vocab})."),
             ));
         }
         if let Some((bad, _)) = self.sampling.logit_bias.iter().find(|(t, _)| *t >= vocab) {
-            return Err(ApiError::invalid(
+            return Err(Error::invalid(
                 "logit_bias",
                 format!("`logit_bias` names token {bad}, outside the vocabulary (size {vocab})."),
             ));
         }
         let max_tokens = match self.max_tokens {
             Some(m) if m > limit.saturating_sub(prompt.len()) => {
-                return Err(ApiError::invalid(
+                return Err(Error::invalid(
                     param,
                     format!(
                         "This model's maximum context length is {limit} tokens. However, you requested {} tokens \
@@ -196,7 +194,7 @@ impl Generation {
             }
             Some(m) => m,
             None if prompt.len() >= limit => {
-                return Err(ApiError::invalid(
+                return Err(Error::invalid(
                     param,
                     format!("This model's maximum context length is {limit} tokens, and the prompt has {}. Please shorten it.", prompt.len()),
                 ))
@@ -233,7 +231,7 @@ mod tests {
         serde_json::from_value(v).unwrap()
     }
 
-    fn refused(v: serde_json::Value, max_tokens: Option<usize>) -> ApiError {
+    fn refused(v: serde_json::Value, max_tokens: Option<usize>) -> Error {
         match generation(fields(v), max_tokens, None) {
             Err(e) => e,
             Ok(_) => panic!("accepted"),
@@ -271,9 +269,10 @@ mod tests {
             (json!({"presence_penalty": -3.0}), None, "presence_penalty"),
         ];
         for (v, max_tokens, param) in cases {
-            let e = refused(v.clone(), max_tokens);
-            assert_eq!(e.status, http::StatusCode::BAD_REQUEST, "{v}");
-            assert_eq!(e.param.as_deref(), Some(param), "{v}: {}", e.message);
+            match refused(v.clone(), max_tokens) {
+                Error::Invalid { param: p, message } => assert_eq!(p, param, "{v}: {message}"),
+                other => panic!("{v}: {other}"),
+            }
         }
     }
 }

@@ -7,8 +7,9 @@ use std::sync::Arc;
 use llguidance::api::TopLevelGrammar;
 use serde_json::Value;
 
-use super::error::ApiError;
-use super::openai::{ChatMessageIn, GuidedFields, ResponseFormat, ToolIn};
+use super::openai::{GuidedFields, ResponseFormat, ToolIn};
+use super::Error;
+use crate::engine::chat_template::{ChatMessage, Role};
 use crate::engine::constraint::{Constraint, GrammarError};
 use crate::engine::Engine;
 use crate::structured::tools::{Tool, ToolChoice, ToolSet};
@@ -18,21 +19,16 @@ use crate::structured::Format;
 const MAX_TOOLS: usize = 128;
 
 /// The one output constraint a request asks for, and the parameter that asked.
-pub(super) fn format(
+pub fn format(
     response_format: Option<&ResponseFormat>,
     guided: GuidedFields,
-) -> Result<Option<(Format, &'static str)>, ApiError> {
+) -> Result<Option<(Format, &'static str)>, Error> {
     let mut found: Vec<(Format, &'static str)> = Vec::new();
     match response_format {
         Some(ResponseFormat::JsonObject) => found.push((Format::JsonObject, "response_format")),
         Some(ResponseFormat::JsonSchema { json_schema }) => match &json_schema.schema {
             Some(s) => found.push((Format::JsonSchema(s.clone()), "response_format")),
-            None => {
-                return Err(ApiError::invalid(
-                    "response_format",
-                    "`response_format.json_schema.schema` is required for type json_schema.",
-                ))
-            }
+            None => return Err(schema_required()),
         },
         Some(ResponseFormat::Text) | None => {}
     }
@@ -71,61 +67,66 @@ pub(super) fn format(
     }
     if found.len() > 1 {
         let names: Vec<&str> = found.iter().map(|(_, p)| *p).collect();
-        return Err(ApiError::invalid(
+        return Err(Error::invalid(
             found[1].1,
             format!("Only one structured-output constraint per request; got {names:?}."),
         ));
     }
     if let Some((Format::Choice(c), p)) = found.first() {
         if c.is_empty() {
-            return Err(ApiError::invalid(
-                *p,
-                "The list of choices must not be empty.",
-            ));
+            return Err(Error::invalid(*p, "The list of choices must not be empty."));
         }
     }
     Ok(found.pop())
 }
 
+/// A `json_schema` response format without its schema.
+pub fn schema_required() -> Error {
+    Error::invalid(
+        "response_format",
+        "`response_format.json_schema.schema` is required for type json_schema.",
+    )
+}
+
 /// vLLM takes a schema as an object or as its JSON text.
-fn schema_value(v: Value, param: &'static str) -> Result<Value, ApiError> {
+fn schema_value(v: Value, param: &'static str) -> Result<Value, Error> {
     match v {
         Value::String(s) => serde_json::from_str(&s)
-            .map_err(|e| ApiError::invalid(param, format!("`{param}` is not valid JSON: {e}"))),
+            .map_err(|e| Error::invalid(param, format!("`{param}` is not valid JSON: {e}"))),
         v => Ok(v),
     }
 }
 
 /// Compiles (or finds in the cache) a grammar on the blocking pool: a cold compile of a large
 /// schema takes milliseconds.
-pub(super) async fn compile(
+pub async fn compile(
     engine: &Arc<Engine>,
     grammar: TopLevelGrammar,
     param: &'static str,
-) -> Result<Constraint, ApiError> {
+) -> Result<Constraint, Error> {
     compiled(engine, grammar)
         .await?
-        .map_err(|e| ApiError::invalid(param, format!("`{param}` is not supported: {}", e.0)))
+        .map_err(|e| Error::invalid(param, format!("`{param}` is not supported: {}", e.0)))
 }
 
 async fn compiled(
     engine: &Arc<Engine>,
     grammar: TopLevelGrammar,
-) -> Result<Result<Constraint, GrammarError>, ApiError> {
+) -> Result<Result<Constraint, GrammarError>, Error> {
     let grammars = engine.grammars.clone();
     Ok(crate::pipeline::blocking("grammar", move || grammars.compile(&grammar)).await?)
 }
 
 /// `tools`, `tool_choice` and `parallel_tool_calls` checked; `None` when the request has no
 /// tools or turns them off.
-pub(super) fn toolset(
+pub fn toolset(
     tools: Option<Vec<ToolIn>>,
     choice: Option<Value>,
     parallel: Option<bool>,
-) -> Result<Option<ToolSet>, ApiError> {
+) -> Result<Option<ToolSet>, Error> {
     let tools = tools.unwrap_or_default();
     if tools.len() > MAX_TOOLS {
-        return Err(ApiError::invalid(
+        return Err(Error::invalid(
             "tools",
             format!("At most {MAX_TOOLS} tools per request."),
         ));
@@ -146,24 +147,24 @@ pub(super) fn toolset(
     }))
 }
 
-fn tool(i: usize, t: ToolIn) -> Result<Tool, ApiError> {
+fn tool(i: usize, t: ToolIn) -> Result<Tool, Error> {
     let at = |field: &str| format!("tools[{i}]{field}");
     if t.kind != "function" {
-        return Err(ApiError::invalid_at(
+        return Err(Error::invalid_at(
             at(".type"),
             format!("Tool type {:?} is not supported; use \"function\".", t.kind),
         ));
     }
-    let f = t.function.ok_or_else(|| {
-        ApiError::invalid_at(at(".function"), "A function tool needs `function`.")
-    })?;
+    let f = t
+        .function
+        .ok_or_else(|| Error::invalid_at(at(".function"), "A function tool needs `function`."))?;
     let name = f.name.unwrap_or_default();
     let valid = (1..=64).contains(&name.len())
         && name
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
     if !valid {
-        return Err(ApiError::invalid_at(
+        return Err(Error::invalid_at(
             at(".function.name"),
             format!("Function name {name:?} must be 1-64 letters, digits, underscores or dashes."),
         ));
@@ -172,7 +173,7 @@ fn tool(i: usize, t: ToolIn) -> Result<Tool, ApiError> {
         .parameters
         .unwrap_or_else(|| serde_json::json!({"type": "object", "properties": {}}));
     if !parameters.is_object() {
-        return Err(ApiError::invalid_at(
+        return Err(Error::invalid_at(
             at(".function.parameters"),
             "`parameters` must be a JSON schema object.",
         ));
@@ -184,7 +185,7 @@ fn tool(i: usize, t: ToolIn) -> Result<Tool, ApiError> {
     })
 }
 
-fn tool_choice(choice: Option<Value>, tools: &[Tool]) -> Result<ToolChoice, ApiError> {
+fn tool_choice(choice: Option<Value>, tools: &[Tool]) -> Result<ToolChoice, Error> {
     let p = "tool_choice";
     let choice = match choice {
         None if tools.is_empty() => ToolChoice::None,
@@ -194,7 +195,7 @@ fn tool_choice(choice: Option<Value>, tools: &[Tool]) -> Result<ToolChoice, ApiE
             "auto" => ToolChoice::Auto,
             "required" => ToolChoice::Required,
             other => {
-                return Err(ApiError::invalid(
+                return Err(Error::invalid(
                     p,
                     format!("`tool_choice` {other:?} is not one of none, auto, required."),
                 ))
@@ -203,7 +204,7 @@ fn tool_choice(choice: Option<Value>, tools: &[Tool]) -> Result<ToolChoice, ApiE
         Some(v) => match v["function"]["name"].as_str() {
             Some(name) if v["type"] == "function" => ToolChoice::Named(name.to_string()),
             _ => {
-                return Err(ApiError::invalid(
+                return Err(Error::invalid(
                     p,
                     "`tool_choice` must be a string or {\"type\": \"function\", \"function\": {\"name\": ...}}.",
                 ))
@@ -211,11 +212,11 @@ fn tool_choice(choice: Option<Value>, tools: &[Tool]) -> Result<ToolChoice, ApiE
         },
     };
     match &choice {
-        ToolChoice::Required | ToolChoice::Named(_) if tools.is_empty() => Err(ApiError::invalid(
+        ToolChoice::Required | ToolChoice::Named(_) if tools.is_empty() => Err(Error::invalid(
             p,
             "`tool_choice` needs `tools`: there is no function to call.",
         )),
-        ToolChoice::Named(n) if !tools.iter().any(|t| &t.name == n) => Err(ApiError::invalid(
+        ToolChoice::Named(n) if !tools.iter().any(|t| &t.name == n) => Err(Error::invalid(
             p,
             format!("`tool_choice` names {n:?}, which is not in `tools`."),
         )),
@@ -228,14 +229,14 @@ fn tool_choice(choice: Option<Value>, tools: &[Tool]) -> Result<ToolChoice, ApiE
 async fn tool_constraint(
     engine: &Arc<Engine>,
     tools: &ToolSet,
-) -> Result<Option<Constraint>, ApiError> {
+) -> Result<Option<Constraint>, Error> {
     let grammar = tools.grammar();
     match compile(engine, grammar, "tools").await {
         Ok(c) => Ok(tools.constrains().then_some(c)),
         Err(e) => {
             for (i, t) in tools.tools.iter().enumerate() {
                 if let Err(one) = compiled(engine, ToolSet::tool_grammar(t)).await? {
-                    return Err(ApiError::invalid_at(
+                    return Err(Error::invalid_at(
                         format!("tools[{i}].function.parameters"),
                         format!("The schema of {:?} is not supported: {}", t.name, one.0),
                     ));
@@ -248,11 +249,11 @@ async fn tool_constraint(
 
 /// The grammar the choices follow: the calls' when the tool choice forces a call, else the
 /// response format's, if any.
-pub(super) async fn constraint(
+pub async fn constraint(
     engine: &Arc<Engine>,
     format: Option<(Format, &'static str)>,
     tools: Option<&ToolSet>,
-) -> Result<Option<Constraint>, ApiError> {
+) -> Result<Option<Constraint>, Error> {
     if let Some(t) = tools {
         if let Some(c) = tool_constraint(engine, t).await? {
             return Ok(Some(c));
@@ -266,21 +267,18 @@ pub(super) async fn constraint(
 
 /// Tool turns must fit together: each `tool` message answers a call made earlier, and calls
 /// name functions the request offers (when it offers any).
-pub(super) fn check_history(
-    messages: &[ChatMessageIn],
-    tools: Option<&ToolSet>,
-) -> Result<(), ApiError> {
+pub fn check_history(messages: &[ChatMessage], tools: Option<&ToolSet>) -> Result<(), Error> {
     let mut calls: Vec<&str> = Vec::new();
     for (i, m) in messages.iter().enumerate() {
-        for (j, c) in m.tool_calls.iter().flatten().enumerate() {
-            if m.role != "assistant" {
-                return Err(ApiError::invalid_at(
+        for (j, c) in m.tool_calls.iter().enumerate() {
+            if m.role != Role::Assistant {
+                return Err(Error::invalid_at(
                     format!("messages[{i}].tool_calls"),
                     "Only assistant messages carry `tool_calls`.",
                 ));
             }
             if tools.is_some_and(|t| !t.tools.iter().any(|f| f.name == c.function.name)) {
-                return Err(ApiError::invalid_at(
+                return Err(Error::invalid_at(
                     format!("messages[{i}].tool_calls[{j}].function.name"),
                     format!(
                         "The call names {:?}, which is not in `tools`.",
@@ -290,17 +288,17 @@ pub(super) fn check_history(
             }
             calls.push(&c.id);
         }
-        if m.role == "tool" {
+        if m.role == Role::Tool {
             let at = format!("messages[{i}].tool_call_id");
             match m.tool_call_id.as_deref() {
                 None => {
-                    return Err(ApiError::invalid_at(
+                    return Err(Error::invalid_at(
                         at,
                         "A tool message needs `tool_call_id`.",
                     ))
                 }
                 Some(id) if !calls.contains(&id) => {
-                    return Err(ApiError::invalid_at(
+                    return Err(Error::invalid_at(
                         at,
                         format!("No earlier assistant tool call has id {id:?}."),
                     ))

@@ -1,0 +1,627 @@
+//! The chat pipeline, one for every model. The body is parsed once into a typed request
+//! (`ChatRequest::parse`), then, in this order:
+//! 1. every check the body decides: fields, roles, tools, `response_format`, sampling (`parse`);
+//! 2. every check the tenant's policy decides: retrieval settings and the collection, the
+//!    bound plugins (`plan`);
+//! 3. every check the target decides: the model's window against `max_tokens` and the
+//!    messages' own length, the output grammar, what the target cannot run (`Local::check`,
+//!    `upstream_checks`);
+//! 4. the token reservation, on an estimate of the prompt;
+//! 5. retrieval, the prompt stage (template plugin or chat template), the exact prompt
+//!    (the final window check, and the reservation grown to the exact need), the logits
+//!    processors; then the target: the local engine or an upstream replica set.
+//!
+//! Nothing that costs the tenant (search tokens, plugin time, a reservation) runs before the
+//! checks a request can fail for reasons its body alone shows. Local and upstream models
+//! differ only in step 3 and the target: an upstream runs no logits processor (the decode
+//! loop is remote), takes messages (a template plugin must return messages) and strips a
+//! generic list of control tokens from retrieved text (its tokenizer is not ours).
+
+use crate::common::Endpoint;
+use std::sync::Arc;
+
+use serde::Deserialize;
+use serde_json::{Map, Value};
+
+use super::completion::encode;
+use super::constraint;
+use super::generation::{self, Generation, MAX_TOP_LOGPROBS};
+use super::grounding::{self, RagField};
+use super::openai::{
+    ChatCompletionRequest, ChatMessageIn, Document, MessageContent, ResponseFormat,
+};
+use super::output::{self, OutputStage};
+use super::processors::ProcessorStage;
+use super::prompt::PromptStage;
+use super::upstream::{self, Prepared, Sent};
+use super::{Error, PluginCalls, Retrieval};
+use crate::engine::chat_template::{ChatMessage, Role};
+use crate::engine::{Engine, EventStream};
+use crate::metrics::Metrics;
+use crate::plugins::{ContextChunk, PluginKind};
+use crate::search::request::RagSettings;
+use crate::structured::tools::{self, ToolSet};
+use crate::structured::Format;
+use crate::tenancy::{Caller, Outcome, Reservation, Tenancy};
+use crate::upstream::Pool;
+
+/// The handles the pipeline's stages take.
+pub struct Stages {
+    pub plugins: PluginCalls,
+    pub retrieval: Retrieval,
+    pub processors: ProcessorStage,
+    pub tenancy: Arc<Tenancy>,
+    pub metrics: Arc<Metrics>,
+}
+
+/// Where a request is generated.
+pub enum Target {
+    Local(Arc<Engine>),
+    Upstream(Arc<Pool>),
+}
+
+/// A chat request, parsed and checked against everything its body decides.
+pub struct ChatRequest {
+    pub model: String,
+    messages: Vec<ChatMessage>,
+    tools: Option<ToolSet>,
+    format: Option<(Format, &'static str)>,
+    response_format: Option<ResponseFormat>,
+    gen: Generation,
+    rag: Option<RagField>,
+    documents: Vec<Document>,
+    /// The body as sent, for an upstream: fields the gateway does not read pass through.
+    body: Map<String, Value>,
+}
+
+/// What the tenant's policy adds to a request: its retrieval and its output parser.
+pub struct Plan {
+    rag: Option<RagSettings>,
+    output: Option<OutputStage>,
+}
+
+/// A local generation under way: what the edge needs to answer from its streams.
+pub struct LocalRun {
+    pub engine: Arc<Engine>,
+    pub streams: Vec<EventStream>,
+    pub gen: Generation,
+    pub output: Option<OutputStage>,
+    pub tools: Option<Arc<ToolSet>>,
+    pub citations: Option<Vec<Value>>,
+    pub reservation: Reservation,
+}
+
+pub enum Served {
+    Local(LocalRun),
+    Upstream { pool: Arc<Pool>, sent: Sent },
+}
+
+/// The parts of the prompt that do not depend on the template: client passages and retrieved
+/// chunks, with their citations.
+struct Grounding {
+    context: Vec<ContextChunk>,
+    citations: Option<Vec<Value>>,
+}
+
+impl ChatRequest {
+    pub fn parse(body: &[u8]) -> Result<Self, Error> {
+        let value: Value = serde_json::from_slice(body)?;
+        let Value::Object(body) = value else {
+            return Err(Error::Json(serde::de::Error::custom(
+                "the request body must be a JSON object",
+            )));
+        };
+        let req = ChatCompletionRequest::deserialize(&Value::Object(body.clone()))?;
+        if req.messages.is_empty() {
+            return Err(Error::invalid(
+                "messages",
+                "`messages` must contain at least one message.",
+            ));
+        }
+        let tools = constraint::toolset(req.tools, req.tool_choice, req.parallel_tool_calls)?;
+        let messages = req
+            .messages
+            .into_iter()
+            .map(message)
+            .collect::<Result<Vec<_>, _>>()?;
+        constraint::check_history(&messages, tools.as_ref())?;
+        let format = constraint::format(req.response_format.as_ref(), req.guided)?;
+        let logprobs = chat_logprobs(req.logprobs, req.top_logprobs)?;
+        // `max_completion_tokens` replaced `max_tokens` in OpenAI's API: it wins when both are
+        // sent, for every target.
+        let max_tokens = req.max_completion_tokens.or(req.max_tokens);
+        let gen = generation::generation(req.sampling, max_tokens, logprobs)?;
+        Ok(Self {
+            model: req.model,
+            messages,
+            tools,
+            format,
+            response_format: req.response_format,
+            gen,
+            rag: req.rag,
+            documents: req.documents.unwrap_or_default(),
+            body,
+        })
+    }
+
+    /// The tenant's retrieval and output parser, checked: the collection exists and may be
+    /// read, the bound plugins are installed and of their kind.
+    pub fn plan(&self, stages: &Stages, caller: &Caller) -> Result<Plan, Error> {
+        let rag = grounding::settings(self.rag.clone(), caller)?;
+        if let Some(r) = &rag {
+            stages.retrieval.open(caller, &r.collection)?;
+        }
+        // With tools the answer may be calls, which are not the parser's JSON.
+        let output = match self.tools {
+            Some(_) => None,
+            None => output::stage(&stages.plugins, caller, self.response_format.as_ref())?,
+        };
+        let policy = &caller.tenant.policy;
+        if let Some(name) = &policy.prompt_template {
+            stages
+                .plugins
+                .bound(&caller.tenant, name, PluginKind::PromptTemplate)?;
+        }
+        if let Some(name) = &policy.logits_processor {
+            stages
+                .plugins
+                .bound(&caller.tenant, name, PluginKind::LogitsProcessor)?;
+        }
+        Ok(Plan { rag, output })
+    }
+
+    /// Runs the request on `target`. For an upstream, `may_fall_back` gives the reservation
+    /// back when no replica answers, so that the next model of the chain can take it.
+    pub async fn serve(
+        &self,
+        stages: &Stages,
+        caller: &Caller,
+        plan: &Plan,
+        target: &Target,
+        may_fall_back: bool,
+    ) -> Result<Served, Error> {
+        match target {
+            Target::Local(engine) => self.local(stages, caller, plan, engine).await,
+            Target::Upstream(pool) => {
+                let prepared = self.prepare_upstream(stages, caller, plan, pool).await?;
+                let path = "/chat/completions";
+                let sent = upstream::send(&stages.metrics, pool, prepared, path, may_fall_back);
+                Ok(Served::Upstream {
+                    pool: pool.clone(),
+                    sent: sent.await,
+                })
+            }
+        }
+    }
+
+    async fn local(
+        &self,
+        stages: &Stages,
+        caller: &Caller,
+        plan: &Plan,
+        engine: &Arc<Engine>,
+    ) -> Result<Served, Error> {
+        let model = engine.info.name.as_str();
+        let floor = prompt_floor(engine, &self.messages).await?;
+        let window = engine.info.max_model_len;
+        check_window(window, floor, self.gen.max_tokens)?;
+        let mut gen = self.gen.clone();
+        gen.cache_salt = caller.tenant.cache_salt;
+        gen.weight = caller.tenant.policy.weight;
+        gen.constraint =
+            constraint::constraint(engine, self.format.clone(), self.tools.as_ref()).await?;
+        let completion = gen.max_tokens.unwrap_or(window.saturating_sub(floor));
+        let estimate = (floor + gen.n * completion) as u64;
+        let reservation = reserve(stages, caller, model, floor as u64, estimate).await?;
+        let run = LocalRun {
+            engine: engine.clone(),
+            streams: Vec::new(),
+            gen,
+            output: plan.output.clone(),
+            tools: self.tools.clone().map(Arc::new),
+            citations: None,
+            reservation,
+        };
+        fail_settled(
+            self.local_stages(stages, caller, plan.rag.as_ref(), run)
+                .await,
+        )
+        .map(Served::Local)
+    }
+
+    /// The local stages after the reservation: grounding, the prompt, the exact check,
+    /// processors, submission.
+    async fn local_stages(
+        &self,
+        stages: &Stages,
+        caller: &Caller,
+        rag: Option<&RagSettings>,
+        mut run: LocalRun,
+    ) -> Result<LocalRun, (Error, Reservation)> {
+        let engine = run.engine.clone();
+        let model = engine.info.name.as_str();
+        let specials = engine_specials(&engine);
+        let staged = async {
+            let grounding = self.ground(stages, caller, rag, &specials).await?;
+            run.citations = grounding.citations;
+            let stage = PromptStage {
+                engine: &engine,
+                model,
+                tools: self.tools.as_ref(),
+                plugins: &stages.plugins,
+            };
+            let text = stage
+                .run(caller, self.messages.clone(), grounding.context)
+                .await?;
+            // The template already wrote any BOS it wants.
+            let prompt = encode(&engine, vec![text], false, "messages")
+                .await?
+                .remove(0);
+            let mut reqs = run.gen.requests(&engine, prompt, "messages")?;
+            let exact = reqs[0].prompt.len() as u64;
+            let need = exact + reqs.iter().map(|r| r.max_tokens as u64).sum::<u64>();
+            let more = need.saturating_sub(run.reservation.reserved());
+            run.reservation.set_prompt_tokens(exact);
+            stages
+                .tenancy
+                .reserve_more(caller, &mut run.reservation, more)
+                .await
+                .map_err(Error::Denied)?;
+            stages
+                .processors
+                .attach(caller, model, &engine, &mut reqs)
+                .await?;
+            reqs.into_iter()
+                .map(|r| engine.submit(r).map_err(Error::from))
+                .collect::<Result<Vec<_>, _>>()
+        };
+        match staged.await {
+            Ok(streams) => {
+                run.streams = streams;
+                Ok(run)
+            }
+            Err(e) => Err((e, run.reservation)),
+        }
+    }
+
+    async fn prepare_upstream(
+        &self,
+        stages: &Stages,
+        caller: &Caller,
+        plan: &Plan,
+        pool: &Arc<Pool>,
+    ) -> Result<Prepared, Error> {
+        self.upstream_checks(caller, pool)?;
+        let n = self.gen.n as u64;
+        let completion = self
+            .gen
+            .max_tokens
+            .map_or(pool.cfg.default_max_tokens, |m| m as u64);
+        let messages = self.raw_messages();
+        let estimate = upstream::estimate(&Value::Array(messages.clone()).to_string());
+        let mut reservation = reserve(
+            stages,
+            caller,
+            &pool.name,
+            estimate,
+            estimate + n * completion,
+        )
+        .await?;
+        let specials: Vec<String> = grounding::CONTROL_TOKENS
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let staged = async {
+            let grounding = self
+                .ground(stages, caller, plan.rag.as_ref(), &specials)
+                .await?;
+            let messages = match &caller.tenant.policy.prompt_template {
+                Some(name) => {
+                    let plugin =
+                        self.templated(&stages.plugins, caller, pool, name, grounding.context);
+                    plugin.await?
+                }
+                None => grounding::ground_values(messages, &grounding.context),
+            };
+            let text = Value::Array(messages.clone()).to_string();
+            let exact = upstream::estimate(&text);
+            reservation.set_prompt_tokens(exact);
+            let more = exact.saturating_sub(estimate);
+            stages
+                .tenancy
+                .reserve_more(caller, &mut reservation, more)
+                .await
+                .map_err(Error::Denied)?;
+            Ok::<_, Error>((messages, text, grounding.citations))
+        };
+        let (messages, text, citations) = match staged.await {
+            Ok(done) => done,
+            Err(e) => {
+                reservation.end(Outcome::Failed);
+                return Err(e);
+            }
+        };
+        let replaced = [
+            ("messages", Some(Value::Array(messages))),
+            ("rag", None),
+            ("documents", None),
+        ];
+        let stream = self.gen.stream;
+        Ok(Prepared {
+            body: upstream::body(self.body.clone(), pool, stream, replaced),
+            stream,
+            client_usage: self.gen.include_usage,
+            chain: crate::upstream::prefix_chain(&caller.tenant.name, &text),
+            output: plan.output.clone(),
+            citations,
+            reservation,
+            debug: caller.debug.clone(),
+        })
+    }
+
+    /// What an upstream model cannot serve: a logits processor (it runs in the decode loop,
+    /// which is remote), or `max_tokens` beyond the replicas' configured window.
+    fn upstream_checks(&self, caller: &Caller, pool: &Pool) -> Result<(), Error> {
+        let tenant = &caller.tenant;
+        if let Some(p) = &tenant.policy.logits_processor {
+            return Err(upstream::remote_decode(&tenant.name, p, &pool.name));
+        }
+        match pool.cfg.max_model_len {
+            Some(window) => check_window(window, 1, self.gen.max_tokens),
+            None => Ok(()),
+        }
+    }
+
+    /// Client passages and, when the plan retrieves, the chunks found, numbered after them;
+    /// the target's control tokens stripped from both.
+    async fn ground(
+        &self,
+        stages: &Stages,
+        caller: &Caller,
+        rag: Option<&RagSettings>,
+        specials: &[String],
+    ) -> Result<Grounding, Error> {
+        let mut context = grounding::documents(&self.documents, specials);
+        let mut citations = None;
+        if let Some(r) = rag {
+            let first = context.len() + 1;
+            let (chunks, cites) = stages
+                .retrieval
+                .retrieve(caller, r, &self.messages, specials, first)
+                .await?;
+            context.extend(chunks);
+            citations = Some(cites);
+        }
+        Ok(Grounding { context, citations })
+    }
+
+    /// The tenant's prompt-template plugin over the conversation, for an upstream, which takes
+    /// messages: a plugin that renders a finished prompt cannot serve it.
+    async fn templated(
+        &self,
+        calls: &PluginCalls,
+        caller: &Caller,
+        pool: &Pool,
+        name: &str,
+        context: Vec<ContextChunk>,
+    ) -> Result<Vec<Value>, Error> {
+        let messages = self.messages.clone();
+        let rendered = calls
+            .render(caller, name, &pool.name, messages, context)
+            .await?;
+        match rendered {
+            crate::plugins::RenderedPrompt::Messages(ms) => Ok(ms
+                .into_iter()
+                .map(|m| {
+                    let mut v = serde_json::json!({"role": m.role, "content": m.content});
+                    if let Some(n) = m.name {
+                        v["name"] = Value::String(n);
+                    }
+                    v
+                })
+                .collect()),
+            crate::plugins::RenderedPrompt::Prompt(_) => Err(Error::invalid(
+                "model",
+                format!(
+                    "The prompt_template plugin `{name}` renders a finished prompt, but model `{}` \
+                     is served upstream, which takes messages: have the plugin return messages.",
+                    pool.name
+                ),
+            )),
+        }
+    }
+
+    /// The messages as the client sent them (content parts, tool calls and all), for an
+    /// upstream that reads them itself.
+    fn raw_messages(&self) -> Vec<Value> {
+        match self.body.get("messages") {
+            Some(Value::Array(m)) => m.clone(),
+            _ => Vec::new(),
+        }
+    }
+}
+
+/// Settles the reservation of a request that failed after it was taken, as failed (a
+/// reservation dropped unsettled is a cancellation).
+fn fail_settled<T>(r: Result<T, (Error, Reservation)>) -> Result<T, Error> {
+    r.map_err(|(e, reservation)| {
+        reservation.end(Outcome::Failed);
+        e
+    })
+}
+
+async fn reserve(
+    stages: &Stages,
+    caller: &Caller,
+    model: &str,
+    prompt: u64,
+    total: u64,
+) -> Result<Reservation, Error> {
+    stages
+        .tenancy
+        .reserve_tokens(caller, model, Endpoint::Chat, prompt, total)
+        .await
+        .map_err(Error::Denied)
+}
+
+/// The fewest tokens the prompt can have: the messages' own text, tokenized (a template and
+/// grounding only add to it).
+async fn prompt_floor(engine: &Arc<Engine>, messages: &[ChatMessage]) -> Result<usize, Error> {
+    let texts: Vec<String> = messages.iter().map(|m| m.content.clone()).collect();
+    let ids = encode(engine, texts, false, "messages").await?;
+    Ok(ids.iter().map(Vec::len).sum())
+}
+
+/// The prompt's lower bound and `max_tokens` against the window, with OpenAI's message.
+fn check_window(window: usize, floor: usize, max_tokens: Option<usize>) -> Result<(), Error> {
+    let over = match max_tokens {
+        Some(m) => floor.saturating_add(m) > window,
+        None => floor >= window,
+    };
+    if !over {
+        return Ok(());
+    }
+    let message = match max_tokens {
+        Some(m) => format!(
+            "This model's maximum context length is {window} tokens. However, you requested at \
+             least {} tokens ({floor} in the messages, {m} for the completion). Please reduce the \
+             messages or `max_tokens`.",
+            floor.saturating_add(m)
+        ),
+        None => format!(
+            "This model's maximum context length is {window} tokens, and the messages have at \
+             least {floor}. Please shorten them."
+        ),
+    };
+    Err(Error::invalid("messages", message))
+}
+
+/// Every added token of the model, special or not: each is matched as one control token when
+/// the prompt is encoded (`<|im_end|>`, but also `<tool_call>` or `</think>` in other models).
+fn engine_specials(engine: &Engine) -> Vec<String> {
+    engine
+        .tokenizer
+        .get_added_tokens_decoder()
+        .into_values()
+        .map(|t| t.content)
+        .collect()
+}
+
+/// Chat's `logprobs` + `top_logprobs` as the engine takes them: None, or the count of
+/// alternatives per token.
+fn chat_logprobs(logprobs: bool, top: Option<usize>) -> Result<Option<usize>, Error> {
+    match (logprobs, top) {
+        (false, Some(_)) => Err(Error::invalid(
+            "top_logprobs",
+            "`top_logprobs` requires `logprobs` to be true.",
+        )),
+        (true, Some(k)) if k > MAX_TOP_LOGPROBS => Err(Error::invalid(
+            "top_logprobs",
+            format!("`top_logprobs` must be at most {MAX_TOP_LOGPROBS}."),
+        )),
+        (true, k) => Ok(Some(k.unwrap_or(0))),
+        (false, None) => Ok(None),
+    }
+}
+
+fn message(m: ChatMessageIn) -> Result<ChatMessage, Error> {
+    let role = Role::parse(&m.role).ok_or_else(|| {
+        Error::invalid(
+            "messages",
+            format!(
+                "Unknown message role {:?}; use system, developer, user, assistant or tool.",
+                m.role
+            ),
+        )
+    })?;
+    let content = match m.content {
+        None => String::new(),
+        Some(MessageContent::Text(t)) => t,
+        Some(MessageContent::Parts(parts)) => {
+            let mut s = String::new();
+            for p in parts {
+                match (p.kind.as_str(), p.text) {
+                    ("text", Some(t)) => s.push_str(&t),
+                    (kind, _) => {
+                        return Err(Error::invalid(
+                            "messages",
+                            format!("Content parts of type {kind:?} are not supported; send text."),
+                        ))
+                    }
+                }
+            }
+            s
+        }
+    };
+    let tool_calls = m
+        .tool_calls
+        .unwrap_or_default()
+        .into_iter()
+        .map(|c| tools::history_call(c.id, c.function.name, &c.function.arguments))
+        .collect();
+    Ok(ChatMessage {
+        role,
+        content,
+        name: m.name,
+        tool_calls,
+        tool_call_id: m.tool_call_id,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_window_counts_the_messages_and_the_completion() {
+        assert!(check_window(100, 10, Some(90)).is_ok());
+        assert!(check_window(100, 10, Some(91)).is_err());
+        assert!(check_window(100, 99, None).is_ok());
+        assert!(check_window(100, 100, None).is_err());
+        let Err(Error::Invalid { param, message }) = check_window(8, 1, Some(usize::MAX)) else {
+            panic!("accepted");
+        };
+        assert_eq!(param, "messages");
+        assert!(message.contains("maximum context length is 8"), "{message}");
+    }
+
+    #[test]
+    fn the_body_is_checked_before_any_stage() {
+        let cases = [
+            (r#"{"model": "m", "messages": []}"#, "messages"),
+            (
+                r#"{"model": "m", "messages": [{"role": "robot", "content": "x"}]}"#,
+                "messages",
+            ),
+            (
+                r#"{"model": "m", "messages": [{"role": "user", "content": "x"}],
+                   "response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}"#,
+                "response_format",
+            ),
+            (
+                r#"{"model": "m", "messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}"#,
+                "top_logprobs",
+            ),
+        ];
+        for (body, param) in cases {
+            match ChatRequest::parse(body.as_bytes()) {
+                Err(Error::Invalid { param: p, .. }) => assert_eq!(p, param, "{body}"),
+                Err(e) => panic!("{body}: {e}"),
+                Ok(_) => panic!("{body}: accepted"),
+            }
+        }
+        assert!(matches!(
+            ChatRequest::parse(b"[\"m\", []]"),
+            Err(Error::Json(_))
+        ));
+    }
+
+    #[test]
+    fn max_completion_tokens_wins_over_max_tokens() {
+        let body = r#"{"model": "m", "messages": [{"role": "developer", "content": "x"}],
+                       "max_tokens": 50, "max_completion_tokens": 7}"#;
+        let req = ChatRequest::parse(body.as_bytes()).unwrap();
+        assert_eq!(req.gen.max_tokens, Some(7));
+        assert_eq!(req.messages[0].role, Role::System);
+    }
+}

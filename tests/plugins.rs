@@ -183,6 +183,26 @@ fn the_output_parser_returns_validated_json() {
         "{body}"
     );
     assert_eq!(failures(&s, "badco", "bad", "invalid_output"), 1.0);
+
+    // A template that returns a role no chat template knows is caught by the host too.
+    let (st, body) = s.post_as(
+        "sk-odd",
+        "/v1/chat/completions",
+        &chat(json!([{"role": "user", "content": "hi"}])),
+    );
+    assert_eq!(
+        (st, body["error"]["code"].as_str()),
+        (500, Some("plugin_invalid_output")),
+        "{body}"
+    );
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("\"narrator\""),
+        "{body}"
+    );
+    assert_eq!(failures(&s, "oddrole", "narrator", "invalid_output"), 1.0);
     let _ = std::fs::remove_dir_all(dir);
 }
 

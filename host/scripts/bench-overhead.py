@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Request overhead through the whole server, for requests that generate nothing, two gateway
-binaries side by side in one run (stdlib only).
+"""Request overhead through the whole server, for requests that generate nothing and a chat that
+generates one token, two gateway binaries side by side in one run (stdlib only).
 
 Each binary serves on its own port with its own policies, ledger and collections; the rounds
 alternate between them so that the machine's drift falls on both. Measured, per binary, over
@@ -9,7 +9,9 @@ keep-alive HTTP/1.1 from one client: p50 / p99 in µs of
 - a BM25 search of a 200-document collection (admission, the pipeline's retrieval stage,
   tantivy on the blocking pool, the query charge on the ledger),
 - `/v1/rerank` of 20 documents by the CRM reranker plugin (the pipeline's plugin stage, a
-  wasmtime call on the blocking pool), when its component is built (the tests build it).
+  wasmtime call on the blocking pool), when its component is built (the tests build it),
+- a greedy chat with a system and a user message and `max_tokens: 1` on the default model
+  (the chat pipeline's checks, template, tokenization, reservation, one engine step).
 
 Usage: host/scripts/bench-overhead.py BASE_BINARY [NEW_BINARY] [--rounds 6] [--requests 300]
 """
@@ -130,6 +132,10 @@ def main():
         cases = [("GET /v1/models", "GET", "/v1/models", None),
                  ("search, BM25, top 10", "POST", "/v1/collections/kb/search",
                   {"query": "refund invoice export", "mode": "bm25", "top_k": 10})]
+        chat = {"model": "smollm2-135m-instruct", "max_tokens": 1, "temperature": 0,
+                "messages": [{"role": "system", "content": "You are a CRM assistant."},
+                             {"role": "user", "content": "Which stage is the Acme deal in?"}]}
+        cases.append(("chat, 1 token", "POST", "/v1/chat/completions", chat))
         if os.path.exists(RERANKER):
             cases.append(("/v1/rerank, 20 documents", "POST", "/v1/rerank",
                           {"query": "refund invoice", "documents": [d["text"] for d in documents(20)]}))

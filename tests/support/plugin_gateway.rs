@@ -31,6 +31,7 @@ pub fn start_with(plugin_settings: &str) -> (Server, PathBuf) {
         ("acme", "ranker", "crm-field-reranker"),
         ("badco", "faulty", "faulty-reranker"),
         ("badco", "bad", "bad-parser"),
+        ("oddrole", "narrator", "bad-template"),
     ] {
         std::fs::create_dir_all(dir.join(tenant)).unwrap();
         std::fs::copy(
@@ -60,10 +61,15 @@ reranker = "faulty"
 [[tenants]]
 name = "plain"
 keys = [{{ id = "plain-test", sha256 = "{plain}" }}]
+[[tenants]]
+name = "oddrole"
+keys = [{{ id = "odd-test", sha256 = "{odd}" }}]
+prompt_template = "narrator"
 "#,
         acme = key_sha256("sk-acme"),
         bad = key_sha256("sk-bad"),
         plain = key_sha256("sk-plain"),
+        odd = key_sha256("sk-odd"),
     );
     std::fs::write(dir.join("policies.toml"), policies).unwrap();
     let config = format!(

@@ -12,6 +12,7 @@ const CRATES: &[&str] = &[
     "crm-guardrail",
     "faulty-reranker",
     "bad-parser",
+    "bad-template",
     "noop",
     "bad-processor",
     "legacy-reranker",

@@ -106,12 +106,12 @@ struct Grounding {
 impl ChatRequest {
     pub fn parse(body: &[u8]) -> Result<Self, Error> {
         let value: Value = serde_json::from_slice(body)?;
+        let req = ChatCompletionRequest::deserialize(&value)?;
         let Value::Object(body) = value else {
             return Err(Error::Json(serde::de::Error::custom(
                 "the request body must be a JSON object",
             )));
         };
-        let req = ChatCompletionRequest::deserialize(&Value::Object(body.clone()))?;
         if req.messages.is_empty() {
             return Err(Error::invalid(
                 "messages",

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
-use gateway::config::{Config, ModelConfig, DEFAULT_MODEL_NAME, DEFAULT_MODEL_PATH};
+use gateway::config::{named_path, Config, EmbeddingModelConfig, ModelConfig};
 use gateway::engine::Engine;
 use gateway::metrics::Metrics;
 use gateway::plugins::{Registry, Runtime};
@@ -192,47 +192,14 @@ impl EngineArgs {
             cfg.models = self
                 .models
                 .iter()
-                .map(|m| {
-                    let (name, path) = match m.split_once('=') {
-                        Some((n, p)) => (n.to_string(), PathBuf::from(p)),
-                        // The embedded default model by its served name.
-                        None if m == DEFAULT_MODEL_NAME => {
-                            (m.clone(), PathBuf::from(DEFAULT_MODEL_PATH))
-                        }
-                        None => {
-                            let p = PathBuf::from(m);
-                            let stem = p
-                                .file_stem()
-                                .map(|s| s.to_string_lossy().to_lowercase())
-                                .unwrap_or_else(|| m.clone());
-                            (stem, p)
-                        }
-                    };
-                    ModelConfig {
-                        name,
-                        path,
-                        ..ModelConfig::default()
-                    }
-                })
+                .map(|m| ModelConfig::from_arg(m))
                 .collect();
         }
         if !self.embedding_models.is_empty() {
             cfg.embeddings = self
                 .embedding_models
                 .iter()
-                .map(|m| {
-                    let (name, path) = match m.split_once('=') {
-                        Some((n, p)) => (n.to_string(), PathBuf::from(p)),
-                        None => {
-                            let p = PathBuf::from(m);
-                            let name = p
-                                .file_name()
-                                .map_or_else(|| m.clone(), |s| s.to_string_lossy().to_lowercase());
-                            (name, p)
-                        }
-                    };
-                    gateway::config::EmbeddingModelConfig { name, path }
-                })
+                .map(|m| EmbeddingModelConfig::from_arg(m))
                 .collect();
         }
         for m in &mut cfg.models {
@@ -289,12 +256,9 @@ fn main() -> anyhow::Result<()> {
             },
         ),
         Command::EvalRetrieval(a) => {
-            let (name, path) = a
-                .embedding_model
-                .split_once('=')
-                .map_or(("embeddings", a.embedding_model.as_str()), |(n, p)| (n, p));
-            let embedder = gateway::search::embedder::Embedder::load(name, path.as_ref())
-                .with_context(|| format!("loading embedding model {path}"))?;
+            let (name, path) = named_path(&a.embedding_model, |_| "embeddings".into());
+            let embedder = gateway::search::embedder::Embedder::load(&name, &path)
+                .with_context(|| format!("loading embedding model {}", path.display()))?;
             gateway::cli::eval_retrieval(gateway::cli::EvalOptions {
                 corpus: a.corpus,
                 queries: a.queries,

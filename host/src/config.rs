@@ -352,6 +352,49 @@ impl Default for ModelConfig {
     }
 }
 
+impl ModelConfig {
+    /// A `--model` value: `NAME=PATH`, the embedded default's name, or a bare path named by its
+    /// file stem, lowercased.
+    pub fn from_arg(arg: &str) -> Self {
+        let (name, path) = match arg {
+            DEFAULT_MODEL_NAME => (arg.to_string(), PathBuf::from(DEFAULT_MODEL_PATH)),
+            _ => named_path(arg, |p| {
+                p.file_stem()
+                    .map_or_else(|| arg.to_string(), |s| s.to_string_lossy().to_lowercase())
+            }),
+        };
+        Self {
+            name,
+            path,
+            ..Self::default()
+        }
+    }
+}
+
+impl EmbeddingModelConfig {
+    /// An `--embedding-model` value: `NAME=PATH`, or a bare folder named by its name,
+    /// lowercased.
+    pub fn from_arg(arg: &str) -> Self {
+        let (name, path) = named_path(arg, |p| {
+            p.file_name()
+                .map_or_else(|| arg.to_string(), |s| s.to_string_lossy().to_lowercase())
+        });
+        Self { name, path }
+    }
+}
+
+/// A command-line `NAME=PATH`, split at the first `=`; a bare `PATH` gets the name `unnamed`
+/// makes of it.
+pub fn named_path(arg: &str, unnamed: impl FnOnce(&Path) -> String) -> (String, PathBuf) {
+    match arg.split_once('=') {
+        Some((name, path)) => (name.to_string(), PathBuf::from(path)),
+        None => {
+            let path = PathBuf::from(arg);
+            (unnamed(&path), path)
+        }
+    }
+}
+
 impl Default for EngineConfig {
     fn default() -> Self {
         Self {
@@ -488,6 +531,26 @@ mod tests {
         let text =
             format!("[[models]]\nname = \"m\"\npath = \"m.gguf\"\n[models.engine]\n{engine}\n");
         toml::from_str(&text).unwrap()
+    }
+
+    #[test]
+    fn named_paths_split_at_the_first_equals_sign() {
+        let unnamed = |_: &Path| "unnamed".to_string();
+        assert_eq!(
+            named_path("q=models/a=b.gguf", unnamed),
+            ("q".to_string(), PathBuf::from("models/a=b.gguf"))
+        );
+        assert_eq!(
+            named_path("models/x", unnamed),
+            ("unnamed".to_string(), PathBuf::from("models/x"))
+        );
+        let m = ModelConfig::from_arg("models/Qwen2.5-1.5B.Q4_K_M.gguf");
+        assert_eq!(m.name, "qwen2.5-1.5b.q4_k_m");
+        let m = ModelConfig::from_arg(DEFAULT_MODEL_NAME);
+        assert_eq!(m.path, PathBuf::from(DEFAULT_MODEL_PATH));
+        let e = EmbeddingModelConfig::from_arg("models/all-MiniLM-L6-v2");
+        assert_eq!(e.name, "all-minilm-l6-v2");
+        assert_eq!(EmbeddingModelConfig::from_arg("e=dir").name, "e");
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! The gateway library: an OpenAI-compatible server over a native paged-attention engine.
 //! See ARCHITECTURE.md for the map.
 
+pub mod app;
 pub mod bench;
 pub mod cli;
 pub mod cluster;

@@ -1,15 +1,12 @@
+//! The `gateway` command: arguments parsed here, everything else done by the library.
+
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
-use gateway::config::{Config, ModelConfig, DEFAULT_MODEL_NAME, DEFAULT_MODEL_PATH};
-use gateway::engine::Engine;
-use gateway::metrics::Metrics;
-use gateway::plugins::{Registry, Runtime};
-use gateway::server::{self, AppState};
-use gateway::tenancy::{ledger::Ledger, Tenancy};
+use gateway::config::{named_path, Config, EmbeddingModelConfig, ModelConfig};
 
 /// WebAssembly-pluggable AI gateway: an OpenAI-compatible API over a native paged-attention engine.
 #[derive(Parser)]
@@ -192,47 +189,14 @@ impl EngineArgs {
             cfg.models = self
                 .models
                 .iter()
-                .map(|m| {
-                    let (name, path) = match m.split_once('=') {
-                        Some((n, p)) => (n.to_string(), PathBuf::from(p)),
-                        // The embedded default model by its served name.
-                        None if m == DEFAULT_MODEL_NAME => {
-                            (m.clone(), PathBuf::from(DEFAULT_MODEL_PATH))
-                        }
-                        None => {
-                            let p = PathBuf::from(m);
-                            let stem = p
-                                .file_stem()
-                                .map(|s| s.to_string_lossy().to_lowercase())
-                                .unwrap_or_else(|| m.clone());
-                            (stem, p)
-                        }
-                    };
-                    ModelConfig {
-                        name,
-                        path,
-                        ..ModelConfig::default()
-                    }
-                })
+                .map(|m| ModelConfig::from_arg(m))
                 .collect();
         }
         if !self.embedding_models.is_empty() {
             cfg.embeddings = self
                 .embedding_models
                 .iter()
-                .map(|m| {
-                    let (name, path) = match m.split_once('=') {
-                        Some((n, p)) => (n.to_string(), PathBuf::from(p)),
-                        None => {
-                            let p = PathBuf::from(m);
-                            let name = p
-                                .file_name()
-                                .map_or_else(|| m.clone(), |s| s.to_string_lossy().to_lowercase());
-                            (name, p)
-                        }
-                    };
-                    gateway::config::EmbeddingModelConfig { name, path }
-                })
+                .map(|m| EmbeddingModelConfig::from_arg(m))
                 .collect();
         }
         for m in &mut cfg.models {
@@ -274,7 +238,12 @@ fn main() -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     match cli.command {
-        Command::Serve(args) => rt.block_on(serve(args)),
+        Command::Serve(args) => rt.block_on(async {
+            gateway::app::Gateway::build(&args.config()?)
+                .await?
+                .serve()
+                .await
+        }),
         Command::Bench(args) => {
             let cfg = args.engine.config()?;
             rt.block_on(gateway::bench::run(&cfg.models[0], &args.opts))
@@ -289,12 +258,9 @@ fn main() -> anyhow::Result<()> {
             },
         ),
         Command::EvalRetrieval(a) => {
-            let (name, path) = a
-                .embedding_model
-                .split_once('=')
-                .map_or(("embeddings", a.embedding_model.as_str()), |(n, p)| (n, p));
-            let embedder = gateway::search::embedder::Embedder::load(name, path.as_ref())
-                .with_context(|| format!("loading embedding model {path}"))?;
+            let (name, path) = named_path(&a.embedding_model, |_| "embeddings".into());
+            let embedder = gateway::search::embedder::Embedder::load(&name, &path)
+                .with_context(|| format!("loading embedding model {}", path.display()))?;
             gateway::cli::eval_retrieval(gateway::cli::EvalOptions {
                 corpus: a.corpus,
                 queries: a.queries,
@@ -312,70 +278,6 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }
     }
-}
-
-async fn serve(args: ServeArgs) -> anyhow::Result<()> {
-    let cfg = args.config()?;
-    let metrics = Arc::new(Metrics::new());
-    let engines = load_engines(&cfg, &metrics)?;
-    let upstreams = gateway::upstream::Upstreams::new(&cfg.upstreams, &metrics)?;
-    let (plugins, _plugin_watch) = load_plugins(&cfg)?;
-    let embedders = load_embedders(&cfg)?;
-    let collections = Arc::new(tokio::task::block_in_place(|| {
-        gateway::search::Collections::open(cfg.collections_dir.clone(), embedders.clone())
-    }));
-    let (tenancy, _policy_watch) = open_tenancy(&cfg, &metrics)?;
-    let registry = plugins.clone();
-    let wrong = tenancy.check_plugin_kinds(Box::new(move |tenant, name| {
-        registry.get(tenant, name).map(|p| p.kind().as_str())
-    }));
-    for problem in wrong {
-        tracing::warn!(%problem, "policy binds a plugin of the wrong kind; its requests will fail");
-    }
-    let cluster = gateway::cluster::join(&cfg.cluster, &tenancy, &plugins, &collections, &metrics)?;
-    let (listeners, tls_watches) = bind_listeners(&cfg).await?;
-    let started = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)?
-        .as_secs();
-    let state = Arc::new(AppState {
-        engines,
-        embedders,
-        collections,
-        metrics,
-        max_body_bytes: cfg.max_body_bytes,
-        started,
-        plugins,
-        tenancy: tenancy.clone(),
-        admin_token: cfg.admin_token.clone(),
-        max_upload_bytes: cfg.plugins.max_upload_bytes,
-        shutdown: Default::default(),
-        http: edge_limits(&cfg),
-        vocabularies: Default::default(),
-        upstreams,
-        cluster,
-        fallbacks: cfg
-            .models
-            .iter()
-            .map(|m| {
-                let f = server::Fallback {
-                    chain: m.fallback.clone(),
-                    saturated_waiting: m.saturated_waiting,
-                };
-                (m.name.clone(), f)
-            })
-            .collect(),
-    });
-    state.upstreams.start_probes().await;
-    let drain = std::time::Duration::from_secs(cfg.drain_seconds);
-    let collections = state.collections.clone();
-    server::serve(listeners, state, drain).await?;
-    tokio::task::block_in_place(|| collections.save_graphs());
-    drop(tls_watches);
-    if let Some(l) = &tenancy.ledger {
-        l.close();
-        tracing::info!("usage ledger flushed");
-    }
-    Ok(())
 }
 
 impl ServeArgs {
@@ -399,201 +301,4 @@ impl ServeArgs {
         cfg.validate()?;
         Ok(cfg)
     }
-}
-
-/// One engine (thread, KV pool) per configured model.
-fn load_engines(
-    cfg: &Config,
-    metrics: &Arc<Metrics>,
-) -> anyhow::Result<std::collections::BTreeMap<String, Arc<Engine>>> {
-    let mut engines = std::collections::BTreeMap::new();
-    for m in &cfg.models {
-        tracing::info!(model = %m.name, path = %m.path.display(), "loading model");
-        let started = std::time::Instant::now();
-        let engine = tokio::task::block_in_place(|| Engine::start(m, metrics.clone()))
-            .with_context(|| format!("loading model {}", m.name))?;
-        tracing::info!(model = %m.name, seconds = started.elapsed().as_secs_f32(), "model ready");
-        engines.insert(m.name.clone(), Arc::new(engine));
-    }
-    Ok(engines)
-}
-
-type Embedders = std::collections::BTreeMap<String, Arc<gateway::search::embedder::Embedder>>;
-
-/// The embedding models; the default one is skipped (with a warning) when not fetched.
-fn load_embedders(cfg: &Config) -> anyhow::Result<Embedders> {
-    let mut embedders = Embedders::new();
-    for e in &cfg.embeddings {
-        if *e == gateway::config::EmbeddingModelConfig::default() && !e.path.exists() {
-            tracing::warn!(path = %e.path.display(), "default embedding model not found (host/scripts/fetch-models.sh fetches it); /v1/embeddings has no model");
-            continue;
-        }
-        let loaded = tokio::task::block_in_place(|| {
-            gateway::search::embedder::Embedder::load(&e.name, &e.path)
-        })
-        .with_context(|| format!("loading embedding model {}", e.name))?;
-        tracing::info!(model = %e.name, dim = loaded.dim, "embedding model ready");
-        embedders.insert(e.name.clone(), Arc::new(loaded));
-    }
-    Ok(embedders)
-}
-
-/// Policies (watched for changes when from a file) and the usage ledger.
-fn open_tenancy(
-    cfg: &Config,
-    metrics: &Arc<Metrics>,
-) -> anyhow::Result<(Arc<Tenancy>, Option<gateway::common::Watch>)> {
-    let ledger = match (&cfg.ledger, &cfg.cluster.postgres) {
-        (Some(p), Some(url)) => Some(
-            Ledger::open_postgres(url, ledger_durability(cfg, p))
-                .context("opening the usage ledger in PostgreSQL")?,
-        ),
-        (Some(p), None) => Some(
-            Ledger::open(p, ledger_durability(cfg, p))
-                .with_context(|| format!("opening the usage ledger {}", p.display()))?,
-        ),
-        (None, _) => None,
-    };
-    let tenancy = Arc::new(
-        Tenancy::new(cfg.policies.clone(), ledger, metrics.clone())
-            .map_err(|e| anyhow::anyhow!("invalid policy file:\n{e}"))?,
-    );
-    let Some(p) = &cfg.policies else {
-        tracing::warn!(
-            "no policy file: requests are not authenticated and all belong to tenant `default`"
-        );
-        return Ok((tenancy, None));
-    };
-    tracing::info!(path = %p.display(), "policies loaded");
-    let watch = gateway::tenancy::watch::watch(tenancy.clone())
-        .with_context(|| format!("watching {}", p.display()))?;
-    Ok((tenancy, Some(watch)))
-}
-
-/// The API listener and, when configured, the admin one, with their TLS (watched for changes).
-async fn bind_listeners(
-    cfg: &Config,
-) -> anyhow::Result<(Vec<server::Listener>, Vec<gateway::common::Watch>)> {
-    let tls = match &cfg.tls {
-        Some(t) => Some(load_tls(t.cert.clone(), t.key.clone(), None)?),
-        None => None,
-    };
-    let mut watches = Vec::new();
-    let tcp = tokio::net::TcpListener::bind(cfg.listen)
-        .await
-        .with_context(|| format!("binding {}", cfg.listen))?;
-    if let Some(t) = &tls {
-        tracing::info!("TLS on: h2 and HTTP/1.1 by ALPN");
-        watches.push(server::tls::watch(t.clone()).context("watching the TLS files")?);
-    }
-    tracing::info!(addr = %tcp.local_addr()?, "serving the OpenAI API");
-    let role = match cfg.admin.listen {
-        Some(_) => server::Role::Api,
-        None => server::Role::All,
-    };
-    let mut listeners = vec![server::Listener {
-        tcp,
-        tls: tls.clone(),
-        role,
-    }];
-    let Some(addr) = cfg.admin.listen else {
-        return Ok((listeners, watches));
-    };
-    let tcp = tokio::net::TcpListener::bind(addr)
-        .await
-        .with_context(|| format!("binding the admin listener {addr}"))?;
-    let admin_tls = match (&cfg.tls, &cfg.admin.client_ca) {
-        (Some(t), Some(ca)) => {
-            let t = load_tls(t.cert.clone(), t.key.clone(), Some(ca.clone()))?;
-            watches.push(server::tls::watch(t.clone()).context("watching the TLS files")?);
-            Some(t)
-        }
-        _ => tls,
-    };
-    let client_certs = cfg.admin.client_ca.is_some();
-    tracing::info!(client_certs, "admin API on its own listener");
-    tracing::info!(addr = %tcp.local_addr()?, "serving the admin API");
-    listeners.push(server::Listener {
-        tcp,
-        tls: admin_tls,
-        role: server::Role::Admin,
-    });
-    Ok((listeners, watches))
-}
-
-fn ledger_durability(
-    cfg: &Config,
-    ledger: &std::path::Path,
-) -> gateway::tenancy::ledger::Durability {
-    let mut d = gateway::tenancy::ledger::Durability::beside(ledger);
-    if let Some(spill) = &cfg.ledger_spill {
-        d.spill = spill.clone();
-    }
-    d.refuse_when_failing = cfg.ledger_unwritable == gateway::config::LedgerUnwritable::Refuse;
-    d.spill_max_bytes = cfg.ledger_spill_max_mb.saturating_mul(1 << 20);
-    d
-}
-
-/// The HTTP limits in force. The open-file limit is raised to its hard limit first; an unset
-/// connection cap then keeps a quarter of the descriptors for models, plugins, indexes and
-/// the ledger.
-fn edge_limits(cfg: &Config) -> gateway::config::HttpConfig {
-    const DEFAULT_MAX_CONNECTIONS: usize = 10_000;
-    let mut http = cfg.http.clone();
-    let room =
-        server::raise_fd_limit().map(|files| ((files as usize).saturating_sub(64) * 3 / 4).max(1));
-    match (http.max_connections, room) {
-        (0, Some(room)) => http.max_connections = DEFAULT_MAX_CONNECTIONS.min(room),
-        (0, None) => http.max_connections = DEFAULT_MAX_CONNECTIONS,
-        (n, Some(room)) if n > room => tracing::warn!(
-            max_connections = n,
-            fits = room,
-            "max_connections is above what the open-file limit leaves room for"
-        ),
-        _ => {}
-    }
-    http
-}
-
-/// The plugin runtime and registry, filled from the plugin folder (watched for changes) when
-/// one is configured. The watcher lives as long as the returned handle.
-fn load_plugins(cfg: &Config) -> anyhow::Result<(Arc<Registry>, Option<gateway::common::Watch>)> {
-    let mut pc = cfg.plugins.clone();
-    if pc.cache_dir.is_none() {
-        pc.cache_dir = pc.dir.as_ref().map(|d| d.join(".compiled"));
-    }
-    let runtime = Runtime::new(&pc).context("starting the plugin runtime")?;
-    let registry = Arc::new(Registry::new(runtime, pc.dir.clone()));
-    let Some(dir) = &pc.dir else {
-        return Ok((registry, None));
-    };
-    if !dir.exists() {
-        // Said out loud: a typo in the path would otherwise look like "no plugins".
-        tracing::warn!(dir = %dir.display(), "the plugin folder does not exist; creating it");
-    }
-    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    let started = std::time::Instant::now();
-    let report = tokio::task::block_in_place(|| registry.sync_dir());
-    tracing::info!(
-        dir = %dir.display(),
-        loaded = report.loaded.len(),
-        rejected = report.rejected.len(),
-        seconds = started.elapsed().as_secs_f32(),
-        "plugins loaded"
-    );
-    let watcher = gateway::plugins::watch::watch(registry.clone())
-        .with_context(|| format!("watching {}", dir.display()))?;
-    Ok((registry, Some(watcher)))
-}
-
-fn load_tls(
-    cert: PathBuf,
-    key: PathBuf,
-    client_ca: Option<PathBuf>,
-) -> anyhow::Result<Arc<server::tls::Tls>> {
-    Ok(server::tls::Tls::load(server::tls::TlsFiles {
-        cert,
-        key,
-        client_ca,
-    })?)
 }

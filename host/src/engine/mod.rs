@@ -12,7 +12,6 @@ pub mod constraint;
 mod cpu_ops;
 pub mod detokenizer;
 mod engine_loop;
-mod gguf;
 #[cfg(feature = "cuda")]
 mod gpu;
 pub mod model;

@@ -16,9 +16,8 @@ use tantivy::tokenizer::{
 };
 use tantivy::{Index, IndexReader, IndexWriter, ReloadPolicy, TantivyDocument, Term};
 
-use super::collection::internal;
 use super::store::Store;
-use super::SearchError;
+use super::{internal, SearchError};
 
 const ANALYZER: &str = "gateway";
 /// Distinct terms of one query that are scored; more cost CPU without changing the ranking much.

@@ -24,9 +24,12 @@ use super::fusion;
 pub use super::query::{Fusion, Hit, Mode, Query, StageScores};
 use super::store::{NewChunk, NewDoc, Reader, Store};
 use super::vectors::Vectors;
-use super::SearchError;
+use super::{internal, SearchError};
 
+mod replica;
 mod searching;
+
+pub use replica::{DocChange, Replica};
 
 /// The vector graph's snapshot folder.
 const GRAPH: &str = "hnsw";
@@ -99,9 +102,9 @@ pub struct Collection {
     catalog: RwLock<Catalog>,
     writes: Mutex<()>,
     /// The store shared with other replicas, when there is one (`replica.rs`).
-    pub(super) shared: std::sync::OnceLock<std::sync::Arc<dyn super::replica::Replica>>,
+    pub(super) shared: std::sync::OnceLock<std::sync::Arc<dyn Replica>>,
     /// The last shared change applied here; held while applying.
-    pub(super) applied: Mutex<i64>,
+    applied: Mutex<i64>,
 }
 
 impl Settings {
@@ -164,10 +167,6 @@ impl Catalog {
     }
 }
 
-pub(super) fn internal(what: &str) -> impl Fn(&dyn std::fmt::Display) -> SearchError + '_ {
-    move |e| SearchError::Internal(format!("{what}: {e}"))
-}
-
 impl Collection {
     /// Opens (or, with `create`, creates) the collection stored in `dir`, with the embedding
     /// model `embedder` picks for its settings.
@@ -190,7 +189,7 @@ impl Collection {
         }
         let (docs, chunks) = store.load().map_err(|e| db(&e))?;
         let applied = store
-            .meta(super::replica::APPLIED)
+            .meta(replica::APPLIED)
             .map_err(|e| db(&e))?
             .and_then(|v| v.parse().ok())
             .unwrap_or(0);
@@ -384,19 +383,19 @@ impl Collection {
         }
     }
 
-    pub(super) fn is_closed(&self) -> bool {
+    fn is_closed(&self) -> bool {
         self.closed.load(std::sync::atomic::Ordering::SeqCst)
     }
 
-    pub(super) fn save_applied(&self, seq: i64) -> Result<(), SearchError> {
+    fn save_applied(&self, seq: i64) -> Result<(), SearchError> {
         let store = self.store.lock();
         store
-            .set_meta(super::replica::APPLIED, &seq.to_string())
+            .set_meta(replica::APPLIED, &seq.to_string())
             .map_err(|e| internal("collection store")(&e))
     }
 
     /// Writes to this replica's store and indexes.
-    pub(super) fn apply(&self, docs: Vec<NewDoc>, deletes: Vec<String>) -> Result<(), SearchError> {
+    fn apply(&self, docs: Vec<NewDoc>, deletes: Vec<String>) -> Result<(), SearchError> {
         let _serial = self.writes.lock();
         if self.is_closed() {
             return Err(SearchError::NotFound(format!(

@@ -11,7 +11,6 @@ pub mod eval;
 pub mod filter;
 pub mod fusion;
 mod query;
-pub mod replica;
 pub mod request;
 mod store;
 pub mod vectors;
@@ -23,8 +22,8 @@ use std::sync::Arc;
 use parking_lot::{Mutex, RwLock};
 
 use collection::{Collection, Settings};
+pub use collection::{DocChange, Replica};
 use embedder::{EmbedError, Embedder};
-pub use replica::{DocChange, Replica};
 pub use store::{NewChunk, NewDoc};
 
 #[derive(Debug, thiserror::Error)]
@@ -52,6 +51,11 @@ impl SearchError {
 }
 
 /// What a create request may choose; the rest comes from the server's defaults.
+/// Turns a failure of `what` (a store, an index) into an `Internal` error.
+fn internal(what: &str) -> impl Fn(&dyn std::fmt::Display) -> SearchError + '_ {
+    move |e| SearchError::Internal(format!("{what}: {e}"))
+}
+
 #[derive(Debug, Default)]
 pub struct CreateOptions {
     pub chunk_tokens: Option<usize>,

@@ -11,16 +11,7 @@ use governor::clock::{Clock, DefaultClock};
 use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
 
 use super::policy::{Budget, Period, TenantPolicy};
-
-/// Which limit turned a request away, and when it is worth retrying.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Rejection {
-    /// `requests_per_second`, `requests_per_minute`, `max_concurrent`, `tokens_per_minute`,
-    /// `token_budget`.
-    pub limit: &'static str,
-    pub message: String,
-    pub retry_after: Option<Duration>,
-}
+use super::rejection::{Limit, Rejection};
 
 /// Rate limiters of one policy version; rebuilt only when the tenant's quotas change.
 pub struct Rates {
@@ -63,13 +54,13 @@ impl Rates {
         for (limiter, limit, n, per) in [
             (
                 &self.per_second,
-                "requests_per_second",
+                Limit::RequestsPerSecond,
                 self.quotas.0,
                 "second",
             ),
             (
                 &self.per_minute,
-                "requests_per_minute",
+                Limit::RequestsPerMinute,
                 self.quotas.1,
                 "minute",
             ),
@@ -100,12 +91,12 @@ impl Rates {
         match l.check_n(n) {
             Ok(Ok(())) => Ok(()),
             Ok(Err(not_until)) => Err(Rejection {
-                limit: "tokens_per_minute",
+                limit: Limit::TokensPerMinute,
                 message: format!("Token rate limit reached: {per_minute} tokens per minute; this request reserves {tokens}."),
                 retry_after: Some(not_until.wait_time_from(DefaultClock::default().now())),
             }),
             Err(_) => Err(Rejection {
-                limit: "tokens_per_minute",
+                limit: Limit::TokensPerMinute,
                 message: format!("This request reserves {tokens} tokens (prompt + max_tokens), more than the tenant's {per_minute} tokens per minute; lower max_tokens."),
                 retry_after: None,
             }),
@@ -194,7 +185,7 @@ impl Usage {
         if let Some(max) = max_concurrent {
             if now > max {
                 return Err(Rejection {
-                    limit: "max_concurrent",
+                    limit: Limit::MaxConcurrent,
                     message: format!("Too many requests in flight: the tenant's limit is {max}."),
                     retry_after: Some(Duration::from_secs(1)),
                 });
@@ -232,7 +223,7 @@ impl Usage {
             if committed + tokens > budget.tokens {
                 let end = b.period.map_or(now, |(_, _, end)| end);
                 return Err(Rejection {
-                    limit: "token_budget",
+                    limit: Limit::TokenBudget,
                     message: format!(
                         "Token budget exhausted: {} of {} tokens this {} are used or reserved, and this request reserves {tokens}.",
                         committed,
@@ -284,7 +275,7 @@ mod tests {
         let r = usage
             .reserve(&rates, p.token_budget, 40, 5, period)
             .unwrap_err();
-        assert_eq!(r.limit, "token_budget");
+        assert_eq!(r.limit, Limit::TokenBudget);
         assert_eq!(r.retry_after, Some(Duration::from_secs(86_395)));
         usage.settle(60, 25);
         assert_eq!(usage.budget_used(), (35, 0));
@@ -306,18 +297,21 @@ mod tests {
         let slot = usage.admit(&rates, p.max_concurrent).unwrap();
         assert_eq!(
             usage.admit(&rates, p.max_concurrent).err().unwrap().limit,
-            "max_concurrent"
+            Limit::MaxConcurrent
         );
         drop(slot);
         assert_eq!(usage.in_flight(), 0);
         assert_eq!(
             usage.admit(&rates, p.max_concurrent).err().unwrap().limit,
-            "requests_per_second"
+            Limit::RequestsPerSecond
         );
         let over = usage
             .reserve(&rates, None, 101, 0, |_| unreachable!())
             .unwrap_err();
-        assert_eq!((over.limit, over.retry_after), ("tokens_per_minute", None));
+        assert_eq!(
+            (over.limit, over.retry_after),
+            (Limit::TokensPerMinute, None)
+        );
         usage
             .reserve(&rates, None, 100, 0, |_| unreachable!())
             .unwrap();

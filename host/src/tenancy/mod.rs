@@ -9,10 +9,12 @@ pub mod keys;
 pub mod ledger;
 pub mod limits;
 pub mod policy;
+mod rejection;
 mod reservation;
 pub mod shared;
 pub mod watch;
 
+pub use rejection::{Limit, Rejection};
 pub use reservation::{Outcome, Reservation};
 
 use crate::common::Endpoint;
@@ -27,7 +29,7 @@ use arc_swap::ArcSwap;
 use crate::config::RedisFailure;
 use crate::metrics::Metrics;
 use ledger::{Ledger, Record};
-use limits::{Rates, Rejection, Slot, Usage};
+use limits::{Rates, Slot, Usage};
 use policy::{Policies, PolicyError, TenantPolicy};
 use shared::{Reserved, Shared};
 
@@ -313,7 +315,7 @@ impl Tenancy {
     fn count_rejection(&self, tenant: &Tenant, r: &Rejection) {
         self.metrics
             .tenant_rejections
-            .with_label_values(&[&tenant.name, r.limit])
+            .with_label_values(&[&tenant.name, r.limit.as_str()])
             .inc();
     }
 

@@ -12,8 +12,8 @@ use std::time::Duration;
 use redis::aio::ConnectionManager;
 use redis::Script;
 
-use super::limits::Rejection;
 use super::policy::{Budget, TenantPolicy};
+use super::rejection::{Limit, Rejection};
 use crate::config::{ClusterConfig, RedisFailure};
 use crate::metrics::Metrics;
 
@@ -214,7 +214,7 @@ impl Shared {
         let (verdict, wait_ms) = self.run("admit", inv).await?;
         Ok(match verdict.as_str() {
             "ok" => Ok(member),
-            limit => Err(rejection(limit, p, wait_ms, 0)),
+            verdict => Err(rejection(verdict, p, wait_ms, 0)),
         })
     }
 
@@ -279,7 +279,7 @@ impl Shared {
                 period_ttl_ms,
             }),
             "unseeded" => Reserved::Unseeded,
-            limit => Reserved::Refused(rejection(limit, p, n, tokens)),
+            verdict => Reserved::Refused(rejection(verdict, p, n, tokens)),
         })
     }
 
@@ -390,26 +390,28 @@ impl SharedReservation {
     }
 }
 
-fn rejection(limit: &str, p: &TenantPolicy, n: i64, tokens: u64) -> Rejection {
+/// The refusal a script's verdict names; `n` is the wait in milliseconds, or for the budget the
+/// tokens already committed.
+fn rejection(verdict: &str, p: &TenantPolicy, n: i64, tokens: u64) -> Rejection {
     let wait = Some(Duration::from_millis(n.max(1) as u64));
-    match limit {
+    match verdict {
         "requests_per_second" => Rejection {
-            limit: "requests_per_second",
+            limit: Limit::RequestsPerSecond,
             message: format!("Rate limit reached: {} requests per second (all replicas).", p.requests_per_second.unwrap_or(0)),
             retry_after: wait,
         },
         "requests_per_minute" => Rejection {
-            limit: "requests_per_minute",
+            limit: Limit::RequestsPerMinute,
             message: format!("Rate limit reached: {} requests per minute (all replicas).", p.requests_per_minute.unwrap_or(0)),
             retry_after: wait,
         },
         "max_concurrent" => Rejection {
-            limit: "max_concurrent",
+            limit: Limit::MaxConcurrent,
             message: format!("Too many requests in flight: the tenant's limit is {} (all replicas).", p.max_concurrent.unwrap_or(0)),
             retry_after: wait,
         },
         "token_budget" => Rejection {
-            limit: "token_budget",
+            limit: Limit::TokenBudget,
             message: format!(
                 "Token budget exhausted: {n} of {} tokens this period are used or reserved (all replicas), and this request reserves {tokens}.",
                 p.token_budget.map_or(0, |b| b.tokens)
@@ -417,12 +419,13 @@ fn rejection(limit: &str, p: &TenantPolicy, n: i64, tokens: u64) -> Rejection {
             retry_after: None,
         },
         "tokens_per_minute_never" => Rejection {
-            limit: "tokens_per_minute",
+            limit: Limit::TokensPerMinute,
             message: format!("This request reserves {tokens} tokens (prompt + max_tokens), more than the tenant's {} tokens per minute; lower max_tokens.", p.tokens_per_minute.unwrap_or(0)),
             retry_after: None,
         },
+        // `tokens_per_minute`, the last verdict RESERVE can give.
         _ => Rejection {
-            limit: "tokens_per_minute",
+            limit: Limit::TokensPerMinute,
             message: format!("Token rate limit reached: {} tokens per minute (all replicas); this request reserves {tokens}.", p.tokens_per_minute.unwrap_or(0)),
             retry_after: wait,
         },

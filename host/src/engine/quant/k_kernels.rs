@@ -19,8 +19,9 @@
 //! bits, are the same whichever kernel a row goes through.
 
 use super::aligned::Aligned;
+use super::rounding::{quantize_block, round_rows};
 use super::ActivationBits;
-use crate::engine::team::{split, split_mut, Team};
+use crate::engine::team::Team;
 
 /// Elements per super-block.
 pub(super) const QK: usize = 256;
@@ -130,47 +131,6 @@ impl KActs {
     }
 }
 
-/// The `m` rows of `x` (`[m][k]`) rounded to i16 block by block, rows split across the team:
-/// `block(x, q, sums)` rounds one block of `B` elements into `q`, writes its `S` float sums
-/// and returns its scale. Returns the rounded rows, the scales (`[m][k / B]`) and the sums
-/// (`[m][k / B][S]`).
-pub(super) fn round_rows<const B: usize, const S: usize>(
-    team: &Team,
-    x: &[f32],
-    m: usize,
-    k: usize,
-    block: impl Fn(&[f32], &mut [i16], &mut [f32]) -> f32 + Sync,
-) -> (Aligned<i16, 32>, Vec<f32>, Vec<f32>) {
-    assert!(k.is_multiple_of(B) && x.len() == m * k);
-    let nb = k / B;
-    let mut q = Aligned::zeroed(m * k);
-    let mut scale = vec![0f32; m * nb];
-    let mut sums = vec![0f32; m * nb * S];
-    let parts = team.threads().min(m);
-    let ranges: Vec<_> = (0..parts).map(|p| split(m, 1, p, parts)).collect();
-    let qs = split_mut(q.as_mut_slice(), ranges.iter().map(|r| r.len() * k));
-    let ss = split_mut(&mut scale, ranges.iter().map(|r| r.len() * nb));
-    let us = split_mut(&mut sums, ranges.iter().map(|r| r.len() * nb * S));
-    let job = |p: usize, _: usize| {
-        let Some(range) = ranges.get(p) else { return };
-        let mut q = qs[p].lock().unwrap_or_else(|e| e.into_inner());
-        let mut s = ss[p].lock().unwrap_or_else(|e| e.into_inner());
-        let mut u = us[p].lock().unwrap_or_else(|e| e.into_inner());
-        let blocks = x[range.start * k..range.end * k].chunks_exact(B);
-        let outs = q.chunks_exact_mut(B).zip(u.chunks_exact_mut(S));
-        for ((xb, (qb, ub)), sb) in blocks.zip(outs).zip(s.iter_mut()) {
-            *sb = block(xb, qb, ub);
-        }
-    };
-    // A single row (decode) is rounded here rather than waking the team for it.
-    if parts > 1 {
-        team.run(&job);
-    } else {
-        job(0, 1);
-    }
-    (q, scale, sums)
-}
-
 /// The float sum of each 32-element sub-block of a 256-element block, `u[j]` for `x[32j..]`:
 /// each added in element order from −0.0, as `Iterator::sum` does (so the same bits), the eight
 /// sub-blocks side by side. One sum at a time was a chain of dependent adds, about a third of
@@ -183,49 +143,6 @@ pub(super) fn sub_block_sums(x: &[f32], u: &mut [f32]) {
         }
     }
     u[..8].copy_from_slice(&acc);
-}
-
-/// The largest magnitude in `x`, or `None` when a value is not finite. Magnitudes compare as
-/// their bit patterns (a NaN's or infinity's are above every finite one's), and an integer
-/// maximum may be taken in any order, so the loop vectorises and gives what a sequential float
-/// fold gives (that fold was a chain of dependent compares).
-fn finite_amax(x: &[f32]) -> Option<f32> {
-    let top = x
-        .iter()
-        .fold(0u32, |a, &v| a.max(v.to_bits() & 0x7FFF_FFFF));
-    (top < f32::INFINITY.to_bits()).then(|| f32::from_bits(top))
-}
-
-/// 1.5·2²³: a float of magnitude under 2²² plus this is rounded to an integer, ties to even (the
-/// default rounding), which sits in the sum's low mantissa bits. Unlike `round_ties_even`
-/// and a saturating cast, it vectorises.
-const ROUND: f32 = 12_582_912.0;
-
-/// Rounds one block to integers of magnitude up to `max` (ties to even); returns its scale.
-pub(super) fn quantize_block(x: &[f32], q: &mut [i16], max: f32) -> f32 {
-    let Some(amax) = finite_amax(x) else {
-        // A NaN or infinity rounds to nothing in i16: the scale carries it, so the block's
-        // products are NaN as unrounded arithmetic's would be.
-        q.fill(0);
-        return f32::NAN;
-    };
-    if amax <= 0.0 {
-        q.fill(0);
-        return 0.0;
-    }
-    let inv = max / amax;
-    if !inv.is_finite() {
-        // A block below about 10⁻³⁴: the saturating cast keeps the largest values at ±max.
-        for (q, &v) in q.iter_mut().zip(x) {
-            *q = (v * inv).round_ties_even() as i16;
-        }
-        return amax / max;
-    }
-    // |v · inv| ≤ max·(1 + 2⁻²³) < 2²², so the sum rounds as `round_ties_even` would.
-    for (q, &v) in q.iter_mut().zip(x) {
-        *q = ((v * inv + ROUND).to_bits() as i32 - ROUND.to_bits() as i32) as i16;
-    }
-    amax / max
 }
 
 /// What the SIMD kernels (AVX-512 and AVX2) share.

@@ -72,6 +72,7 @@ mod f32_kernels;
 mod k_kernels;
 #[cfg(all(target_arch = "x86_64", target_feature = "avx512bw"))]
 mod lanes;
+mod rounding;
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;

@@ -431,7 +431,7 @@ fn activation_blocks_round_as_the_plain_loops_do() {
         for max in [32767.0, 127.0] {
             let (want_q, want_scale) = plain(x, max);
             let mut q = vec![0i16; 256];
-            let scale = k_kernels::quantize_block(x, &mut q, max);
+            let scale = rounding::quantize_block(x, &mut q, max);
             assert_eq!(q, want_q, "block {n}, max {max}");
             assert_eq!(
                 scale.to_bits(),

@@ -74,7 +74,7 @@ impl ApiError {
     }
 
     /// 429 for a tenant limit; the code names the limit.
-    pub fn limited(r: crate::tenancy::limits::Rejection) -> Self {
+    pub fn limited(r: crate::tenancy::Rejection) -> Self {
         let retry = r
             .retry_after
             .map(|d| d.as_secs_f64().ceil().max(1.0) as u64);
@@ -87,7 +87,7 @@ impl ApiError {
             kind: "rate_limit_error",
             message,
             param: None,
-            code: Some(r.limit),
+            code: Some(r.limit.as_str()),
             retry_after: retry,
             debug: None,
         }

@@ -12,7 +12,7 @@
 use std::arch::x86_64::*;
 
 use super::super::aligned::Aligned;
-use super::super::k_kernels::{quantize_block, round_rows};
+use super::super::rounding::{quantize_block, round_rows};
 use super::super::{ActivationBits, Format, Segment};
 use super::{dot_acc, f16_at, transpose, LaneFormat, LaneKernel, LANES};
 use crate::engine::team::Team;

@@ -1,6 +1,5 @@
-//! Loading a llama-family model from a GGUF file (`gguf.rs`: weights stay quantized and
-//! memory-mapped) or from an HF folder (config.json + *.safetensors + tokenizer.json), together
-//! with its tokenizer, chat template and stop tokens.
+//! An HF folder: config.json for the shape, the *.safetensors weights (converted to f32),
+//! tokenizer.json and tokenizer_config.json for the template and special tokens.
 
 use std::path::{Path, PathBuf};
 
@@ -9,70 +8,9 @@ use candle_core::{DType, Device, Tensor};
 use serde::Deserialize;
 use tokenizers::Tokenizer;
 
-use super::chat_template::ChatTemplate;
-use super::model::{Embedding, Layer, Linear, Model, ModelShape, RopeStyle};
-use super::ModelError;
-
-/// Everything the engine and the prompt stage need from one model directory or file.
-pub struct LoadedModel {
-    pub model: Model,
-    pub tokenizer: Tokenizer,
-    pub template: ChatTemplate,
-    /// Tokens that end generation (the model's eos plus its end-of-turn tokens).
-    pub stop_ids: Vec<u32>,
-    pub bos: Option<u32>,
-    pub add_bos: bool,
-}
-
-/// End-of-turn tokens of common chat formats; any present in the vocabulary stop generation.
-const END_OF_TURN: &[&str] = &[
-    "<|im_end|>",
-    "<|endoftext|>",
-    "<|eot_id|>",
-    "<|end|>",
-    "</s>",
-    "<end_of_turn>",
-];
-
-pub fn load(path: &Path) -> Result<LoadedModel, ModelError> {
-    if path.is_dir() {
-        load_hf(path)
-    } else if path.extension().is_some_and(|e| e == "gguf") {
-        super::gguf::load(path)
-    } else if path.exists() {
-        Err(ModelError::Format(format!(
-            "{}: expected a .gguf file or a folder with config.json, *.safetensors and tokenizer.json",
-            path.display()
-        )))
-    } else {
-        Err(ModelError::NotFound(path.into()))
-    }
-}
-
-pub(super) fn stop_ids(tok: &Tokenizer, eos: &[u32]) -> Vec<u32> {
-    let mut ids = eos.to_vec();
-    ids.extend(END_OF_TURN.iter().filter_map(|t| tok.token_to_id(t)));
-    ids.sort_unstable();
-    ids.dedup();
-    ids
-}
-
-/// The model's template; without one, ChatML when the vocabulary has its tokens, else none.
-pub(super) fn chat_template(
-    source: Option<String>,
-    tok: &Tokenizer,
-    bos: String,
-    eos: String,
-) -> Result<ChatTemplate, ModelError> {
-    let chatml =
-        tok.token_to_id("<|im_start|>").is_some() && tok.token_to_id("<|im_end|>").is_some();
-    let source = source.or_else(|| chatml.then(|| super::chat_template::CHATML.to_string()));
-    Ok(ChatTemplate::new(source, bos, eos)?)
-}
-
-pub(super) fn token_text(tok: &Tokenizer, id: Option<u32>) -> String {
-    id.and_then(|i| tok.id_to_token(i)).unwrap_or_default()
-}
+use super::{chat_template, stop_ids, LoadedModel};
+use crate::engine::model::{Embedding, Layer, Linear, Model, ModelShape, RopeStyle};
+use crate::engine::ModelError;
 
 #[derive(Deserialize)]
 struct HfConfig {
@@ -119,7 +57,7 @@ fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<T, ModelError>
     serde_json::from_str(&text).map_err(|e| ModelError::Format(format!("{}: {e}", path.display())))
 }
 
-fn load_hf(dir: &Path) -> Result<LoadedModel, ModelError> {
+pub(super) fn load(dir: &Path) -> Result<LoadedModel, ModelError> {
     let cfg: HfConfig = read_json(&dir.join("config.json"))?;
     let shape = hf_shape(&cfg)?;
     let tok_path = dir.join("tokenizer.json");

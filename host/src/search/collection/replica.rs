@@ -9,9 +9,9 @@
 
 use serde_json::{Map, Value};
 
-use super::collection::{Collection, Settings};
-use super::store::{NewChunk, NewDoc};
-use super::SearchError;
+use super::{Collection, Settings};
+use crate::search::store::{NewChunk, NewDoc};
+use crate::search::SearchError;
 
 /// How many changes one catch-up step reads.
 const BATCH: usize = 512;

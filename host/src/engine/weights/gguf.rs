@@ -11,12 +11,12 @@ use std::sync::Arc;
 use candle_core::quantized::{gguf_file, GgmlDType, QMatMul, QStorage, QTensor};
 use candle_core::Device;
 
-use super::model::{
+use super::{chat_template, stop_ids, LoadedModel};
+use crate::engine::model::{
     Embedding, GemmaNorms, GemmaShape, Layer, Linear, Model, ModelShape, RopeStyle,
 };
-use super::quant::{format_of, Bytes, QuantMatrix};
-use super::weights::{chat_template, stop_ids, token_text, LoadedModel};
-use super::{tokenizer, ModelError};
+use crate::engine::quant::{format_of, Bytes, QuantMatrix};
+use crate::engine::{tokenizer, ModelError};
 
 /// An open GGUF file: its header and the mapped tensor data.
 struct Gguf {
@@ -276,4 +276,9 @@ pub(super) fn load(path: &Path) -> Result<LoadedModel, ModelError> {
             .and_then(|v| v.to_bool().ok())
             .unwrap_or(false),
     })
+}
+
+/// The text of a special token, empty when the model has none.
+fn token_text(tok: &tokenizers::Tokenizer, id: Option<u32>) -> String {
+    id.and_then(|i| tok.id_to_token(i)).unwrap_or_default()
 }

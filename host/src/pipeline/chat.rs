@@ -17,42 +17,30 @@
 //! loop is remote), takes messages (a template plugin must return messages) and strips a
 //! generic list of control tokens from retrieved text (its tokenizer is not ours).
 
-use crate::common::Endpoint;
 use std::sync::Arc;
 
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
-use super::completion::encode;
 use super::constraint;
-use super::generation::{self, Generation, MAX_TOP_LOGPROBS};
-use super::grounding::{self, RagField};
+use super::generation::{self, encode, Generation, MAX_TOP_LOGPROBS};
+use super::grounding;
 use super::openai::{
-    ChatCompletionRequest, ChatMessageIn, Document, MessageContent, ResponseFormat,
+    ChatCompletionRequest, ChatMessageIn, Document, MessageContent, RagField, ResponseFormat,
 };
 use super::output::{self, OutputStage};
-use super::processors::ProcessorStage;
 use super::prompt::PromptStage;
 use super::upstream::{self, Prepared, Sent};
-use super::{Error, PluginCalls, Retrieval};
+use super::{Error, PluginCalls, Stages};
+use crate::common::Endpoint;
 use crate::engine::chat_template::{ChatMessage, Role};
 use crate::engine::{Engine, EventStream};
-use crate::metrics::Metrics;
 use crate::plugins::{ContextChunk, PluginKind};
 use crate::search::request::RagSettings;
 use crate::structured::tools::{self, ToolSet};
 use crate::structured::Format;
-use crate::tenancy::{Caller, Outcome, Reservation, Tenancy};
+use crate::tenancy::{Caller, Outcome, Reservation};
 use crate::upstream::Pool;
-
-/// The handles the pipeline's stages take.
-pub struct Stages {
-    pub plugins: PluginCalls,
-    pub retrieval: Retrieval,
-    pub processors: ProcessorStage,
-    pub tenancy: Arc<Tenancy>,
-    pub metrics: Arc<Metrics>,
-}
 
 /// Where a request is generated.
 pub enum Target {

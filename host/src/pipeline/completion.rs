@@ -7,10 +7,9 @@ use std::sync::Arc;
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::chat::Stages;
-use super::generation::{self, Generation};
+use super::generation::{self, encode, Generation};
 use super::openai::{CompletionRequest, Prompt};
-use super::{constraint, Error};
+use super::{constraint, Error, Stages};
 use crate::common::Endpoint;
 use crate::engine::{Engine, EventStream, GenerationRequest};
 use crate::tenancy::{Caller, Outcome, Reservation};
@@ -156,25 +155,6 @@ async fn reserve(
         )
         .await
         .map_err(Error::Denied)
-}
-
-/// Tokenizes on the blocking pool: a multi-megabyte prompt takes long enough to stall the
-/// runtime's I/O threads. A text the tokenizer refuses is `param`'s 400.
-pub(super) async fn encode(
-    engine: &Arc<Engine>,
-    texts: Vec<String>,
-    add_bos: bool,
-    param: &'static str,
-) -> Result<Vec<Vec<u32>>, Error> {
-    let engine = engine.clone();
-    super::blocking("tokenizer", move || {
-        texts
-            .iter()
-            .map(|t| engine.encode(t, add_bos))
-            .collect::<Result<Vec<_>, _>>()
-    })
-    .await?
-    .map_err(|e| Error::invalid(param, e.to_string()))
 }
 
 /// Submits every choice of every prompt, in choice-index order. Nothing is left running if one

@@ -1,6 +1,8 @@
 //! Turning OpenAI request fields into engine requests, with a precise 400 for each bad field.
 //! Handlers never look at raw fields again after this.
 
+use std::sync::Arc;
+
 use crate::engine::{Engine, GenerationRequest, SamplingParams};
 
 use super::openai::SamplingFields;
@@ -221,6 +223,25 @@ impl Generation {
             })
             .collect())
     }
+}
+
+/// Tokenizes on the blocking pool: a multi-megabyte prompt takes long enough to stall the
+/// runtime's I/O threads. A text the tokenizer refuses is `param`'s 400.
+pub async fn encode(
+    engine: &Arc<Engine>,
+    texts: Vec<String>,
+    add_bos: bool,
+    param: &'static str,
+) -> Result<Vec<Vec<u32>>, Error> {
+    let engine = engine.clone();
+    super::blocking("tokenizer", move || {
+        texts
+            .iter()
+            .map(|t| engine.encode(t, add_bos))
+            .collect::<Result<Vec<_>, _>>()
+    })
+    .await?
+    .map_err(|e| Error::invalid(param, e.to_string()))
 }
 
 #[cfg(test)]

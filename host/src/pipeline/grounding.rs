@@ -7,23 +7,14 @@
 //! token of the model (`<|im_start|>`, `<|im_end|>`, ...) is removed from it (text, title and
 //! id) before it reaches the prompt, so a document cannot open or close a role.
 
-use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::openai::Document;
+use super::openai::{Document, RagField};
 use super::{Error, Retrieval};
 use crate::engine::chat_template::{ChatMessage, Role};
 use crate::plugins::ContextChunk;
 use crate::search::request::{RagSettings, MAX_RAG_TOP_K};
 use crate::tenancy::Caller;
-
-/// The chat request's `rag` field: settings, or `false` to skip the tenant's default.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(untagged)]
-pub enum RagField {
-    Enabled(bool),
-    Settings(RagSettings),
-}
 
 /// The retrieval that applies to this request, if any.
 pub fn settings(field: Option<RagField>, caller: &Caller) -> Result<Option<RagSettings>, Error> {

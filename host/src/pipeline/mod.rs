@@ -27,6 +27,15 @@ pub use error::{Error, PluginFailure, UpstreamFailure};
 pub use plugin_calls::PluginCalls;
 pub use retrieval::Retrieval;
 
+/// The handles the pipeline's stages take.
+pub struct Stages {
+    pub plugins: PluginCalls,
+    pub retrieval: Retrieval,
+    pub processors: processors::ProcessorStage,
+    pub tenancy: std::sync::Arc<crate::tenancy::Tenancy>,
+    pub metrics: std::sync::Arc<crate::metrics::Metrics>,
+}
+
 /// Runs `f` on the blocking pool (tokenizers, encoders, indexes, plugins, compilation: work
 /// that must not stall the runtime's I/O threads); a panic there fails the request, naming
 /// `what`.

@@ -66,7 +66,7 @@ pub struct ChatCompletionRequest {
     pub documents: Option<Vec<Document>>,
     /// Retrieval from a collection (`{"collection": ..., "top_k": ...}`), or `false` to skip
     /// the tenant's default.
-    pub rag: Option<crate::pipeline::grounding::RagField>,
+    pub rag: Option<RagField>,
     pub tools: Option<Vec<ToolIn>>,
     /// `"none" | "auto" | "required"` or `{"type": "function", "function": {"name": ...}}`.
     pub tool_choice: Option<serde_json::Value>,
@@ -238,4 +238,12 @@ pub struct CompletionLogprobs {
     pub token_logprobs: Vec<f32>,
     pub top_logprobs: Vec<serde_json::Map<String, serde_json::Value>>,
     pub text_offset: Vec<usize>,
+}
+
+/// The chat request's `rag` field: settings, or `false` to skip the tenant's default.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum RagField {
+    Enabled(bool),
+    Settings(crate::search::request::RagSettings),
 }

@@ -2,11 +2,11 @@
 //! filtered), the charge for embedding the query, and the optional rerank by the tenant's
 //! reranker plugin. `/v1/collections/{name}/search` and RAG both run it.
 
-use crate::common::Endpoint;
 use std::sync::Arc;
 use std::time::Instant;
 
 use super::{Error, PluginCalls};
+use crate::common::Endpoint;
 use crate::metrics::Metrics;
 use crate::plugins::{Candidate, Plugin, PluginKind};
 use crate::search::collection::{Collection, Fusion, Hit, Mode, Query};

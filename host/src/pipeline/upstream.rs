@@ -2,7 +2,6 @@
 //! a replica the pool picks, retried on another for failures before the first response byte.
 //! The edge relays the answer back (`server/relay.rs`).
 
-use crate::common::Endpoint;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -12,6 +11,7 @@ use serde_json::{json, Map, Value};
 use super::error::UpstreamFailure;
 use super::output::OutputStage;
 use super::Error;
+use crate::common::Endpoint;
 use crate::metrics::Metrics;
 use crate::tenancy::{Outcome, Reservation};
 use crate::upstream::{Lease, Pool, SendError};

@@ -2,7 +2,6 @@
 //! (JSON or JSONL), delete by id or filter, and search (the pipeline's retrieval stage). Index
 //! work runs on the blocking pool.
 
-use crate::common::Endpoint;
 use std::sync::Arc;
 
 use http::{Method, StatusCode};
@@ -11,6 +10,7 @@ use serde_json::{json, Value};
 
 use super::error::ApiError;
 use super::{json_response, AppState, Response};
+use crate::common::Endpoint;
 use crate::pipeline::retrieval::index;
 use crate::search::collection::{Collection, DocInput};
 use crate::search::filter::Filter;

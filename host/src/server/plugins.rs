@@ -1,7 +1,6 @@
 //! `POST /v1/rerank` (Cohere/Jina shape): the documents parsed into candidates, scored by the
 //! tenant's reranker plugin through the pipeline's one rerank, and answered with their indices.
 
-use crate::common::Endpoint;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -11,6 +10,7 @@ use serde_json::{json, Value};
 
 use super::error::ApiError;
 use super::{json_response, AppState, Response};
+use crate::common::Endpoint;
 use crate::pipeline::plugin_calls::debug_report;
 use crate::pipeline::Error;
 use crate::plugins::{Candidate, PluginKind};

@@ -112,8 +112,8 @@ impl AppState {
     }
 
     /// The handles the chat pipeline takes.
-    pub fn stages(&self) -> crate::pipeline::chat::Stages {
-        crate::pipeline::chat::Stages {
+    pub fn stages(&self) -> crate::pipeline::Stages {
+        crate::pipeline::Stages {
             plugins: self.plugin_calls(),
             retrieval: self.retrieval(),
             processors: self.processor_stage(),

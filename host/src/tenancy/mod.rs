@@ -17,7 +17,6 @@ pub mod watch;
 pub use rejection::{Limit, Rejection};
 pub use reservation::{Outcome, Reservation};
 
-use crate::common::Endpoint;
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -26,6 +25,7 @@ use std::time::Instant;
 
 use arc_swap::ArcSwap;
 
+use crate::common::Endpoint;
 use crate::config::RedisFailure;
 use crate::metrics::Metrics;
 use ledger::{Ledger, Record};

@@ -78,7 +78,13 @@ async fn run(replicas: &[Arc<Tenancy>]) -> Vec<Result<(), String>> {
             tokio::spawn(async move {
                 let caller = t.admit_request(Some("budget-key"), true).await.unwrap();
                 match t
-                    .reserve_tokens(&caller, "m", "chat", SETTLE.0, RESERVE)
+                    .reserve_tokens(
+                        &caller,
+                        "m",
+                        gateway::common::Endpoint::Chat,
+                        SETTLE.0,
+                        RESERVE,
+                    )
                     .await
                 {
                     Ok(r) => {

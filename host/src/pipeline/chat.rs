@@ -80,8 +80,12 @@ pub struct LocalRun {
 }
 
 pub enum Served {
-    Local(LocalRun),
-    Upstream { pool: Arc<Pool>, sent: Sent },
+    /// Boxed: a local run is large, and the upstream outcome small.
+    Local(Box<LocalRun>),
+    Upstream {
+        pool: Arc<Pool>,
+        sent: Sent,
+    },
 }
 
 /// The parts of the prompt that do not depend on the template: client passages and retrieved
@@ -210,11 +214,10 @@ impl ChatRequest {
             citations: None,
             reservation,
         };
-        fail_settled(
-            self.local_stages(stages, caller, plan.rag.as_ref(), run)
-                .await,
-        )
-        .map(Served::Local)
+        let run = self
+            .local_stages(stages, caller, plan.rag.as_ref(), run)
+            .await;
+        fail_settled(run).map(|r| Served::Local(Box::new(r)))
     }
 
     /// The local stages after the reservation: grounding, the prompt, the exact check,

@@ -74,7 +74,7 @@ pub fn format(
     }
     if let Some((Format::Choice(c), p)) = found.first() {
         if c.is_empty() {
-            return Err(Error::invalid(*p, "The list of choices must not be empty."));
+            return Err(Error::invalid(p, "The list of choices must not be empty."));
         }
     }
     Ok(found.pop())
@@ -114,7 +114,7 @@ async fn compiled(
     grammar: TopLevelGrammar,
 ) -> Result<Result<Constraint, GrammarError>, Error> {
     let grammars = engine.grammars.clone();
-    Ok(crate::pipeline::blocking("grammar", move || grammars.compile(&grammar)).await?)
+    crate::pipeline::blocking("grammar", move || grammars.compile(&grammar)).await
 }
 
 /// `tools`, `tool_choice` and `parallel_tool_calls` checked; `None` when the request has no

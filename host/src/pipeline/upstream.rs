@@ -33,14 +33,17 @@ pub struct Prepared {
     pub debug: Option<crate::common::LogSink>,
 }
 
+/// A replica's answer, to be relayed.
+pub struct Answer {
+    pub lease: Lease,
+    pub response: reqwest::Response,
+    pub prepared: Prepared,
+}
+
 /// What came of sending a request to a pool.
 pub enum Sent {
-    /// A replica answered; its answer is to be relayed.
-    Answered {
-        lease: Lease,
-        response: reqwest::Response,
-        prepared: Prepared,
-    },
+    /// A replica answered (boxed: the answer is large, and the other outcomes small).
+    Answered(Box<Answer>),
     /// A replica refused the request (a 4xx other than 429): passed on as it came. The
     /// reservation is settled as failed.
     Refused {
@@ -105,11 +108,11 @@ pub async fn send(
         tried.push(lease.id());
         match lease.send(path, prepared.body.clone()).await {
             Ok(response) => {
-                return Sent::Answered {
+                return Sent::Answered(Box::new(Answer {
                     lease,
                     response,
                     prepared,
-                }
+                }))
             }
             Err(SendError::Status(status, body)) if !SendError::retryable_status(status) => {
                 prepared.reservation.end(Outcome::Failed);

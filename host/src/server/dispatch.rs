@@ -78,7 +78,7 @@ async fn chat(state: &Arc<AppState>, caller: &Caller, body: &[u8]) -> Result<Res
             {
                 Err(e) => Attempt::Done(Err(e.into())),
                 Ok(Served::Local(run)) => {
-                    Attempt::Done(local_chat(state, caller, &name, run).await)
+                    Attempt::Done(local_chat(state, caller, &name, *run).await)
                 }
                 Ok(Served::Upstream { pool, sent }) => answer(&pool, sent, may_fall_back).await,
             },
@@ -165,11 +165,9 @@ async fn forward(
 /// An upstream's answer relayed, its refusal passed on, or its failure handed to the chain.
 async fn answer(pool: &Arc<Pool>, sent: Sent, may_fall_back: bool) -> Attempt {
     match sent {
-        Sent::Answered {
-            lease,
-            response,
-            prepared,
-        } => Attempt::Done(relay::relay(pool, lease, response, prepared).await),
+        Sent::Answered(a) => {
+            Attempt::Done(relay::relay(pool, a.lease, a.response, a.prepared).await)
+        }
         Sent::Refused { status, body } => Attempt::Done(Ok(relay::upstream_error(status, body))),
         Sent::Exhausted(e) if may_fall_back => Attempt::Exhausted(e.into()),
         Sent::Exhausted(e) => Attempt::Done(Err(e.into())),

@@ -27,7 +27,10 @@ pub fn format(
     match response_format {
         Some(ResponseFormat::JsonObject) => found.push((Format::JsonObject, "response_format")),
         Some(ResponseFormat::JsonSchema { json_schema }) => match &json_schema.schema {
-            Some(s) => found.push((Format::JsonSchema(s.clone()), "response_format")),
+            Some(s) => found.push((
+                Format::JsonSchema(strict(s.clone(), json_schema.strict)),
+                "response_format",
+            )),
             None => return Err(schema_required()),
         },
         Some(ResponseFormat::Text) | None => {}
@@ -78,6 +81,15 @@ pub fn format(
         }
     }
     Ok(found.pop())
+}
+
+/// A tool's or response format's schema as decoded: strict (no properties beyond those
+/// listed, `structured::strict_schema`) unless the request says `strict: false`.
+fn strict(schema: Value, asked: Option<bool>) -> Value {
+    match asked {
+        Some(false) => schema,
+        _ => crate::structured::strict_schema(schema),
+    }
 }
 
 /// A `json_schema` response format without its schema.
@@ -182,6 +194,7 @@ fn tool(i: usize, t: ToolIn) -> Result<Tool, Error> {
         name,
         description: f.description,
         parameters,
+        strict: f.strict != Some(false),
     })
 }
 

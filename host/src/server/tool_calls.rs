@@ -109,6 +109,7 @@ mod tests {
                 name: "create_ticket".into(),
                 description: None,
                 parameters: json!({"type": "object"}),
+                strict: true,
             }],
             choice: ToolChoice::Required,
             parallel: true,

@@ -36,6 +36,52 @@ fn with_layout(mut schema: Value) -> Value {
     schema
 }
 
+/// `schema` as strict decoding reads it (OpenAI's `strict`, xgrammar's strict mode, vLLM's
+/// default): every object schema that lists its `properties` and says nothing of
+/// `additionalProperties` gets `additionalProperties: false`, so a small model cannot wander
+/// through properties it invents until it runs out of tokens. An object schema without
+/// `properties` still takes any object; `allOf` branches are left alone (one branch's
+/// properties are allowed by another).
+pub fn strict_schema(mut schema: Value) -> Value {
+    tighten(&mut schema);
+    schema
+}
+
+fn tighten(v: &mut Value) {
+    let Some(o) = v.as_object_mut() else {
+        if let Some(items) = v.as_array_mut() {
+            items.iter_mut().for_each(tighten);
+        }
+        return;
+    };
+    if o.get("properties").is_some_and(Value::is_object)
+        && !o.contains_key("additionalProperties")
+        && !o.contains_key("unevaluatedProperties")
+    {
+        o.insert("additionalProperties".into(), Value::Bool(false));
+    }
+    for (k, child) in o.iter_mut() {
+        match k.as_str() {
+            "properties" | "patternProperties" | "$defs" | "definitions" => {
+                if let Some(map) = child.as_object_mut() {
+                    map.values_mut().for_each(tighten);
+                }
+            }
+            "items"
+            | "prefixItems"
+            | "additionalProperties"
+            | "anyOf"
+            | "oneOf"
+            | "not"
+            | "if"
+            | "then"
+            | "else"
+            | "contains" => tighten(child),
+            _ => {}
+        }
+    }
+}
+
 impl Format {
     pub fn grammar(&self) -> TopLevelGrammar {
         match self {
@@ -84,6 +130,40 @@ mod tests {
         let own = json!({"type": "object", "x-guidance": {"whitespace_flexible": true}});
         assert_eq!(with_layout(own.clone()), own);
         assert_eq!(with_layout(json!(true)), json!(true));
+    }
+
+    #[test]
+    fn strict_schemas_close_listed_objects_only() {
+        let s = strict_schema(json!({
+            "type": "object",
+            "properties": {
+                "city": {"type": "string"},
+                "stops": {"type": "array", "items": {"type": "object", "properties": {"at": {"type": "string"}}}},
+                "extra": {"type": "object"},
+                "open": {"type": "object", "properties": {}, "additionalProperties": true},
+            },
+            "$defs": {"p": {"properties": {"x": {}}}},
+            "anyOf": [{"properties": {"y": {}}}],
+            "allOf": [{"properties": {"z": {}}}],
+        }));
+        assert_eq!(s["additionalProperties"], false);
+        assert_eq!(
+            s["properties"]["stops"]["items"]["additionalProperties"],
+            false
+        );
+        assert!(
+            s["properties"]["extra"]
+                .get("additionalProperties")
+                .is_none(),
+            "any object"
+        );
+        assert_eq!(
+            s["properties"]["open"]["additionalProperties"], true,
+            "its own say"
+        );
+        assert_eq!(s["$defs"]["p"]["additionalProperties"], false);
+        assert_eq!(s["anyOf"][0]["additionalProperties"], false);
+        assert!(s["allOf"][0].get("additionalProperties").is_none());
     }
 
     #[test]

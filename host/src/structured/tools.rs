@@ -22,6 +22,9 @@ pub struct Tool {
     pub description: Option<String>,
     /// JSON schema of the arguments object.
     pub parameters: Value,
+    /// Decode the arguments with no properties beyond those listed (the default; a request
+    /// opts out with `strict: false`).
+    pub strict: bool,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -42,9 +45,13 @@ pub struct ToolSet {
 
 /// The schema of one call of `tool`: its name, then its arguments.
 fn call_schema(tool: &Tool) -> Value {
+    let arguments = match tool.strict {
+        true => super::strict_schema(tool.parameters.clone()),
+        false => tool.parameters.clone(),
+    };
     json!({
         "type": "object",
-        "properties": {"name": {"const": tool.name}, "arguments": tool.parameters},
+        "properties": {"name": {"const": tool.name}, "arguments": arguments},
         "required": ["name", "arguments"],
         "additionalProperties": false,
     })
@@ -194,6 +201,7 @@ mod tests {
                 name: "lookup".into(),
                 description: Some("Find an account".into()),
                 parameters: json!({"type": "object", "properties": {"q": {"type": "string"}}}),
+                strict: true,
             }],
             choice,
             parallel: true,
@@ -349,6 +357,7 @@ mod tests {
             name: "other".into(),
             description: None,
             parameters: json!({"type": "object"}),
+            strict: true,
         });
         let g = serde_json::to_string(&tools.grammar()).unwrap();
         assert!(g.contains("lookup") && !g.contains("other"), "{g}");

@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 const RULES: &[(&str, &[&str])] = &[
     ("common", &[]),
     ("config", &[]),
+    ("conversations", &["config"]),
     ("metrics", &[]),
     ("engine", &["config", "metrics"]),
     ("plugins", &["common", "config"]),
@@ -32,6 +33,7 @@ const RULES: &[(&str, &[&str])] = &[
         "pipeline",
         &[
             "common",
+            "conversations",
             "engine",
             "metrics",
             "plugins",

@@ -7,8 +7,10 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 mod cluster;
+mod responses;
 mod upstream;
 pub use cluster::{ClusterConfig, RedisFailure};
+pub use responses::ResponsesConfig;
 pub use upstream::UpstreamConfig;
 
 /// Where the embedded default model lives after `scripts/fetch-models.sh` (or the README's run command).
@@ -61,6 +63,8 @@ pub struct Config {
     /// State shared by replicas: limits and budgets in Redis; ledger, plugins and policies in
     /// PostgreSQL.
     pub cluster: ClusterConfig,
+    /// Stored responses of the Responses API (kept in the ledger's database).
+    pub responses: ResponsesConfig,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -316,6 +320,7 @@ impl Default for Config {
             http: HttpConfig::default(),
             upstreams: Vec::new(),
             cluster: ClusterConfig::default(),
+            responses: ResponsesConfig::default(),
         }
     }
 }

@@ -7,6 +7,7 @@ pub mod cli;
 pub mod cluster;
 pub mod common;
 pub mod config;
+pub mod conversations;
 pub mod engine;
 pub mod metrics;
 pub mod pipeline;

@@ -121,3 +121,16 @@ pub(super) fn plugins(cfg: &Config) -> anyhow::Result<(Arc<Registry>, Option<Wat
         .with_context(|| format!("watching {}", dir.display()))?;
     Ok((registry, Some(watcher)))
 }
+
+/// The store of the Responses API's responses, in the ledger's SQLite file; none without a
+/// ledger.
+pub(super) fn conversations(
+    cfg: &Config,
+) -> anyhow::Result<Option<Arc<crate::conversations::Conversations>>> {
+    let Some(path) = &cfg.ledger else {
+        return Ok(None);
+    };
+    let store = crate::conversations::Conversations::open(path, &cfg.responses)
+        .with_context(|| format!("opening the response store in {}", path.display()))?;
+    Ok(Some(Arc::new(store)))
+}

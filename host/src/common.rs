@@ -295,6 +295,10 @@ mod tests {
 pub enum Endpoint {
     Chat,
     Completions,
+    /// `POST /v1/responses`.
+    Responses,
+    /// `/v1/responses/{id}` and its `input_items`: one stored response.
+    Response,
     Rerank,
     Embeddings,
     Models,
@@ -319,6 +323,7 @@ impl Endpoint {
         match self {
             Endpoint::Chat => "chat",
             Endpoint::Completions => "completions",
+            Endpoint::Responses | Endpoint::Response => "responses",
             Endpoint::Rerank => "rerank",
             Endpoint::Embeddings => "embeddings",
             Endpoint::Models | Endpoint::Model => "models",

@@ -69,6 +69,7 @@ impl Gateway {
             upstreams,
             cluster,
             fallbacks: fallbacks(cfg),
+            conversations: load::conversations(cfg)?,
         });
         state.upstreams.start_probes().await;
         Ok(Self {

@@ -30,6 +30,7 @@ use super::openai::{
 };
 use super::output::{self, OutputStage};
 use super::prompt::PromptStage;
+use super::responses::Finisher;
 use super::upstream::{self, Prepared, Sent};
 use super::{Error, PluginCalls, Stages};
 use crate::common::Endpoint;
@@ -60,6 +61,10 @@ pub struct ChatRequest {
     documents: Vec<Document>,
     /// The body as sent, for an upstream: fields the gateway does not read pass through.
     body: Map<String, Value>,
+    /// What the ledger records the request as (a Responses request runs as a chat).
+    pub endpoint: Endpoint,
+    /// A Responses request: what shapes (and stores) the answer.
+    pub responses: Option<Arc<Finisher>>,
 }
 
 /// What the tenant's policy adds to a request: its retrieval and its output parser.
@@ -71,6 +76,7 @@ pub struct Plan {
 /// A local generation under way: what the edge needs to answer from its streams.
 pub struct LocalRun {
     pub engine: Arc<Engine>,
+    pub responses: Option<Arc<Finisher>>,
     pub streams: Vec<EventStream>,
     pub gen: Generation,
     pub output: Option<OutputStage>,
@@ -97,7 +103,11 @@ struct Grounding {
 
 impl ChatRequest {
     pub fn parse(body: &[u8]) -> Result<Self, Error> {
-        let value: Value = serde_json::from_slice(body)?;
+        Self::from_value(serde_json::from_slice(body)?)
+    }
+
+    /// A chat request from its parsed body.
+    pub fn from_value(value: Value) -> Result<Self, Error> {
         let req = ChatCompletionRequest::deserialize(&value)?;
         let Value::Object(body) = value else {
             return Err(Error::Json(serde::de::Error::custom(
@@ -133,6 +143,8 @@ impl ChatRequest {
             rag: req.rag,
             documents: req.documents.unwrap_or_default(),
             body,
+            endpoint: Endpoint::Chat,
+            responses: None,
         })
     }
 
@@ -204,9 +216,12 @@ impl ChatRequest {
             constraint::constraint(engine, self.format.clone(), self.tools.as_ref()).await?;
         let completion = gen.max_tokens.unwrap_or(window.saturating_sub(floor));
         let estimate = (floor + gen.n * completion) as u64;
-        let reservation = reserve(stages, caller, model, floor as u64, estimate).await?;
+        // Nothing is counted against the prompt until the engine has it: a request refused
+        // before then is charged no prompt tokens.
+        let reservation = self.reserve(stages, caller, model, 0, estimate).await?;
         let run = LocalRun {
             engine: engine.clone(),
+            responses: self.responses.clone(),
             streams: Vec::new(),
             gen,
             output: plan.output.clone(),
@@ -252,7 +267,6 @@ impl ChatRequest {
             let exact = reqs[0].prompt.len() as u64;
             let need = exact + reqs.iter().map(|r| r.max_tokens as u64).sum::<u64>();
             let more = need.saturating_sub(run.reservation.reserved());
-            run.reservation.set_prompt_tokens(exact);
             stages
                 .tenancy
                 .reserve_more(caller, &mut run.reservation, more)
@@ -262,9 +276,12 @@ impl ChatRequest {
                 .processors
                 .attach(caller, model, &engine, &mut reqs)
                 .await?;
-            reqs.into_iter()
+            let streams = reqs
+                .into_iter()
                 .map(|r| engine.submit(r).map_err(Error::from))
-                .collect::<Result<Vec<_>, _>>()
+                .collect::<Result<Vec<_>, _>>()?;
+            run.reservation.set_prompt_tokens(exact);
+            Ok(streams)
         };
         match staged.await {
             Ok(streams) => {
@@ -290,14 +307,8 @@ impl ChatRequest {
             .map_or(pool.cfg.default_max_tokens, |m| m as u64);
         let messages = self.raw_messages();
         let estimate = upstream::estimate(&Value::Array(messages.clone()).to_string());
-        let mut reservation = reserve(
-            stages,
-            caller,
-            &pool.name,
-            estimate,
-            estimate + n * completion,
-        )
-        .await?;
+        let total = estimate + n * completion;
+        let mut reservation = self.reserve(stages, caller, &pool.name, 0, total).await?;
         let specials: Vec<String> = grounding::CONTROL_TOKENS
             .iter()
             .map(|s| s.to_string())
@@ -316,21 +327,18 @@ impl ChatRequest {
             };
             let text = Value::Array(messages.clone()).to_string();
             let exact = upstream::estimate(&text);
-            reservation.set_prompt_tokens(exact);
             let more = exact.saturating_sub(estimate);
             stages
                 .tenancy
                 .reserve_more(caller, &mut reservation, more)
                 .await
                 .map_err(Error::Denied)?;
+            reservation.set_prompt_tokens(exact);
             Ok::<_, Error>((messages, text, grounding.citations))
         };
         let (messages, text, citations) = match staged.await {
             Ok(done) => done,
-            Err(e) => {
-                reservation.end(Outcome::Failed);
-                return Err(e);
-            }
+            Err(e) => return Err(settle_refused(e, reservation)),
         };
         let replaced = [
             ("messages", Some(Value::Array(messages))),
@@ -347,7 +355,23 @@ impl ChatRequest {
             citations,
             reservation,
             debug: caller.debug.clone(),
+            responses: self.responses.clone(),
         })
+    }
+
+    async fn reserve(
+        &self,
+        stages: &Stages,
+        caller: &Caller,
+        model: &str,
+        prompt: u64,
+        total: u64,
+    ) -> Result<Reservation, Error> {
+        stages
+            .tenancy
+            .reserve_tokens(caller, model, self.endpoint, prompt, total)
+            .await
+            .map_err(Error::Denied)
     }
 
     /// What an upstream model cannot serve: a logits processor (it runs in the decode loop,
@@ -432,27 +456,21 @@ impl ChatRequest {
     }
 }
 
-/// Settles the reservation of a request that failed after it was taken, as failed (a
-/// reservation dropped unsettled is a cancellation).
+/// Settles the reservation of a request that failed after it was taken and before the target
+/// had it (a reservation dropped unsettled is a cancellation).
 fn fail_settled<T>(r: Result<T, (Error, Reservation)>) -> Result<T, Error> {
-    r.map_err(|(e, reservation)| {
-        reservation.end(Outcome::Failed);
-        e
-    })
+    r.map_err(|(e, reservation)| settle_refused(e, reservation))
 }
 
-async fn reserve(
-    stages: &Stages,
-    caller: &Caller,
-    model: &str,
-    prompt: u64,
-    total: u64,
-) -> Result<Reservation, Error> {
-    stages
-        .tenancy
-        .reserve_tokens(caller, model, Endpoint::Chat, prompt, total)
-        .await
-        .map_err(Error::Denied)
+/// A limit that refused the exact prompt gives the estimate back with no ledger row, as a
+/// refusal at admission does; any other failure is the request's, recorded as failed. Either
+/// way no prompt tokens are charged: the target never had the prompt.
+fn settle_refused(e: Error, reservation: Reservation) -> Error {
+    match e {
+        Error::Denied(_) => reservation.release(),
+        _ => reservation.end(Outcome::Failed),
+    }
+    e
 }
 
 /// The fewest tokens the prompt can have: the messages' own text, tokenized (a template and

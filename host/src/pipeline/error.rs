@@ -34,6 +34,9 @@ pub enum Error {
     Denied(Denied),
     #[error(transparent)]
     Search(#[from] SearchError),
+    /// The store of responses (the Responses API) failed.
+    #[error(transparent)]
+    Store(crate::conversations::StoreError),
     /// The encoder refused an input or failed.
     #[error(transparent)]
     Embed(#[from] crate::search::embedder::EmbedError),

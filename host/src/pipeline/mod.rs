@@ -20,6 +20,7 @@ pub mod output;
 pub mod plugin_calls;
 pub mod processors;
 pub mod prompt;
+pub mod responses;
 pub mod retrieval;
 pub mod upstream;
 

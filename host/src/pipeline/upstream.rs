@@ -31,6 +31,8 @@ pub struct Prepared {
     pub reservation: Reservation,
     /// The caller asked for plugin debugging: the raw text and the plugins' log lines.
     pub debug: Option<crate::common::LogSink>,
+    /// A Responses request: what shapes (and stores) the answer.
+    pub responses: Option<Arc<super::responses::Finisher>>,
 }
 
 /// A replica's answer, to be relayed.
@@ -237,5 +239,6 @@ pub async fn passthrough(
         citations: None,
         reservation,
         debug: caller.debug.clone(),
+        responses: None,
     })
 }

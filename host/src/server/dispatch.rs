@@ -65,7 +65,16 @@ pub(super) async fn serve(
 /// A chat request: parsed and checked once (body and tenant), then served by the first model
 /// of its chain that can.
 async fn chat(state: &Arc<AppState>, caller: &Caller, body: &[u8]) -> Result<Response, ApiError> {
-    let req = ChatRequest::parse(body)?;
+    serve_chat(state, caller, ChatRequest::parse(body)?).await
+}
+
+/// Serves a parsed chat request (a chat's, or a Responses request's) with the first model of
+/// its chain that can.
+pub(super) async fn serve_chat(
+    state: &Arc<AppState>,
+    caller: &Caller,
+    req: ChatRequest,
+) -> Result<Response, ApiError> {
     let stages = state.stages();
     let plan = req.plan(&stages, caller)?;
     let mut chain = Chain::new(state, &req.model);
@@ -109,6 +118,7 @@ async fn local_chat(
     reply.debug = caller.debug.clone();
     reply.reservation = Some(run.reservation);
     reply.citations = run.citations;
+    reply.responses = run.responses;
     reply
         .run(run.streams, run.gen.stream, state.shutdown.cut())
         .await

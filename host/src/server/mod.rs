@@ -15,6 +15,7 @@ mod logprobs;
 mod plugins;
 mod relay;
 mod reply;
+mod responses;
 mod routes;
 mod sse;
 mod state;
@@ -90,13 +91,24 @@ async fn route(
 ) -> Result<Response, ApiError> {
     let path = req.uri.path();
     match endpoint {
-        Endpoint::Chat | Endpoint::Completions | Endpoint::Rerank | Endpoint::Embeddings => {
+        Endpoint::Chat
+        | Endpoint::Completions
+        | Endpoint::Responses
+        | Endpoint::Rerank
+        | Endpoint::Embeddings => {
             let caller = admit(&state, &req.headers, true).await?;
             let body = read_body(&req.headers, body, state.max_body_bytes, &state.http).await?;
             match endpoint {
                 Endpoint::Rerank => plugins::rerank(&state, &caller, &body).await,
+                Endpoint::Responses => responses::create(&state, &caller, &body).await,
                 _ => dispatch::serve(&state, &caller, &body, endpoint).await,
             }
+        }
+        Endpoint::Response => {
+            let caller = admit(&state, &req.headers, false).await?;
+            let rest = &path["/v1/responses/".len()..];
+            let query = req.uri.query();
+            responses::stored(&state, &caller, &req.method, rest, query).await
         }
         Endpoint::Models => {
             let caller = admit(&state, &req.headers, false).await?;

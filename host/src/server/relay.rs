@@ -131,6 +131,10 @@ async fn whole(
         body["gateway_debug"] = d;
     }
     p.reservation.settle(prompt, completion, Outcome::Ok);
+    let body = match &p.responses {
+        Some(f) => f.body(&body).await?,
+        None => body,
+    };
     Ok(json_response(StatusCode::OK, &body))
 }
 
@@ -190,7 +194,8 @@ fn stream(pool: &Arc<Pool>, lease: Lease, resp: reqwest::Response, p: Prepared) 
         cited: false,
         failed: false,
     };
-    tokio::spawn(relay.pump(resp, Sse(tx)));
+    let sse = Sse::shaped(tx, relay.p.responses.clone());
+    tokio::spawn(relay.pump(resp, sse));
     sse_response(rx)
 }
 

@@ -18,6 +18,7 @@ use crate::pipeline::generation::Generation;
 use crate::pipeline::openai::*;
 use crate::pipeline::output::OutputStage;
 use crate::pipeline::plugin_calls::debug_report;
+use crate::pipeline::responses::Finisher;
 use crate::structured::tools::ToolSet;
 use crate::tenancy::{Outcome, Reservation};
 
@@ -45,6 +46,8 @@ pub(super) struct Reply {
     pub(super) tools: Option<Arc<ToolSet>>,
     /// The caller asked for plugin debugging: the raw text and its plugins' log lines.
     pub(super) debug: Option<crate::common::LogSink>,
+    /// A Responses request: the chat answer shaped (and stored) as a Response.
+    pub(super) responses: Option<Arc<Finisher>>,
 }
 
 #[derive(Default)]
@@ -85,6 +88,7 @@ impl Reply {
             citations: None,
             tools: None,
             debug: None,
+            responses: None,
         }
     }
 
@@ -160,6 +164,10 @@ impl Reply {
             r.settle(p as u64, c as u64, Outcome::Ok);
         }
         let body = self.body(choices, usage);
+        let body = match &self.responses {
+            Some(f) => f.body(&body).await?,
+            None => body,
+        };
         Ok(json_response(http::StatusCode::OK, &body))
     }
 

@@ -48,6 +48,16 @@ const ROUTES: &[Route] = &[
         endpoint: Endpoint::Completions,
     },
     Route {
+        path: Path::Exact("/v1/responses"),
+        methods: POST,
+        endpoint: Endpoint::Responses,
+    },
+    Route {
+        path: Path::Under("/v1/responses/"),
+        methods: &[Method::GET, Method::DELETE],
+        endpoint: Endpoint::Response,
+    },
+    Route {
         path: Path::Exact("/v1/rerank"),
         methods: POST,
         endpoint: Endpoint::Rerank,
@@ -168,6 +178,18 @@ mod tests {
         );
         assert_eq!(resolve(&Method::GET, "/admin"), Unknown);
         assert_eq!(resolve(&Method::GET, "/nope"), Unknown);
+        assert_eq!(
+            resolve(&Method::POST, "/v1/responses"),
+            Found(Endpoint::Responses)
+        );
+        assert_eq!(
+            resolve(&Method::DELETE, "/v1/responses/resp_1"),
+            Found(Endpoint::Response)
+        );
+        assert_eq!(
+            resolve(&Method::POST, "/v1/responses/resp_1"),
+            WrongMethod(Endpoint::Response)
+        );
         assert_eq!(label("/v1/collections/kb/search"), "collections");
         assert_eq!(label("/v1/models/m"), "models");
         assert_eq!(label("/wp-login.php"), "other");

@@ -31,6 +31,8 @@ pub struct AppState {
     pub fallbacks: BTreeMap<String, Fallback>,
     /// Where admin-API changes to plugins and policies are stored for the other replicas.
     pub cluster: Option<Arc<crate::cluster::Replication>>,
+    /// Stored responses of the Responses API (none without a ledger).
+    pub conversations: Option<Arc<crate::conversations::Conversations>>,
 }
 
 /// Where a local model's requests go when its queue is long.

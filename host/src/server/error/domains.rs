@@ -195,6 +195,15 @@ impl From<crate::pipeline::Error> for ApiError {
             Error::Denied(d) => Self::denied(d),
             Error::Search(e) => Self::from(e),
             Error::Embed(e) => Self::from(e),
+            Error::Store(e) => Self {
+                status: StatusCode::SERVICE_UNAVAILABLE,
+                kind: "server_error",
+                message: e.to_string(),
+                param: None,
+                code: Some("store_unavailable"),
+                retry_after: Some(1),
+                debug: None,
+            },
             Error::Task { .. } => Self::internal(e.to_string()),
         }
     }

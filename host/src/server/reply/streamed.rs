@@ -44,7 +44,7 @@ impl Reply {
         tx: mpsc::Sender<Bytes>,
         cut: impl Future<Output = ()> + Send,
     ) {
-        let sse = Sse(tx);
+        let sse = Sse::shaped(tx, self.responses.clone());
         let total = streams.len();
         let mut merged = stream::select_all(streams.into_iter().enumerate().map(|(i, s)| {
             stream::unfold(s, |mut s| async move { s.recv().await.map(|e| (e, s)) })

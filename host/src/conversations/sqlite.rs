@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::sync::Mutex;
 
-use rusqlite::{params, Connection, OptionalExtension};
+use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
 use super::{StoreError, Stored};
 
@@ -47,6 +47,9 @@ impl Db {
         Ok(Self(Mutex::new(conn)))
     }
 
+    /// Write transactions take the write lock up front (IMMEDIATE): the ledger writes to the
+    /// same file, and a read transaction that later wants to write fails at once if the ledger
+    /// wrote in between, where an immediate one waits its turn (`busy_timeout`).
     fn conn(&self) -> std::sync::MutexGuard<'_, Connection> {
         self.0.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -65,7 +68,7 @@ impl Db {
         );
         let bytes = (response.len() + input.len() + context.len()) as i64;
         let mut conn = self.conn();
-        let tx = conn.transaction()?;
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
         let old: Option<i64> = tx
             .query_row(
                 "SELECT bytes FROM responses WHERE tenant = ?1 AND id = ?2",
@@ -110,7 +113,7 @@ impl Db {
 
     pub(super) fn delete(&self, tenant: &str, id: &str) -> Result<bool, StoreError> {
         let mut conn = self.conn();
-        let tx = conn.transaction()?;
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
         let gone: Option<i64> = tx
             .query_row(
                 "DELETE FROM responses WHERE tenant = ?1 AND id = ?2 RETURNING bytes",
@@ -128,7 +131,7 @@ impl Db {
     /// Deletes every response created before `before`.
     pub(super) fn expire(&self, before: i64) -> Result<(), StoreError> {
         let mut conn = self.conn();
-        let tx = conn.transaction()?;
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
         let gone: Vec<(String, i64)> = tx
             .prepare("DELETE FROM responses WHERE created_at < ?1 RETURNING tenant, bytes")?
             .query_map(params![before], |r| Ok((r.get(0)?, r.get(1)?)))?
@@ -144,7 +147,7 @@ impl Db {
     pub(super) fn cap(&self, tenant: &str, max_bytes: u64) -> Result<(), StoreError> {
         let mut conn = self.conn();
         loop {
-            let tx = conn.transaction()?;
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
             let held: i64 = tx
                 .query_row(
                     "SELECT bytes FROM response_bytes WHERE tenant = ?1",

@@ -91,6 +91,8 @@ t2 = c.responses.create(model=model, previous_response_id=t1.id, input="I live i
 t3 = c.responses.create(model=model, previous_response_id=t2.id, input="What is my name?", temperature=0,
                         max_output_tokens=16)
 assert t3.usage.input_tokens > t2.usage.input_tokens > t1.usage.input_tokens, (t1.usage, t2.usage, t3.usage)
+# The earlier turns are a prefix of this prompt: the prefix cache serves them.
+assert t3.usage.input_tokens_details.cached_tokens > 0, t3.usage
 
 got = c.responses.retrieve(t2.id)
 assert got.id == t2.id and got.output_text == t2.output_text

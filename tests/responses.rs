@@ -110,6 +110,25 @@ fn the_official_sdks_drive_responses_and_stored_ones_outlive_a_crash() {
 }
 
 #[test]
+fn an_agent_of_the_agents_sdk_completes_a_tool_round_trip() {
+    let qwen = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../models/Qwen2.5-Coder-1.5B-Instruct.Q4_K_M.gguf"
+    );
+    assert!(
+        Path::new(qwen).exists(),
+        "{qwen} is missing: run host/scripts/fetch-real-models.sh"
+    );
+    let s = Server::start(&["--model", &format!("qwen={qwen}")]);
+    let python = Command::new("python3");
+    let out = s.client(python, "openai_agents_sdk.py", &["qwen", "anything"]);
+    assert!(out.contains("agents sdk ok"), "{out}");
+    // Two Responses requests: the forced call, then the answer after the tool's output.
+    let (_, metrics) = s.get("/metrics");
+    assert!(metrics.contains("route=\"responses\""), "{metrics}");
+}
+
+#[test]
 fn a_client_hanging_up_mid_stream_cancels_and_settles() {
     let dir = std::env::temp_dir().join(format!("gateway-responses-{}", rand::random::<u32>()));
     let cfg = config(&dir);

@@ -19,6 +19,9 @@ python3 -m pip show componentize-py 2>/dev/null | grep -qx 'Version: 0.25.1' ||
 # reference embeddings with numpy from the model's own files.
 python3 -c 'import openai, numpy, safetensors, tokenizers, jsonschema, pydantic' 2>/dev/null ||
   python3 -m pip install --quiet --disable-pip-version-check 'openai>=1.40,<3' numpy safetensors tokenizers jsonschema pydantic
+# ... and the OpenAI Agents SDK runs an agent against the Responses API.
+python3 -m pip show openai-agents 2>/dev/null | grep -qx 'Version: 0.24.0' ||
+  python3 -m pip install --quiet --disable-pip-version-check openai-agents==0.24.0
 # The Kubernetes manifests in deploy/ are checked offline against the Kubernetes schemas.
 python3 -m pip show kubernetes-validate 2>/dev/null | grep -qx 'Version: 1.37.0' ||
   python3 -m pip install --quiet --disable-pip-version-check kubernetes-validate==1.37.0

@@ -157,3 +157,67 @@ fn a_client_hanging_up_mid_stream_cancels_and_settles() {
     );
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn file_search_grounds_the_answer_in_the_tenants_collection() {
+    use support::collections::{kb, start, temp};
+    let (dir, cols) = (temp("responses-fs"), temp("responses-fs-cols"));
+    let s = start(&dir, &cols);
+    let (st, c) = s.post_as("k-acme", "/v1/collections", &json!({"name": "kb"}));
+    assert_eq!(st, 201, "{c}");
+    let (st, up) = s.post_as("k-acme", "/v1/collections/kb/documents", &kb());
+    assert_eq!(st, 200, "{up}");
+    let ask = |key: &str, tools: serde_json::Value, stream: bool| {
+        let body = json!({"model": MODEL, "input": "How long do refunds take?", "tools": tools,
+                          "temperature": 0, "max_output_tokens": 32, "stream": stream});
+        s.post_as(key, "/v1/responses", &body)
+    };
+    let tool = json!([{"type": "file_search", "vector_store_ids": ["kb"], "max_num_results": 2,
+                       "filters": {"type": "eq", "key": "team", "value": "billing"}}]);
+    let (st, r) = ask("k-acme", tool.clone(), false);
+    assert_eq!(st, 200, "{r}");
+    assert_eq!(r["output"][0]["type"], "file_search_call", "{r}");
+    assert_eq!(r["output"][0]["queries"][0], "How long do refunds take?");
+    assert_eq!(r["output"][1]["type"], "message", "{r}");
+    assert_eq!(r["tools"], tool, "the tools as sent");
+    let (st, plain) = ask("k-acme", json!([]), false);
+    assert_eq!(st, 200, "{plain}");
+    let grounded = r["usage"]["input_tokens"].as_u64().unwrap();
+    let bare = plain["usage"]["input_tokens"].as_u64().unwrap();
+    assert!(
+        grounded > bare + 20,
+        "the sources are in the prompt: {grounded} vs {bare}"
+    );
+    // A collection the tenant may not read is refused as RAG refuses it.
+    let (st, e) = ask("k-narrow", tool.clone(), false);
+    assert_eq!(
+        (st, e["error"]["param"].as_str()),
+        (403, Some("collection")),
+        "{e}"
+    );
+    let (st, e) = ask(
+        "k-acme",
+        json!([{"type": "file_search", "vector_store_ids": ["nope"]}]),
+        false,
+    );
+    assert_eq!(st, 404, "{e}");
+    // Streamed, the search's item comes first.
+    let events = s.stream_as(
+        "k-acme",
+        "/v1/responses",
+        &json!({"model": MODEL, "input": "How long do refunds take?", "tools": tool,
+                "max_output_tokens": 8, "stream": true}),
+    );
+    let kinds: Vec<String> = events
+        .iter()
+        .filter_map(|e| serde_json::from_str::<serde_json::Value>(e).ok())
+        .map(|e| e["type"].as_str().unwrap_or_default().to_string())
+        .collect();
+    let searched = kinds
+        .iter()
+        .position(|k| k == "response.file_search_call.completed");
+    let text = kinds.iter().position(|k| k == "response.output_text.delta");
+    assert!(searched.is_some() && searched < text, "{kinds:?}");
+    let _ = std::fs::remove_dir_all(dir);
+    let _ = std::fs::remove_dir_all(cols);
+}

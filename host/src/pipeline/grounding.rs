@@ -77,6 +77,7 @@ impl Retrieval {
             citations.push(json!({
                 "index": first + i, "collection": settings.collection, "document_id": h.id,
                 "chunk_id": h.chunk_id, "start": h.start, "end": h.end, "score": h.score,
+                "title": h.metadata.get("title"),
             }));
             let title = h
                 .metadata

@@ -17,6 +17,7 @@ use serde_json::{json, Map, Value};
 use super::Error;
 use crate::conversations::{Conversations, Stored};
 
+mod file_search;
 mod shape;
 pub use shape::{EventStream, Shape};
 
@@ -164,12 +165,25 @@ pub fn translate(body: &Value, previous: Vec<Value>) -> Result<Translated, Error
     }
     messages.extend(chat_messages(&items)?);
     let tools = req.tools.unwrap_or_default();
-    let chat_tools = tools
-        .iter()
-        .enumerate()
-        .map(|(i, t)| chat_tool(i, t))
-        .collect::<Result<Vec<_>, _>>()?;
+    let (mut chat_tools, mut rag) = (Vec::new(), None);
+    for (i, t) in tools.iter().enumerate() {
+        match t["type"].as_str() {
+            Some("file_search") if rag.is_some() => {
+                return Err(Error::invalid_at(
+                    format!("tools[{i}]"),
+                    "At most one file_search tool per request.",
+                ))
+            }
+            Some("file_search") => rag = Some(file_search::rag(i, t)?),
+            _ => chat_tools.push(chat_tool(i, t)?),
+        }
+    }
+    // The search's query, as retrieval takes it: the last user message.
+    let query = rag.as_ref().and_then(|_| last_user_text(&messages));
     let mut chat = json!({"model": req.model, "messages": messages, "stream": req.stream});
+    if let Some(r) = rag {
+        chat["rag"] = r;
+    }
     if req.stream {
         chat["stream_options"] = json!({"include_usage": true});
     }
@@ -217,6 +231,7 @@ pub fn translate(body: &Value, previous: Vec<Value>) -> Result<Translated, Error
         format: format.unwrap_or_else(|| json!({"type": "text"})),
         previous_response_id: req.previous_response_id.clone(),
         store: req.store.unwrap_or(true),
+        file_search: query,
     });
     Ok(Translated {
         chat,
@@ -443,8 +458,22 @@ fn chat_tool(i: usize, t: &Value) -> Result<Value, Error> {
     }
 }
 
+/// The last user message's text among chat messages.
+fn last_user_text(messages: &[Value]) -> Option<String> {
+    messages
+        .iter()
+        .rev()
+        .find(|m| m["role"] == "user")
+        .and_then(|m| m["content"].as_str())
+        .map(str::to_string)
+}
+
 fn chat_tool_choice(c: &Value) -> Result<Value, Error> {
     match c {
+        // The search runs on every request that offers it; the choice is the functions'.
+        Value::Object(o) if o.get("type").and_then(Value::as_str) == Some("file_search") => {
+            Ok(json!("auto"))
+        }
         Value::String(_) => Ok(c.clone()),
         Value::Object(o) if o.get("type").and_then(Value::as_str) == Some("function") => {
             match o.get("name").and_then(Value::as_str) {

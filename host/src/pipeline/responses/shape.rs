@@ -9,6 +9,8 @@ use std::sync::Arc;
 
 use serde_json::{json, Map, Value};
 
+use super::file_search;
+
 /// What the Response object repeats of its request.
 #[derive(Debug)]
 pub struct Echo {
@@ -25,6 +27,8 @@ pub struct Echo {
     pub format: Value,
     pub previous_response_id: Option<String>,
     pub store: bool,
+    /// The request offered `file_search`: the search's query.
+    pub file_search: Option<String>,
 }
 
 /// One response's identity and echo, shared by its body or its events.
@@ -87,9 +91,15 @@ impl Shape {
     pub fn response(&self, chat: &Value) -> Value {
         let choice = &chat["choices"][0];
         let message = &choice["message"];
-        let mut output = Vec::new();
+        let mut output: Vec<Value> = self
+            .echo
+            .file_search
+            .iter()
+            .map(|q| file_search::call_item(q))
+            .collect();
         if let Some(text) = message["content"].as_str().filter(|t| !t.is_empty()) {
-            output.push(message_item(&new_id("msg"), text, "completed"));
+            let notes = file_search::annotations(text, &chat["citations"]);
+            output.push(message_item(&new_id("msg"), text, &notes, "completed"));
         }
         for call in message["tool_calls"].as_array().into_iter().flatten() {
             output.push(call_item(
@@ -120,6 +130,7 @@ impl Shape {
             calls: Vec::new(),
             usage: Value::Null,
             finish: None,
+            citations: Value::Null,
         }
     }
 }
@@ -147,14 +158,14 @@ fn usage(u: &Value) -> Value {
     })
 }
 
-fn text_part(text: &str) -> Value {
-    json!({"type": "output_text", "text": text, "annotations": [], "logprobs": []})
+fn text_part(text: &str, annotations: &[Value]) -> Value {
+    json!({"type": "output_text", "text": text, "annotations": annotations, "logprobs": []})
 }
 
-fn message_item(id: &str, text: &str, status: &str) -> Value {
+fn message_item(id: &str, text: &str, annotations: &[Value], status: &str) -> Value {
     let content = match status {
         "in_progress" => json!([]),
-        _ => json!([text_part(text)]),
+        _ => json!([text_part(text, annotations)]),
     };
     json!({"id": id, "type": "message", "status": status, "role": "assistant", "content": content})
 }
@@ -193,6 +204,8 @@ pub struct EventStream {
     calls: Vec<OpenCall>,
     usage: Value,
     finish: Option<String>,
+    /// The sources retrieval found (the finishing chunk carries them).
+    citations: Value,
 }
 
 impl EventStream {
@@ -224,6 +237,12 @@ impl EventStream {
             let r = self.snapshot("in_progress");
             out.push(self.event("response.created", json!({"response": r})));
             out.push(self.event("response.in_progress", json!({"response": r})));
+            if let Some(q) = self.shape.echo.file_search.clone() {
+                self.searched(&q, &mut out);
+            }
+        }
+        if chunk["citations"].is_array() {
+            self.citations = chunk["citations"].clone();
         }
         if chunk["usage"].is_object() {
             self.usage = usage(&chunk["usage"]);
@@ -244,11 +263,33 @@ impl EventStream {
         out
     }
 
+    /// The search ran before the first token: its item, added and done, comes first.
+    fn searched(&mut self, query: &str, out: &mut Vec<Value>) {
+        let index = self.items.len();
+        let item = file_search::call_item(query);
+        let id = item["id"].clone();
+        let mut added = item.clone();
+        added["status"] = json!("in_progress");
+        out.push(self.event(
+            "response.output_item.added",
+            json!({"output_index": index, "item": added}),
+        ));
+        for kind in ["in_progress", "searching", "completed"] {
+            let body = json!({"item_id": id, "output_index": index});
+            out.push(self.event(&format!("response.file_search_call.{kind}"), body));
+        }
+        out.push(self.event(
+            "response.output_item.done",
+            json!({"output_index": index, "item": item}),
+        ));
+        self.items.push(Some(item));
+    }
+
     fn text(&mut self, text: &str, out: &mut Vec<Value>) {
         if self.message.is_none() {
             let (index, id) = (self.items.len(), new_id("msg"));
             self.items.push(None);
-            let item = message_item(&id, "", "in_progress");
+            let item = message_item(&id, "", &[], "in_progress");
             out.push(self.event(
                 "response.output_item.added",
                 json!({"output_index": index, "item": item}),
@@ -312,11 +353,12 @@ impl EventStream {
             return;
         };
         let (index, id) = (m.index, &m.id);
+        let notes = file_search::annotations(&m.text, &self.citations);
         let done = json!({"item_id": id, "output_index": index, "content_index": 0, "text": m.text, "logprobs": []});
         out.push(self.event("response.output_text.done", done));
-        let part = json!({"item_id": id, "output_index": index, "content_index": 0, "part": text_part(&m.text)});
+        let part = json!({"item_id": id, "output_index": index, "content_index": 0, "part": text_part(&m.text, &notes)});
         out.push(self.event("response.content_part.done", part));
-        let item = message_item(id, &m.text, "completed");
+        let item = message_item(id, &m.text, &notes, "completed");
         self.items[index] = Some(item.clone());
         out.push(self.event(
             "response.output_item.done",

@@ -240,3 +240,39 @@ fn a_whole_answer_becomes_a_response() {
     assert_eq!(r["metadata"]["ticket"], "42");
     assert_eq!(r["id"], t.shape.id);
 }
+
+#[test]
+fn file_search_searches_the_collection_and_cites_it() {
+    let body = json!({"model": "m", "input": "How long do refunds take?", "stream": true,
+        "tools": [{"type": "file_search", "vector_store_ids": ["kb"], "max_num_results": 2}],
+        "tool_choice": {"type": "file_search"}});
+    let t = translate(&body, Vec::new()).unwrap();
+    assert_eq!(t.chat["rag"], json!({"collection": "kb", "top_k": 2}));
+    assert!(t.chat.get("tools").is_none(), "no function tools");
+    assert_eq!(t.chat["tool_choice"], "auto");
+    let mut s = t.shape.events();
+    let mut events = s.push(&chunk(json!({"content": "Five days [1]."}), None));
+    let mut last = chunk(json!({}), Some("stop"));
+    last["citations"] = json!([{"index": 1, "document_id": "refunds", "title": "Refunds"}]);
+    events.extend(s.push(&last));
+    events.extend(s.finish());
+    assert_eq!(
+        kinds(&events)[2..7],
+        [
+            "response.output_item.added",
+            "response.file_search_call.in_progress",
+            "response.file_search_call.searching",
+            "response.file_search_call.completed",
+            "response.output_item.done",
+        ]
+    );
+    let r = &events[events.len() - 1]["response"];
+    assert_eq!(r["output"][0]["type"], "file_search_call");
+    assert_eq!(
+        r["output"][0]["queries"],
+        json!(["How long do refunds take?"])
+    );
+    let notes = &r["output"][1]["content"][0]["annotations"];
+    assert_eq!(notes[0]["file_id"], "refunds");
+    assert_eq!(notes[0]["index"], 10);
+}

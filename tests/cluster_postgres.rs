@@ -326,3 +326,45 @@ fn postgres_over_tls_is_verified() {
     assert_eq!(complete(&b, 4).0, 200);
     b.wait_until("gateway_ledger_spilled_rows", |v| v >= 1.0, ">= 1");
 }
+
+#[test]
+fn a_conversation_started_on_one_replica_continues_on_another() {
+    let Some(pg) = Postgres::start() else {
+        return;
+    };
+    let cluster = format!("postgres = \"{}\"", pg.url());
+    let (mut a, b) = (replica(&cluster, ""), replica(&cluster, ""));
+    let turn = |s: &Server, input: &str, previous: Option<&Value>| {
+        let mut body = json!({"model": MODEL, "input": input, "max_output_tokens": 8,
+                              "temperature": 0});
+        if let Some(p) = previous {
+            body["previous_response_id"] = p["id"].clone();
+        }
+        let (st, r) = s.post_as(KEY, "/v1/responses", &body);
+        assert_eq!(st, 200, "{r}");
+        r
+    };
+    let first = turn(&a, "My name is Ada.", None);
+    let second = turn(&b, "What is my name?", Some(&first));
+    assert_eq!(second["previous_response_id"], first["id"]);
+    let (earlier, later) = (
+        &first["usage"]["input_tokens"],
+        &second["usage"]["input_tokens"],
+    );
+    assert!(
+        later.as_u64() > earlier.as_u64(),
+        "B continued A's conversation: {earlier} then {later} input tokens"
+    );
+    let path = format!("/v1/responses/{}", first["id"].as_str().unwrap());
+    let (st, got) = b.request("GET", &path, Vec::new(), Some(KEY));
+    assert_eq!((st, &got), (200, &first));
+    let (st, items) = b.request("GET", &format!("{path}/input_items"), Vec::new(), Some(KEY));
+    assert_eq!(st, 200, "{items}");
+    assert_eq!(items["data"][0]["content"][0]["text"], "My name is Ada.");
+    let (st, _) = a.request("DELETE", &path, Vec::new(), Some(KEY));
+    assert_eq!(st, 200);
+    let (st, _) = b.request("GET", &path, Vec::new(), Some(KEY));
+    assert_eq!(st, 404, "deleted on A, gone on B");
+    // The store's connection closes cleanly with the server.
+    assert_eq!(a.terminate(), Some(0));
+}

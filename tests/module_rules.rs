@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 const RULES: &[(&str, &[&str])] = &[
     ("common", &[]),
     ("config", &[]),
-    ("conversations", &["config"]),
+    ("conversations", &["common", "config"]),
     ("metrics", &[]),
     ("engine", &["config", "metrics"]),
     ("plugins", &["common", "config"]),

@@ -122,15 +122,21 @@ pub(super) fn plugins(cfg: &Config) -> anyhow::Result<(Arc<Registry>, Option<Wat
     Ok((registry, Some(watcher)))
 }
 
-/// The store of the Responses API's responses, in the ledger's SQLite file; none without a
-/// ledger.
+/// The store of the Responses API's responses: PostgreSQL with `[cluster] postgres` (every
+/// replica sees every response), else the ledger's SQLite file; none without a ledger.
 pub(super) fn conversations(
     cfg: &Config,
 ) -> anyhow::Result<Option<Arc<crate::conversations::Conversations>>> {
-    let Some(path) = &cfg.ledger else {
-        return Ok(None);
+    use crate::conversations::Conversations;
+    let store = match (&cfg.cluster.postgres, &cfg.ledger) {
+        // The PostgreSQL client blocks on a runtime of its own: not on this one's thread.
+        (Some(url), _) => {
+            tokio::task::block_in_place(|| Conversations::open_postgres(url, &cfg.responses))
+                .context("opening the response store in PostgreSQL")?
+        }
+        (None, Some(path)) => Conversations::open(path, &cfg.responses)
+            .with_context(|| format!("opening the response store in {}", path.display()))?,
+        (None, None) => return Ok(None),
     };
-    let store = crate::conversations::Conversations::open(path, &cfg.responses)
-        .with_context(|| format!("opening the response store in {}", path.display()))?;
     Ok(Some(Arc::new(store)))
 }

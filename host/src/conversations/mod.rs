@@ -8,6 +8,7 @@ use std::path::Path;
 
 use serde_json::Value;
 
+mod postgres;
 mod sqlite;
 
 /// One stored response.
@@ -25,6 +26,8 @@ pub struct Stored {
 pub enum StoreError {
     #[error("the response store failed: {0}")]
     Sqlite(#[from] rusqlite::Error),
+    #[error("the response store (PostgreSQL) failed: {0}")]
+    Postgres(#[from] ::postgres::Error),
     #[error("a stored response is not valid JSON: {0}")]
     Corrupt(#[from] serde_json::Error),
 }
@@ -36,38 +39,67 @@ pub struct Page {
 }
 
 pub struct Conversations {
-    db: sqlite::Db,
+    db: Db,
     retention_s: i64,
     max_bytes_per_tenant: u64,
+}
+
+/// Where the responses are: the ledger's SQLite file, or PostgreSQL shared by replicas.
+enum Db {
+    Sqlite(sqlite::Db),
+    Postgres(postgres::Db),
+}
+
+/// The same call on either store.
+macro_rules! on_db {
+    ($db:expr, $d:ident => $call:expr) => {
+        match $db {
+            Db::Sqlite($d) => $call,
+            Db::Postgres($d) => $call,
+        }
+    };
 }
 
 impl Conversations {
     /// Opens (or creates) the store in the SQLite file at `path` (the ledger's).
     pub fn open(path: &Path, cfg: &crate::config::ResponsesConfig) -> Result<Self, StoreError> {
-        Ok(Self {
-            db: sqlite::Db::open(path)?,
+        Ok(Self::with(Db::Sqlite(sqlite::Db::open(path)?), cfg))
+    }
+
+    /// Opens the store in the PostgreSQL database at `url` (`[cluster] postgres`), shared by
+    /// every replica.
+    pub fn open_postgres(
+        url: &str,
+        cfg: &crate::config::ResponsesConfig,
+    ) -> Result<Self, StoreError> {
+        Ok(Self::with(Db::Postgres(postgres::Db::open(url)?), cfg))
+    }
+
+    fn with(db: Db, cfg: &crate::config::ResponsesConfig) -> Self {
+        Self {
+            db,
             retention_s: (cfg.retention_days * 86_400).min(i64::MAX as u64) as i64,
             max_bytes_per_tenant: cfg.max_mb_per_tenant.saturating_mul(1 << 20),
-        })
+        }
     }
 
     /// Stores `stored` under `id`, durable when this returns; then expires what the
     /// retention period and the tenant's cap say must go.
     pub fn put(&self, tenant: &str, id: &str, stored: &Stored) -> Result<(), StoreError> {
         let now = unix_now();
-        self.db.put(tenant, id, now, stored)?;
-        self.db.expire(now - self.retention_s)?;
-        self.db.cap(tenant, self.max_bytes_per_tenant)
+        on_db!(&self.db, d => d.put(tenant, id, now, stored))?;
+        on_db!(&self.db, d => d.expire(now - self.retention_s))?;
+        on_db!(&self.db, d => d.cap(tenant, self.max_bytes_per_tenant))
     }
 
     /// The tenant's response `id`, unless it expired.
     pub fn get(&self, tenant: &str, id: &str) -> Result<Option<Stored>, StoreError> {
-        self.db.get(tenant, id, unix_now() - self.retention_s)
+        on_db!(&self.db, d => d.get(tenant, id, unix_now() - self.retention_s))
     }
 
     /// Deletes the tenant's response `id`; false if it had none.
     pub fn delete(&self, tenant: &str, id: &str) -> Result<bool, StoreError> {
-        self.db.delete(tenant, id)
+        on_db!(&self.db, d => d.delete(tenant, id))
     }
 
     /// A page of response `id`'s input items: at most `limit`, after the item `after` (an

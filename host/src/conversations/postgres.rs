@@ -1,0 +1,209 @@
+//! Stored responses in PostgreSQL (`[cluster] postgres`), so a conversation started on one
+//! replica continues on another. The same rows as in SQLite; the JSON kept as text, as sent.
+//! One connection, made lazily and dropped on any error, so a database that comes back is
+//! used again.
+
+use std::sync::Mutex;
+
+use postgres::Client;
+
+use super::{StoreError, Stored};
+
+const SCHEMA: &str = "
+BEGIN;
+SELECT pg_advisory_xact_lock(7302);
+CREATE TABLE IF NOT EXISTS gateway_responses (
+    tenant TEXT NOT NULL,
+    id TEXT NOT NULL,
+    created_at BIGINT NOT NULL,
+    bytes BIGINT NOT NULL,
+    response TEXT NOT NULL,
+    input TEXT NOT NULL,
+    context TEXT NOT NULL,
+    PRIMARY KEY (tenant, id)
+);
+CREATE INDEX IF NOT EXISTS gateway_responses_created ON gateway_responses (created_at);
+CREATE INDEX IF NOT EXISTS gateway_responses_tenant_created ON gateway_responses (tenant, created_at);
+CREATE TABLE IF NOT EXISTS gateway_response_bytes (
+    tenant TEXT PRIMARY KEY,
+    bytes BIGINT NOT NULL
+);
+COMMIT;
+";
+
+/// Rows deleted at a time when a tenant is over its cap.
+const EVICT_BATCH: i64 = 64;
+
+const ADD_BYTES: &str = "INSERT INTO gateway_response_bytes (tenant, bytes) VALUES ($1, $2) \
+     ON CONFLICT (tenant) DO UPDATE SET bytes = gateway_response_bytes.bytes + EXCLUDED.bytes";
+
+pub(super) struct Db {
+    url: String,
+    client: Mutex<Option<Client>>,
+}
+
+impl Db {
+    /// Connects once now, so that a wrong URL fails the start, not the first request.
+    pub(super) fn open(url: &str) -> Result<Self, StoreError> {
+        let db = Self {
+            url: url.to_string(),
+            client: Mutex::new(None),
+        };
+        db.with(|_| Ok(()))?;
+        Ok(db)
+    }
+
+    /// Runs `f` on the connection, connecting (and creating the tables) first if needed; a
+    /// failed call drops the connection.
+    fn with<T>(
+        &self,
+        f: impl FnOnce(&mut Client) -> Result<T, postgres::Error>,
+    ) -> Result<T, StoreError> {
+        let mut slot = self.client.lock().unwrap_or_else(|e| e.into_inner());
+        let client = match &mut *slot {
+            Some(c) if !c.is_closed() => c,
+            _ => {
+                let mut c = crate::common::postgres_connect(&self.url)?;
+                c.batch_execute(SCHEMA)?;
+                slot.insert(c)
+            }
+        };
+        f(client).map_err(|e| {
+            *slot = None;
+            e.into()
+        })
+    }
+}
+
+impl Drop for Db {
+    /// The client closes its connection by blocking on a runtime of its own, which may not
+    /// happen on a thread that drives the server's: it is closed on a thread of its own.
+    fn drop(&mut self) {
+        let slot = self.client.get_mut().unwrap_or_else(|e| e.into_inner());
+        if let Some(client) = slot.take() {
+            let _ = std::thread::spawn(move || drop(client)).join();
+        }
+    }
+}
+
+impl Db {
+    pub(super) fn put(
+        &self,
+        tenant: &str,
+        id: &str,
+        now: i64,
+        s: &Stored,
+    ) -> Result<(), StoreError> {
+        let (response, input, context) = (
+            serde_json::to_string(&s.response)?,
+            serde_json::to_string(&s.input)?,
+            serde_json::to_string(&s.context)?,
+        );
+        let bytes = (response.len() + input.len() + context.len()) as i64;
+        self.with(|c| {
+            let mut tx = c.transaction()?;
+            let old: Option<i64> = tx
+                .query_opt(
+                    "SELECT bytes FROM gateway_responses WHERE tenant = $1 AND id = $2 FOR UPDATE",
+                    &[&tenant, &id],
+                )?
+                .map(|r| r.get(0));
+            tx.execute(
+                "INSERT INTO gateway_responses (tenant, id, created_at, bytes, response, input, context) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (tenant, id) DO UPDATE SET \
+                 created_at = EXCLUDED.created_at, bytes = EXCLUDED.bytes, response = EXCLUDED.response, \
+                 input = EXCLUDED.input, context = EXCLUDED.context",
+                &[&tenant, &id, &now, &bytes, &response, &input, &context],
+            )?;
+            tx.execute(ADD_BYTES, &[&tenant, &(bytes - old.unwrap_or(0))])?;
+            tx.commit()
+        })
+    }
+
+    pub(super) fn get(
+        &self,
+        tenant: &str,
+        id: &str,
+        not_before: i64,
+    ) -> Result<Option<Stored>, StoreError> {
+        let row = self.with(|c| {
+            c.query_opt(
+                "SELECT response, input, context FROM gateway_responses \
+                 WHERE tenant = $1 AND id = $2 AND created_at >= $3",
+                &[&tenant, &id, &not_before],
+            )
+        })?;
+        let Some(row) = row else {
+            return Ok(None);
+        };
+        let text = |i: usize| -> String { row.get(i) };
+        Ok(Some(Stored {
+            response: serde_json::from_str(&text(0))?,
+            input: serde_json::from_str(&text(1))?,
+            context: serde_json::from_str(&text(2))?,
+        }))
+    }
+
+    pub(super) fn delete(&self, tenant: &str, id: &str) -> Result<bool, StoreError> {
+        self.with(|c| {
+            let mut tx = c.transaction()?;
+            let gone = tx.query_opt(
+                "DELETE FROM gateway_responses WHERE tenant = $1 AND id = $2 RETURNING bytes",
+                &[&tenant, &id],
+            )?;
+            if let Some(r) = &gone {
+                tx.execute(ADD_BYTES, &[&tenant, &-r.get::<_, i64>(0)])?;
+            }
+            tx.commit()?;
+            Ok(gone.is_some())
+        })
+    }
+
+    /// Deletes every response created before `before`.
+    pub(super) fn expire(&self, before: i64) -> Result<(), StoreError> {
+        self.with(|c| {
+            let mut tx = c.transaction()?;
+            let gone = tx.query(
+                "DELETE FROM gateway_responses WHERE created_at < $1 RETURNING tenant, bytes",
+                &[&before],
+            )?;
+            for r in gone {
+                let (tenant, bytes): (String, i64) = (r.get(0), r.get(1));
+                tx.execute(ADD_BYTES, &[&tenant, &-bytes])?;
+            }
+            tx.commit()
+        })
+    }
+
+    /// Deletes the tenant's oldest responses while it holds more than `max_bytes`.
+    pub(super) fn cap(&self, tenant: &str, max_bytes: u64) -> Result<(), StoreError> {
+        let max = max_bytes.min(i64::MAX as u64) as i64;
+        self.with(|c| loop {
+            let mut tx = c.transaction()?;
+            let held: i64 = tx
+                .query_opt(
+                    "SELECT bytes FROM gateway_response_bytes WHERE tenant = $1 FOR UPDATE",
+                    &[&tenant],
+                )?
+                .map_or(0, |r| r.get(0));
+            if held <= max {
+                return tx.commit();
+            }
+            let freed: i64 = tx
+                .query(
+                    "DELETE FROM gateway_responses WHERE (tenant, id) IN (SELECT tenant, id \
+                     FROM gateway_responses WHERE tenant = $1 ORDER BY created_at, id LIMIT $2) \
+                     RETURNING bytes",
+                    &[&tenant, &EVICT_BATCH],
+                )?
+                .iter()
+                .map(|r| r.get::<_, i64>(0))
+                .sum();
+            tx.execute(ADD_BYTES, &[&tenant, &-freed])?;
+            tx.commit()?;
+            if freed == 0 {
+                return Ok(());
+            }
+        })
+    }
+}

@@ -229,4 +229,53 @@ fn a_local_model_and_the_same_model_upstream_answer_alike() {
         answered += usize::from(local["status"] == 200);
     }
     assert_eq!(answered, 6, "the six valid rows were answered, not refused");
+
+    // The Responses API rides the same pipeline to either target.
+    let response = |model: &str, stream: bool| {
+        let body = json!({"model": model, "input": "What is the capital of France?",
+                          "instructions": "Answer briefly.", "max_output_tokens": 12,
+                          "temperature": 0, "stream": stream});
+        let r = support::patient_client()
+            .post(format!("{}/v1/responses", front.base))
+            .bearer_auth(support::upstream::KEY)
+            .json(&body)
+            .send()
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 200);
+        r.text().unwrap()
+    };
+    let text = |body: &str| -> Value {
+        let r: Value = serde_json::from_str(body).unwrap();
+        json!([
+            r["status"],
+            r["output"][0]["content"][0]["text"],
+            r["usage"]["input_tokens"]
+        ])
+    };
+    assert_eq!(
+        text(&response(MODEL, false)),
+        text(&response("remote", false))
+    );
+    // The last event (completed, or incomplete when cut) and the answer it carries.
+    let completed = |body: String| -> Value {
+        let last = body
+            .lines()
+            .filter_map(|l| l.strip_prefix("data: "))
+            .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+            .last()
+            .expect("events");
+        let r = &last["response"];
+        json!([
+            last["type"],
+            r["output"][0]["content"][0]["text"],
+            r["usage"]["output_tokens"]
+        ])
+    };
+    let local = completed(response(MODEL, true));
+    assert_eq!(local, completed(response("remote", true)));
+    let ended = local[0].as_str().unwrap_or_default();
+    assert!(
+        ended == "response.completed" || ended == "response.incomplete",
+        "{local}"
+    );
 }

@@ -262,7 +262,7 @@ fn a_local_model_and_the_same_model_upstream_answer_alike() {
             .lines()
             .filter_map(|l| l.strip_prefix("data: "))
             .filter_map(|d| serde_json::from_str::<Value>(d).ok())
-            .last()
+            .next_back()
             .expect("events");
         let r = &last["response"];
         json!([

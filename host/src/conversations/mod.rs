@@ -47,7 +47,8 @@ pub struct Conversations {
 /// Where the responses are: the ledger's SQLite file, or PostgreSQL shared by replicas.
 enum Db {
     Sqlite(sqlite::Db),
-    Postgres(postgres::Db),
+    /// Boxed: the client is large, and there is one store per process.
+    Postgres(Box<postgres::Db>),
 }
 
 /// The same call on either store.
@@ -72,7 +73,10 @@ impl Conversations {
         url: &str,
         cfg: &crate::config::ResponsesConfig,
     ) -> Result<Self, StoreError> {
-        Ok(Self::with(Db::Postgres(postgres::Db::open(url)?), cfg))
+        Ok(Self::with(
+            Db::Postgres(Box::new(postgres::Db::open(url)?)),
+            cfg,
+        ))
     }
 
     fn with(db: Db, cfg: &crate::config::ResponsesConfig) -> Self {

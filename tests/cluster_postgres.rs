@@ -325,6 +325,14 @@ fn postgres_over_tls_is_verified() {
     let b = replica(&format!("postgres = \"{plain}\""), "");
     assert_eq!(complete(&b, 4).0, 200);
     b.wait_until("gateway_ledger_spilled_rows", |v| v >= 1.0, ">= 1");
+    // Nor a response: storing it is refused, and saying so is the answer.
+    let body = json!({"model": MODEL, "input": "Hi", "max_output_tokens": 2});
+    let (st, e) = b.post_as(KEY, "/v1/responses", &body);
+    assert_eq!(
+        (st, e["error"]["code"].as_str()),
+        (503, Some("store_unavailable")),
+        "{e}"
+    );
 }
 
 #[test]

@@ -129,11 +129,7 @@ pub(super) fn conversations(
 ) -> anyhow::Result<Option<Arc<crate::conversations::Conversations>>> {
     use crate::conversations::Conversations;
     let store = match (&cfg.cluster.postgres, &cfg.ledger) {
-        // The PostgreSQL client blocks on a runtime of its own: not on this one's thread.
-        (Some(url), _) => {
-            tokio::task::block_in_place(|| Conversations::open_postgres(url, &cfg.responses))
-                .context("opening the response store in PostgreSQL")?
-        }
+        (Some(url), _) => Conversations::open_postgres(url, &cfg.responses),
         (None, Some(path)) => Conversations::open(path, &cfg.responses)
             .with_context(|| format!("opening the response store in {}", path.display()))?,
         (None, None) => return Ok(None),

@@ -22,6 +22,39 @@ pub struct Stored {
     pub context: Vec<Value>,
 }
 
+/// A stored response as its three text columns (the JSON as sent) and their size.
+struct Encoded {
+    response: String,
+    input: String,
+    context: String,
+    bytes: i64,
+}
+
+impl Stored {
+    fn encode(&self) -> Result<Encoded, StoreError> {
+        let (response, input, context) = (
+            serde_json::to_string(&self.response)?,
+            serde_json::to_string(&self.input)?,
+            serde_json::to_string(&self.context)?,
+        );
+        let bytes = (response.len() + input.len() + context.len()) as i64;
+        Ok(Encoded {
+            response,
+            input,
+            context,
+            bytes,
+        })
+    }
+
+    fn decode(response: &str, input: &str, context: &str) -> Result<Self, StoreError> {
+        Ok(Self {
+            response: serde_json::from_str(response)?,
+            input: serde_json::from_str(input)?,
+            context: serde_json::from_str(context)?,
+        })
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     #[error("the response store failed: {0}")]
@@ -67,16 +100,10 @@ impl Conversations {
         Ok(Self::with(Db::Sqlite(sqlite::Db::open(path)?), cfg))
     }
 
-    /// Opens the store in the PostgreSQL database at `url` (`[cluster] postgres`), shared by
-    /// every replica.
-    pub fn open_postgres(
-        url: &str,
-        cfg: &crate::config::ResponsesConfig,
-    ) -> Result<Self, StoreError> {
-        Ok(Self::with(
-            Db::Postgres(Box::new(postgres::Db::open(url)?)),
-            cfg,
-        ))
+    /// The store in the PostgreSQL database at `url` (`[cluster] postgres`), shared by every
+    /// replica; connected on first use.
+    pub fn open_postgres(url: &str, cfg: &crate::config::ResponsesConfig) -> Self {
+        Self::with(Db::Postgres(Box::new(postgres::Db::open(url))), cfg)
     }
 
     fn with(db: Db, cfg: &crate::config::ResponsesConfig) -> Self {

@@ -7,7 +7,7 @@ use std::sync::Mutex;
 
 use postgres::Client;
 
-use super::{StoreError, Stored};
+use super::{Encoded, StoreError, Stored};
 
 const SCHEMA: &str = "
 BEGIN;
@@ -43,14 +43,14 @@ pub(super) struct Db {
 }
 
 impl Db {
-    /// Connects once now, so that a wrong URL fails the start, not the first request.
-    pub(super) fn open(url: &str) -> Result<Self, StoreError> {
-        let db = Self {
+    /// Connects on first use, as the ledger does: a database that is away at start (or whose
+    /// certificate is not trusted) costs the Responses API its stored responses (503
+    /// `store_unavailable`), not the gateway its start.
+    pub(super) fn open(url: &str) -> Self {
+        Self {
             url: url.to_string(),
             client: Mutex::new(None),
-        };
-        db.with(|_| Ok(()))?;
-        Ok(db)
+        }
     }
 
     /// Runs `f` on the connection, connecting (and creating the tables) first if needed; a
@@ -94,12 +94,12 @@ impl Db {
         now: i64,
         s: &Stored,
     ) -> Result<(), StoreError> {
-        let (response, input, context) = (
-            serde_json::to_string(&s.response)?,
-            serde_json::to_string(&s.input)?,
-            serde_json::to_string(&s.context)?,
-        );
-        let bytes = (response.len() + input.len() + context.len()) as i64;
+        let Encoded {
+            response,
+            input,
+            context,
+            bytes,
+        } = s.encode()?;
         self.with(|c| {
             let mut tx = c.transaction()?;
             let old: Option<i64> = tx
@@ -136,12 +136,9 @@ impl Db {
         let Some(row) = row else {
             return Ok(None);
         };
-        let text = |i: usize| -> String { row.get(i) };
-        Ok(Some(Stored {
-            response: serde_json::from_str(&text(0))?,
-            input: serde_json::from_str(&text(1))?,
-            context: serde_json::from_str(&text(2))?,
-        }))
+        let (response, input, context): (String, String, String) =
+            (row.get(0), row.get(1), row.get(2));
+        Ok(Some(Stored::decode(&response, &input, &context)?))
     }
 
     pub(super) fn delete(&self, tenant: &str, id: &str) -> Result<bool, StoreError> {

@@ -6,7 +6,7 @@ use std::sync::Mutex;
 
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
-use super::{StoreError, Stored};
+use super::{Encoded, StoreError, Stored};
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS responses (
@@ -61,12 +61,12 @@ impl Db {
         now: i64,
         s: &Stored,
     ) -> Result<(), StoreError> {
-        let (response, input, context) = (
-            serde_json::to_string(&s.response)?,
-            serde_json::to_string(&s.input)?,
-            serde_json::to_string(&s.context)?,
-        );
-        let bytes = (response.len() + input.len() + context.len()) as i64;
+        let Encoded {
+            response,
+            input,
+            context,
+            bytes,
+        } = s.encode()?;
         let mut conn = self.conn();
         let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
         let old: Option<i64> = tx
@@ -104,11 +104,7 @@ impl Db {
         let Some((response, input, context)) = row else {
             return Ok(None);
         };
-        Ok(Some(Stored {
-            response: serde_json::from_str(&response)?,
-            input: serde_json::from_str(&input)?,
-            context: serde_json::from_str(&context)?,
-        }))
+        Ok(Some(Stored::decode(&response, &input, &context)?))
     }
 
     pub(super) fn delete(&self, tenant: &str, id: &str) -> Result<bool, StoreError> {

@@ -31,8 +31,8 @@ use super::openai::{
 use super::output::{self, OutputStage};
 use super::prompt::PromptStage;
 use super::responses::Finisher;
-use super::upstream::{self, Prepared, Sent};
-use super::{Error, PluginCalls, Stages};
+use super::upstream::{self, Sent};
+use super::{Error, Stages};
 use crate::common::Endpoint;
 use crate::engine::chat_template::{ChatMessage, Role};
 use crate::engine::{Engine, EventStream};
@@ -292,73 +292,6 @@ impl ChatRequest {
         }
     }
 
-    async fn prepare_upstream(
-        &self,
-        stages: &Stages,
-        caller: &Caller,
-        plan: &Plan,
-        pool: &Arc<Pool>,
-    ) -> Result<Prepared, Error> {
-        self.upstream_checks(caller, pool)?;
-        let n = self.gen.n as u64;
-        let completion = self
-            .gen
-            .max_tokens
-            .map_or(pool.cfg.default_max_tokens, |m| m as u64);
-        let messages = self.raw_messages();
-        let estimate = upstream::estimate(&Value::Array(messages.clone()).to_string());
-        let total = estimate + n * completion;
-        let mut reservation = self.reserve(stages, caller, &pool.name, 0, total).await?;
-        let specials: Vec<String> = grounding::CONTROL_TOKENS
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
-        let staged = async {
-            let grounding = self
-                .ground(stages, caller, plan.rag.as_ref(), &specials)
-                .await?;
-            let messages = match &caller.tenant.policy.prompt_template {
-                Some(name) => {
-                    let plugin =
-                        self.templated(&stages.plugins, caller, pool, name, grounding.context);
-                    plugin.await?
-                }
-                None => grounding::ground_values(messages, &grounding.context),
-            };
-            let text = Value::Array(messages.clone()).to_string();
-            let exact = upstream::estimate(&text);
-            let more = exact.saturating_sub(estimate);
-            stages
-                .tenancy
-                .reserve_more(caller, &mut reservation, more)
-                .await
-                .map_err(Error::Denied)?;
-            reservation.set_prompt_tokens(exact);
-            Ok::<_, Error>((messages, text, grounding.citations))
-        };
-        let (messages, text, citations) = match staged.await {
-            Ok(done) => done,
-            Err(e) => return Err(settle_refused(e, reservation)),
-        };
-        let replaced = [
-            ("messages", Some(Value::Array(messages))),
-            ("rag", None),
-            ("documents", None),
-        ];
-        let stream = self.gen.stream;
-        Ok(Prepared {
-            body: upstream::body(self.body.clone(), pool, stream, replaced),
-            stream,
-            client_usage: self.gen.include_usage,
-            chain: crate::upstream::prefix_chain(&caller.tenant.name, &text),
-            output: plan.output.clone(),
-            citations,
-            reservation,
-            debug: caller.debug.clone(),
-            responses: self.responses.clone(),
-        })
-    }
-
     async fn reserve(
         &self,
         stages: &Stages,
@@ -372,19 +305,6 @@ impl ChatRequest {
             .reserve_tokens(caller, model, self.endpoint, prompt, total)
             .await
             .map_err(Error::Denied)
-    }
-
-    /// What an upstream model cannot serve: a logits processor (it runs in the decode loop,
-    /// which is remote), or `max_tokens` beyond the replicas' configured window.
-    fn upstream_checks(&self, caller: &Caller, pool: &Pool) -> Result<(), Error> {
-        let tenant = &caller.tenant;
-        if let Some(p) = &tenant.policy.logits_processor {
-            return Err(upstream::remote_decode(&tenant.name, p, &pool.name));
-        }
-        match pool.cfg.max_model_len {
-            Some(window) => check_window(window, 1, self.gen.max_tokens),
-            None => Ok(()),
-        }
     }
 
     /// Client passages and, when the plan retrieves, the chunks found, numbered after them;
@@ -408,51 +328,6 @@ impl ChatRequest {
             citations = Some(cites);
         }
         Ok(Grounding { context, citations })
-    }
-
-    /// The tenant's prompt-template plugin over the conversation, for an upstream, which takes
-    /// messages: a plugin that renders a finished prompt cannot serve it.
-    async fn templated(
-        &self,
-        calls: &PluginCalls,
-        caller: &Caller,
-        pool: &Pool,
-        name: &str,
-        context: Vec<ContextChunk>,
-    ) -> Result<Vec<Value>, Error> {
-        let messages = self.messages.clone();
-        let rendered = calls
-            .render(caller, name, &pool.name, messages, context)
-            .await?;
-        match rendered {
-            crate::plugins::RenderedPrompt::Messages(ms) => Ok(ms
-                .into_iter()
-                .map(|m| {
-                    let mut v = serde_json::json!({"role": m.role, "content": m.content});
-                    if let Some(n) = m.name {
-                        v["name"] = Value::String(n);
-                    }
-                    v
-                })
-                .collect()),
-            crate::plugins::RenderedPrompt::Prompt(_) => Err(Error::invalid(
-                "model",
-                format!(
-                    "The prompt_template plugin `{name}` renders a finished prompt, but model `{}` \
-                     is served upstream, which takes messages: have the plugin return messages.",
-                    pool.name
-                ),
-            )),
-        }
-    }
-
-    /// The messages as the client sent them (content parts, tool calls and all), for an
-    /// upstream that reads them itself.
-    fn raw_messages(&self) -> Vec<Value> {
-        match self.body.get("messages") {
-            Some(Value::Array(m)) => m.clone(),
-            _ => Vec::new(),
-        }
     }
 }
 
@@ -577,6 +452,8 @@ fn message(m: ChatMessageIn) -> Result<ChatMessage, Error> {
     })
 }
 
+mod remote;
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -623,6 +500,22 @@ mod tests {
             ChatRequest::parse(b"[\"m\", []]"),
             Err(Error::Json(_))
         ));
+    }
+
+    #[test]
+    fn a_responses_request_is_a_chat_request() {
+        let body = serde_json::json!({"model": "m", "instructions": "Be brief.", "input": [
+            {"role": "user", "content": "Weather?"},
+            {"type": "function_call", "call_id": "c1", "name": "w", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "c1", "output": "sunny"}],
+            "tools": [{"type": "function", "name": "w", "parameters": {"type": "object"}}]});
+        let t = super::super::responses::translate(&body, Vec::new()).unwrap();
+        let req = ChatRequest::from_value(t.chat).unwrap();
+        let roles: Vec<Role> = req.messages.iter().map(|m| m.role).collect();
+        assert_eq!(
+            roles,
+            [Role::System, Role::User, Role::Assistant, Role::Tool]
+        );
     }
 
     #[test]

@@ -15,6 +15,7 @@ pub mod embeddings;
 mod error;
 pub mod generation;
 pub mod grounding;
+pub mod ingest;
 pub mod openai;
 pub mod output;
 pub mod plugin_calls;

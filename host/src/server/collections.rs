@@ -10,13 +10,12 @@ use serde_json::{json, Value};
 
 use super::error::ApiError;
 use super::{json_response, AppState, Response};
-use crate::common::Endpoint;
 use crate::pipeline::retrieval::index;
 use crate::search::collection::{Collection, DocInput};
 use crate::search::filter::Filter;
 use crate::search::request::SearchRequest;
 use crate::search::CreateOptions;
-use crate::tenancy::{Caller, Outcome};
+use crate::tenancy::Caller;
 
 /// The caller's collection `name`, if its policy allows it.
 fn open(state: &AppState, caller: &Caller, name: &str) -> Result<Arc<Collection>, ApiError> {
@@ -198,46 +197,12 @@ async fn upsert(
     body: &[u8],
 ) -> Result<Response, ApiError> {
     let docs = parse_documents(content_type, body)?;
-    if docs.is_empty() {
-        return Err(ApiError::invalid(
-            "documents",
-            "`documents` must hold at least one document.",
-        ));
-    }
-    let col = c.clone();
-    let prepared = index(move || col.prepare(docs)).await?;
-    let tokens = prepared.tokens as u64;
-    let reservation = state
-        .tenancy
-        .reserve_tokens(
-            caller,
-            &c.settings.embedding_model,
-            Endpoint::Documents,
-            tokens,
-            tokens,
-        )
-        .await
-        .map_err(ApiError::denied)?;
-    // One bulk embedding at a time: each already uses every core, and two at once would only
-    // slow both and starve generation longer.
-    static EMBEDDING: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(1);
-    let _turn = EMBEDDING
-        .acquire()
-        .await
-        .map_err(|e| ApiError::internal(e.to_string()))?;
-    let col = c.clone();
-    let done = index(move || col.commit(prepared)).await;
-    reservation.settle(tokens, 0, Outcome::of(&done));
-    let done = done?;
-    state
-        .metrics
-        .indexed_chunks
-        .with_label_values(&[&caller.tenant.name])
-        .inc_by(done.chunks as u64);
+    let name = c.name.clone();
+    let done = crate::pipeline::ingest::upsert(&state.stages(), caller, c, docs).await?;
     Ok(json_response(
         StatusCode::OK,
         &json!({
-            "object": "collection.upsert", "collection": c.name,
+            "object": "collection.upsert", "collection": name,
             "documents": done.documents, "chunks": done.chunks,
             "usage": {"prompt_tokens": done.tokens, "total_tokens": done.tokens},
         }),

@@ -72,12 +72,7 @@ fn usage(state: &AppState, query: Option<&str>) -> Result<Response, ApiError> {
     };
     let mut tenant = None;
     let (mut from, mut to, mut by_model) = (0i64, i64::MAX, false);
-    for kv in query
-        .unwrap_or_default()
-        .split('&')
-        .filter(|s| !s.is_empty())
-    {
-        let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+    for (k, v) in super::bodies::query_pairs(query) {
         match k {
             "tenant" => tenant = Some(v.to_string()),
             "from" => from = time_param("from", v)?,

@@ -39,6 +39,15 @@ pub fn sse_response(rx: mpsc::Receiver<Bytes>) -> Response {
         .expect("static headers are valid")
 }
 
+/// A query string's `key=value` pairs, in order (a bare key has an empty value).
+pub(super) fn query_pairs(query: Option<&str>) -> impl Iterator<Item = (&str, &str)> {
+    query
+        .unwrap_or_default()
+        .split('&')
+        .filter(|s| !s.is_empty())
+        .map(|kv| kv.split_once('=').unwrap_or((kv, "")))
+}
+
 impl From<&ApiError> for Response {
     fn from(e: &ApiError) -> Self {
         let mut r = json_response(e.status, &e.body());

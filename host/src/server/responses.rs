@@ -90,12 +90,7 @@ async fn input_items(
     query: Option<&str>,
 ) -> Result<Response, ApiError> {
     let (mut after, mut limit, mut descending) = (None, 20, true);
-    for kv in query
-        .unwrap_or_default()
-        .split('&')
-        .filter(|s| !s.is_empty())
-    {
-        let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+    for (k, v) in super::bodies::query_pairs(query) {
         match k {
             "after" => after = Some(v.to_string()),
             "limit" => {

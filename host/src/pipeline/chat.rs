@@ -109,11 +109,7 @@ impl ChatRequest {
     /// A chat request from its parsed body.
     pub fn from_value(value: Value) -> Result<Self, Error> {
         let req = ChatCompletionRequest::deserialize(&value)?;
-        let Value::Object(body) = value else {
-            return Err(Error::Json(serde::de::Error::custom(
-                "the request body must be a JSON object",
-            )));
-        };
+        let body = super::into_object(value)?;
         if req.messages.is_empty() {
             return Err(Error::invalid(
                 "messages",

@@ -38,6 +38,18 @@ pub struct Stages {
     pub metrics: std::sync::Arc<crate::metrics::Metrics>,
 }
 
+/// A request body as the object every endpoint's body is.
+pub fn into_object(
+    v: serde_json::Value,
+) -> Result<serde_json::Map<String, serde_json::Value>, Error> {
+    match v {
+        serde_json::Value::Object(m) => Ok(m),
+        _ => Err(Error::Json(serde::de::Error::custom(
+            "the request body must be a JSON object",
+        ))),
+    }
+}
+
 /// Runs `f` on the blocking pool (tokenizers, encoders, indexes, plugins, compilation: work
 /// that must not stall the runtime's I/O threads); a panic there fails the request, naming
 /// `what`.

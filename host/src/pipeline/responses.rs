@@ -21,6 +21,16 @@ mod file_search;
 mod shape;
 pub use shape::{EventStream, Shape};
 
+/// Runs `f` on the response store, on the blocking pool (SQLite or PostgreSQL I/O).
+pub async fn on_store<T: Send + 'static>(
+    store: Arc<Conversations>,
+    f: impl FnOnce(&Conversations) -> Result<T, crate::conversations::StoreError> + Send + 'static,
+) -> Result<T, Error> {
+    super::blocking("response store", move || f(&store))
+        .await?
+        .map_err(Error::Store)
+}
+
 /// The items a stored response's conversation continues from: its context (earlier turns and
 /// its own input), then its output.
 pub fn continued(s: Stored) -> Vec<Value> {
@@ -75,10 +85,8 @@ impl Finisher {
             input: k.input.clone(),
             context: k.context.clone(),
         };
-        let (store, tenant, id) = (k.store.clone(), k.tenant.clone(), self.shape.id.clone());
-        super::blocking("response store", move || store.put(&tenant, &id, &stored))
-            .await?
-            .map_err(Error::Store)
+        let (tenant, id) = (k.tenant.clone(), self.shape.id.clone());
+        on_store(k.store.clone(), move |s| s.put(&tenant, &id, &stored)).await
     }
 }
 
@@ -128,9 +136,7 @@ pub struct Translated {
     pub input: Vec<Value>,
     /// The conversation's items up to this turn's output: what it continued, then `input`.
     pub context: Vec<Value>,
-    pub previous_response_id: Option<String>,
     pub store: bool,
-    pub stream: bool,
 }
 
 /// Most metadata pairs, and their sizes, as OpenAI allows.
@@ -238,9 +244,7 @@ pub fn translate(body: &Value, previous: Vec<Value>) -> Result<Translated, Error
         shape,
         input,
         context: items,
-        previous_response_id: req.previous_response_id,
         store: req.store.unwrap_or(true),
-        stream: req.stream,
     })
 }
 

@@ -175,6 +175,31 @@ pub enum Passthrough {
     Embeddings,
 }
 
+impl Passthrough {
+    /// The path under the replicas' OpenAI base URL.
+    pub fn path(self) -> &'static str {
+        match self {
+            Passthrough::Completion => "/completions",
+            Passthrough::Embeddings => "/embeddings",
+        }
+    }
+
+    fn endpoint(self) -> Endpoint {
+        match self {
+            Passthrough::Completion => Endpoint::Completions,
+            Passthrough::Embeddings => Endpoint::Embeddings,
+        }
+    }
+
+    /// The field holding the text sent.
+    fn input(self) -> &'static str {
+        match self {
+            Passthrough::Completion => "prompt",
+            Passthrough::Embeddings => "input",
+        }
+    }
+}
+
 /// A completion or embedding request for an upstream model, checked with the same rules as
 /// for a local model (sampling fields, `n`, `max_tokens`, `stream`), reserved, and made ready
 /// to send as the client wrote it.
@@ -188,7 +213,7 @@ pub async fn passthrough(
     if let (Passthrough::Completion, Some(p)) = (kind, &caller.tenant.policy.logits_processor) {
         return Err(remote_decode(&caller.tenant.name, p, &pool.name));
     }
-    let (stream, include_usage, completion, input) = match kind {
+    let (stream, include_usage, completion) = match kind {
         Passthrough::Completion => {
             let req = super::openai::CompletionRequest::deserialize(value)?;
             let max_tokens = req
@@ -196,36 +221,19 @@ pub async fn passthrough(
                 .map_or(pool.cfg.default_max_tokens, |m| m as u64);
             let gen = super::generation::generation(req.sampling, Some(max_tokens as usize), None)?;
             let n = gen.n as u64;
-            (
-                gen.stream,
-                gen.include_usage,
-                n * max_tokens,
-                &value["prompt"],
-            )
+            (gen.stream, gen.include_usage, n * max_tokens)
         }
-        Passthrough::Embeddings => (false, false, 0, &value["input"]),
+        Passthrough::Embeddings => (false, false, 0),
     };
-    let text = match input {
-        Value::Null => {
-            let field = match kind {
-                Passthrough::Completion => "prompt",
-                Passthrough::Embeddings => "input",
-            };
-            return Err(Error::invalid(field, format!("`{field}` is required.")));
-        }
+    let field = kind.input();
+    let text = match &value[field] {
+        Value::Null => return Err(Error::invalid(field, format!("`{field}` is required."))),
         Value::String(s) => s.clone(),
         other => other.to_string(),
     };
-    let Value::Object(map) = value.clone() else {
-        return Err(Error::Json(serde::de::Error::custom(
-            "the request body must be a JSON object",
-        )));
-    };
+    let map = super::into_object(value.clone())?;
     let prompt = estimate(&text);
-    let endpoint = match kind {
-        Passthrough::Completion => Endpoint::Completions,
-        Passthrough::Embeddings => Endpoint::Embeddings,
-    };
+    let endpoint = kind.endpoint();
     let reservation = tenancy
         .reserve_tokens(caller, &pool.name, endpoint, prompt, prompt + completion)
         .await

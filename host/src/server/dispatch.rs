@@ -164,11 +164,7 @@ async fn forward(
         Ok(p) => p,
         Err(e) => return Attempt::Done(Err(e.into())),
     };
-    let path = match kind {
-        Passthrough::Completion => "/completions",
-        Passthrough::Embeddings => "/embeddings",
-    };
-    let sent = upstream::send(&state.metrics, pool, prepared, path, may_fall_back).await;
+    let sent = upstream::send(&state.metrics, pool, prepared, kind.path(), may_fall_back).await;
     answer(pool, sent, may_fall_back).await
 }
 

@@ -13,7 +13,7 @@ use super::{json_response, AppState, Response};
 use crate::common::Endpoint;
 use crate::conversations::{Conversations, Stored};
 use crate::pipeline::chat::ChatRequest;
-use crate::pipeline::responses::{self, Finisher};
+use crate::pipeline::responses::{self, on_store, Finisher};
 use crate::tenancy::Caller;
 
 /// Most input items a page lists (OpenAI's limit).
@@ -62,11 +62,8 @@ pub(super) async fn stored(
             Ok(json_response(StatusCode::OK, &s.response))
         }
         (&Method::DELETE, false) => {
-            let (store, tenant, rid) = (store(state)?, caller.tenant.name.clone(), id.to_string());
-            let gone =
-                crate::pipeline::blocking("response store", move || store.delete(&tenant, &rid))
-                    .await?
-                    .map_err(crate::pipeline::Error::Store)?;
+            let (tenant, rid) = (caller.tenant.name.clone(), id.to_string());
+            let gone = on_store(store(state)?, move |s| s.delete(&tenant, &rid)).await?;
             match gone {
                 true => Ok(json_response(
                     StatusCode::OK,
@@ -119,12 +116,11 @@ async fn input_items(
             }
         }
     }
-    let (store, tenant, rid) = (store(state)?, caller.tenant.name.clone(), id.to_string());
-    let page = crate::pipeline::blocking("response store", move || {
-        store.input_items(&tenant, &rid, after.as_deref(), limit, descending)
+    let (tenant, rid) = (caller.tenant.name.clone(), id.to_string());
+    let page = on_store(store(state)?, move |s| {
+        s.input_items(&tenant, &rid, after.as_deref(), limit, descending)
     })
     .await?
-    .map_err(crate::pipeline::Error::Store)?
     .ok_or_else(|| not_found(id, None))?;
     let first = page.items.first().map(|i| i["id"].clone());
     let last = page.items.last().map(|i| i["id"].clone());
@@ -145,12 +141,8 @@ fn store(state: &AppState) -> Result<Arc<Conversations>, ApiError> {
 
 /// The caller's stored response `id`; none for another tenant's, as for a missing one.
 async fn lookup(state: &AppState, caller: &Caller, id: &str) -> Result<Option<Stored>, ApiError> {
-    let (store, tenant, rid) = (store(state)?, caller.tenant.name.clone(), id.to_string());
-    Ok(
-        crate::pipeline::blocking("response store", move || store.get(&tenant, &rid))
-            .await?
-            .map_err(crate::pipeline::Error::Store)?,
-    )
+    let (tenant, rid) = (caller.tenant.name.clone(), id.to_string());
+    Ok(on_store(store(state)?, move |s| s.get(&tenant, &rid)).await?)
 }
 
 fn not_found(id: &str, param: Option<&'static str>) -> ApiError {

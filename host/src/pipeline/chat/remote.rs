@@ -27,7 +27,7 @@ impl ChatRequest {
             .max_tokens
             .map_or(pool.cfg.default_max_tokens, |m| m as u64);
         let messages = self.raw_messages();
-        let estimate = upstream::estimate(&Value::Array(messages.clone()).to_string());
+        let estimate = upstream::estimate(&json_text(&messages));
         let total = estimate + n * completion;
         let mut reservation = self.reserve(stages, caller, &pool.name, 0, total).await?;
         let specials: Vec<String> = grounding::CONTROL_TOKENS
@@ -46,7 +46,7 @@ impl ChatRequest {
                 }
                 None => grounding::ground_values(messages, &grounding.context),
             };
-            let text = Value::Array(messages.clone()).to_string();
+            let text = json_text(&messages);
             let exact = upstream::estimate(&text);
             let more = exact.saturating_sub(estimate);
             stages
@@ -137,4 +137,9 @@ impl ChatRequest {
             _ => Vec::new(),
         }
     }
+}
+
+/// Messages as the JSON text sent upstream (for the estimate and prefix affinity).
+fn json_text(messages: &[Value]) -> String {
+    serde_json::to_string(messages).expect("JSON values serialize")
 }

@@ -53,7 +53,8 @@ fn a_request_becomes_the_chat_it_means() {
     );
     assert_eq!(t.chat["response_format"]["json_schema"]["name"], "w");
     assert_eq!(t.chat["max_completion_tokens"], 64);
-    assert!(!t.store && !t.stream);
+    assert!(!t.store);
+    assert_eq!(t.chat["stream"], false);
     assert!(
         t.input.iter().all(|i| i["id"].is_string()),
         "input items get ids"

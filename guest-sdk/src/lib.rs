@@ -1,5 +1,5 @@
-//! Write plugins for the gateway: prompt templates, rerankers, output parsers and logits
-//! processors that run inside the gateway's request path as sandboxed WebAssembly components.
+//! Write plugins for the gateway: prompt templates, rerankers, output parsers, logits
+//! processors and cache keys that run inside the gateway's request path as sandboxed WebAssembly components.
 //!
 //! A plugin is a `cdylib` crate that depends on this one, implements the `Guest` trait of one
 //! world and exports it with that world's macro. Build it with
@@ -12,6 +12,7 @@
 //! | reranker | [`reranker`] | `reranker::Guest` | [`export_reranker!`] |
 //! | output parser | [`output_parser`] | `output_parser::Guest` | [`export_output_parser!`] |
 //! | logits processor | [`logits_processor`] | `logits_processor::Guest` | [`export_logits_processor!`] |
+//! | cache key | [`cache_key`] | `cache_key::Guest` | [`export_cache_key!`] |
 //!
 //! # A prompt template
 //! ```no_run
@@ -91,6 +92,31 @@
 //! }
 //!
 //! guest_sdk::export_logits_processor!(NoShouting);
+//! ```
+
+//!
+//! # A cache key
+//! The text the tenant's response cache keys a request on, or `None` to leave it uncached.
+//! ```no_run
+//! use guest_sdk::cache_key::{CacheRequest, Guest, PluginError};
+//!
+//! struct LastUserMessage;
+//!
+//! impl Guest for LastUserMessage {
+//!     fn key(request: CacheRequest) -> Result<Option<String>, PluginError> {
+//!         // Requests asking for the same thing of the same model share an answer, whatever
+//!         // the conversation before; anything about "today" is never cached.
+//!         let Some(last) = request.messages.iter().rev().find(|m| m.role == "user") else {
+//!             return Ok(None);
+//!         };
+//!         if last.content.to_lowercase().contains("today") {
+//!             return Ok(None);
+//!         }
+//!         Ok(Some(format!("{}\n{}", request.parameters, last.content.trim())))
+//!     }
+//! }
+//!
+//! guest_sdk::export_cache_key!(LastUserMessage);
 //! ```
 
 /// Helpers every world module gets, bound to that world's own generated `host` import. Built
@@ -427,6 +453,19 @@ pub mod logits_processor {
     }
 }
 
+/// The `cache-key` world: what makes two requests the same for the tenant's response cache.
+pub mod cache_key {
+    wit_bindgen::generate!({
+        world: "cache-key",
+        path: "wit",
+        default_bindings_module: "guest_sdk::cache_key",
+        pub_export_macro: true,
+        additional_derives: [PartialEq],
+        export_macro_name: "export_cache_key_inner",
+    });
+    helpers!();
+}
+
 /// The `serde_json` this crate uses, so plugins need not add it to parse and write JSON.
 pub use serde_json;
 
@@ -459,5 +498,13 @@ macro_rules! export_output_parser {
 macro_rules! export_logits_processor {
     ($ty:ident) => {
         $crate::logits_processor::export_logits_processor_inner!($ty with_types_in $crate::logits_processor);
+    };
+}
+
+/// Exports a type implementing [`cache_key::Guest`] as the plugin's entry point.
+#[macro_export]
+macro_rules! export_cache_key {
+    ($ty:ident) => {
+        $crate::cache_key::export_cache_key_inner!($ty with_types_in $crate::cache_key);
     };
 }

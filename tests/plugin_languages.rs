@@ -251,6 +251,7 @@ fn every_kind_scaffolds_builds_and_passes_its_case_in_every_language() {
         "reranker",
         "output-parser",
         "logits-processor",
+        "cache-key",
     ] {
         for lang in ["python", "ts"] {
             scaffold_and_run(&parent, kind, lang);

@@ -11,8 +11,8 @@ use super::{Error, PluginFailure};
 use crate::engine::chat_template::ChatMessage;
 use crate::metrics::Metrics;
 use crate::plugins::{
-    CallError, Candidate, ChatRequest, ContextChunk, Message, Plugin, PluginKind, Registry,
-    RenderedPrompt,
+    CacheRequest, CallError, Candidate, ChatRequest, ContextChunk, Message, Plugin, PluginKind,
+    Registry, RenderedPrompt,
 };
 use crate::tenancy::{Caller, Tenant};
 
@@ -161,6 +161,21 @@ impl PluginCalls {
         };
         self.call(caller, plugin, move |p, rt, v| async move {
             p.render(&rt, &v, &request).await
+        })
+        .await
+    }
+
+    /// The tenant's cache-key plugin `name` over `request`: the text the response cache keys
+    /// the request on, or `None` when the plugin says not to cache it.
+    pub async fn cache_key(
+        &self,
+        caller: &Caller,
+        name: &str,
+        request: CacheRequest,
+    ) -> Result<Option<String>, Error> {
+        let plugin = self.bound(&caller.tenant, name, PluginKind::CacheKey)?;
+        self.call(caller, plugin, move |p, rt, v| async move {
+            p.cache_key(&rt, &v, &request).await
         })
         .await
     }

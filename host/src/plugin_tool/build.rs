@@ -49,9 +49,10 @@ impl Manifest {
             toml::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
         PluginKind::parse(&m.kind).ok_or_else(|| {
             anyhow!(
-                "{}: kind {:?} is none of prompt-template, reranker, output-parser, logits-processor",
+                "{}: kind {:?} is none of {}",
                 path.display(),
-                m.kind
+                m.kind,
+                PluginKind::ALL.map(PluginKind::as_str).join(", ")
             )
         })?;
         Ok(m)

@@ -7,8 +7,8 @@ use serde_json::{json, Value};
 
 use crate::plugins::vocab::VocabIndex;
 use crate::plugins::{
-    Candidate, ChatRequest, ContextChunk, Decision, Message, Plugin, PluginKind, RenderedPrompt,
-    Runtime, SequenceStart, TenantValues,
+    CacheRequest, Candidate, ChatRequest, ContextChunk, Decision, Message, Plugin, PluginKind,
+    RenderedPrompt, Runtime, SequenceStart, TenantValues,
 };
 
 fn text(v: &Value, key: &str) -> anyhow::Result<String> {
@@ -53,7 +53,44 @@ pub async fn call(
             Ok(json!({"json": json, "repairs": parsed.repairs}))
         }
         PluginKind::LogitsProcessor => process(p, rt, values, input).await,
+        PluginKind::CacheKey => cache_key(p, rt, values, input).await,
     }
+}
+
+fn messages(input: &Value) -> anyhow::Result<Vec<Message>> {
+    list(input, "messages")
+        .iter()
+        .map(|m| {
+            Ok(Message {
+                role: text(m, "role")?,
+                content: text(m, "content")?,
+                name: opt_text(m, "name"),
+            })
+        })
+        .collect()
+}
+
+/// A cache-key plugin's key for the case's request: `parameters` may be a JSON object (made
+/// canonical, as the gateway sends it) or the JSON text itself.
+async fn cache_key(
+    p: &Arc<Plugin>,
+    rt: &Arc<Runtime>,
+    values: &TenantValues,
+    input: &Value,
+) -> anyhow::Result<Value> {
+    let parameters = match &input["parameters"] {
+        Value::Null => "{}".to_string(),
+        Value::String(s) => s.clone(),
+        v => crate::plugins::canonical_json(v),
+    };
+    let request = CacheRequest {
+        model: opt_text(input, "model").unwrap_or_else(|| "local".into()),
+        endpoint: opt_text(input, "endpoint").unwrap_or_else(|| "chat".into()),
+        messages: messages(input)?,
+        parameters,
+    };
+    let key = p.cache_key(rt, values, &request).await.map_err(fail)?;
+    Ok(json!({ "key": key }))
 }
 
 async fn render(
@@ -64,16 +101,7 @@ async fn render(
 ) -> anyhow::Result<Value> {
     let request = ChatRequest {
         model: opt_text(input, "model").unwrap_or_else(|| "local".into()),
-        messages: list(input, "messages")
-            .iter()
-            .map(|m| {
-                Ok(Message {
-                    role: text(m, "role")?,
-                    content: text(m, "content")?,
-                    name: opt_text(m, "name"),
-                })
-            })
-            .collect::<anyhow::Result<_>>()?,
+        messages: messages(input)?,
         context: list(input, "context")
             .iter()
             .map(|c| {

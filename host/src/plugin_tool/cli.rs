@@ -47,8 +47,9 @@ pub enum PluginCommand {
         file: PathBuf,
         /// The call's arguments as JSON (`-` for stdin): {"messages", "context", "model"} for a
         /// prompt template, {"query", "candidates"} for a reranker, {"text", "schema"} for an
-        /// output parser, {"vocabulary", "prompt", "tokens"} for a logits processor; optional
-        /// "config" (tenant values) and "expect" (the result's parts to check).
+        /// output parser, {"vocabulary", "prompt", "tokens"} for a logits processor, {"model",
+        /// "endpoint", "messages", "parameters"} for a cache key; optional "config" (tenant
+        /// values) and "expect" (the result's parts to check).
         #[arg(long)]
         input: PathBuf,
         /// A tenant configuration value the plugin reads with config-get (repeatable).
@@ -65,7 +66,10 @@ pub enum PluginCommand {
 
 fn parse_kind(s: &str) -> Result<PluginKind, String> {
     PluginKind::parse(s).ok_or_else(|| {
-        "one of prompt-template, reranker, output-parser, logits-processor".to_string()
+        format!(
+            "one of {}",
+            PluginKind::ALL.map(PluginKind::as_str).join(", ")
+        )
     })
 }
 

@@ -16,14 +16,15 @@ macro_rules! by_kind {
             include_str!(concat!("templates/", $dir, "/reranker.", $ext)),
             include_str!(concat!("templates/", $dir, "/output-parser.", $ext)),
             include_str!(concat!("templates/", $dir, "/logits-processor.", $ext)),
+            include_str!(concat!("templates/", $dir, "/cache-key.", $ext)),
         ]
     };
 }
 
-const RUST: [&str; 4] = by_kind!("rust", "rs");
-const PYTHON: [&str; 4] = by_kind!("python", "py");
-const TYPESCRIPT: [&str; 4] = by_kind!("js", "ts");
-const CASE: [&str; 4] = by_kind!("case", "json");
+const RUST: [&str; 5] = by_kind!("rust", "rs");
+const PYTHON: [&str; 5] = by_kind!("python", "py");
+const TYPESCRIPT: [&str; 5] = by_kind!("js", "ts");
+const CASE: [&str; 5] = by_kind!("case", "json");
 
 fn index(kind: PluginKind) -> usize {
     PluginKind::ALL
@@ -39,6 +40,7 @@ fn binding(kind: PluginKind) -> &'static str {
         PluginKind::Reranker => "reranker",
         PluginKind::OutputParser => "output_parser",
         PluginKind::LogitsProcessor => "logits_processor",
+        PluginKind::CacheKey => "cache_key",
     }
 }
 

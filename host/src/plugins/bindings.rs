@@ -39,6 +39,15 @@ pub mod output_parser {
     });
 }
 
+pub mod cache_key {
+    wasmtime::component::bindgen!({
+        world: "cache-key",
+        path: "../wit",
+        exports: { default: async },
+        with: { "gateway:plugins": super::prompt_template::gateway::plugins },
+    });
+}
+
 // The logits processor imports `vocabulary` too, so it shares only `types` and `host`.
 pub mod logits_processor {
     wasmtime::component::bindgen!({

@@ -92,6 +92,7 @@ impl Prepared {
             K::LogitsProcessor => {
                 Prepared::LogitsProcessor(logits_processor::LogitsProcessorPre::new(pre)?)
             }
+            K::CacheKey => wasmtime::bail!("gateway:plugins@0.1.0 has no cache-key world"),
         })
     }
 

@@ -21,6 +21,7 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 pub use crate::common::{hex, valid_name, write_atomically, ConfigValue};
+pub use bindings::cache_key::CacheRequest;
 pub use bindings::capturing_logs;
 pub use bindings::logits_processor::{Decision, SequenceStart};
 pub use bindings::output_parser::Parsed;
@@ -54,14 +55,16 @@ pub enum PluginKind {
     Reranker,
     OutputParser,
     LogitsProcessor,
+    CacheKey,
 }
 
 impl PluginKind {
-    pub const ALL: [PluginKind; 4] = [
+    pub const ALL: [PluginKind; 5] = [
         PluginKind::PromptTemplate,
         PluginKind::Reranker,
         PluginKind::OutputParser,
         PluginKind::LogitsProcessor,
+        PluginKind::CacheKey,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -70,6 +73,7 @@ impl PluginKind {
             PluginKind::Reranker => "reranker",
             PluginKind::OutputParser => "output-parser",
             PluginKind::LogitsProcessor => "logits-processor",
+            PluginKind::CacheKey => "cache-key",
         }
     }
 
@@ -321,6 +325,30 @@ impl Plugin {
         Ok(parsed)
     }
 
+    /// Runs the `cache-key` world's `key`: the text the tenant's response cache keys `request`
+    /// on, or `None` when the request is not to be cached. The text is bounded by
+    /// `plugins.max_output_bytes` like any plugin output.
+    pub async fn cache_key(
+        &self,
+        rt: &Runtime,
+        values: &TenantValues,
+        request: &CacheRequest,
+    ) -> Result<Option<String>, CallError> {
+        let key = match self.call(rt, values, Request::CacheKey(request)).await? {
+            Reply::CacheKey(k) => k,
+            _ => unreachable!("a key call returns a key"),
+        };
+        if let Some(size) = key.as_ref().map(String::len) {
+            if size > rt.max_output_bytes {
+                return Err(self.invalid(format!(
+                    "returned a {size}-byte cache key, over the {}-byte limit (plugins.max_output_bytes)",
+                    rt.max_output_bytes
+                )));
+            }
+        }
+        Ok(key)
+    }
+
     fn invalid(&self, why: String) -> CallError {
         // The reason may quote guest output (a candidate id): keep it short.
         let why = bounded(why, 1024);
@@ -383,12 +411,14 @@ enum Request<'r> {
     Render(&'r ChatRequest),
     Rerank(&'r str, &'r [Candidate]),
     Parse(&'r str, Option<&'r str>),
+    CacheKey(&'r CacheRequest),
 }
 
 enum Reply {
     Render(RenderedPrompt),
     Rerank(Vec<Scored>),
     Parse(Parsed),
+    CacheKey(Option<String>),
 }
 
 async fn invoke(
@@ -406,9 +436,36 @@ async fn invoke(
         (Bound::OutputParser(p), Request::Parse(t, s)) => {
             p.call_parse(store, t, s).await?.map(Reply::Parse)
         }
+        (Bound::CacheKey(p), Request::CacheKey(r)) => {
+            p.call_key(store, r).await?.map(Reply::CacheKey)
+        }
         (Bound::Legacy(b), request) => return legacy::invoke(store, b, request).await,
         _ => unreachable!("the plugin's kind is checked before it is called"),
     })
+}
+
+/// `value` as canonical JSON text: compact, every object's keys sorted (at every depth), so two
+/// requests that mean the same give the same text whatever order their fields came in. The
+/// `parameters` of a `CacheRequest`.
+pub fn canonical_json(value: &serde_json::Value) -> String {
+    use serde_json::Value as J;
+    fn sorted(v: &J) -> J {
+        match v {
+            J::Object(m) => {
+                let mut entries: Vec<(&String, &J)> = m.iter().collect();
+                entries.sort_by(|a, b| a.0.cmp(b.0));
+                J::Object(
+                    entries
+                        .into_iter()
+                        .map(|(k, v)| (k.clone(), sorted(v)))
+                        .collect(),
+                )
+            }
+            J::Array(items) => J::Array(items.iter().map(sorted).collect()),
+            other => other.clone(),
+        }
+    }
+    sorted(value).to_string()
 }
 
 /// `text` cut to at most `max` bytes (on a character boundary) plus a marker saying so: what
@@ -422,4 +479,24 @@ pub fn bounded(text: String, max: usize) -> String {
         end -= 1;
     }
     format!("{}… [truncated, {} bytes in all]", &text[..end], text.len())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn canonical_json_sorts_keys_at_every_depth() {
+        let a: serde_json::Value =
+            serde_json::from_str(r#"{"top_p": 1, "tools": [{"b": 2, "a": {"y": 0, "x": 1}}]}"#)
+                .unwrap();
+        let b: serde_json::Value =
+            serde_json::from_str(r#"{"tools": [{"a": {"x": 1, "y": 0}, "b": 2}], "top_p": 1}"#)
+                .unwrap();
+        assert_eq!(canonical_json(&a), canonical_json(&b));
+        assert_eq!(
+            canonical_json(&a),
+            r#"{"tools":[{"a":{"x":1,"y":0},"b":2}],"top_p":1}"#
+        );
+    }
 }

@@ -18,7 +18,7 @@ use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
 use wasmtime_wasi::WasiCtxBuilder;
 
 use super::bindings::{
-    logits_processor::LogitsProcessorPre, output_parser::OutputParserPre,
+    cache_key::CacheKeyPre, logits_processor::LogitsProcessorPre, output_parser::OutputParserPre,
     prompt_template::PromptTemplatePre, reranker::RerankerPre, CallState, Limiter,
 };
 use super::{CallError, LoadError, PluginKind};
@@ -78,6 +78,7 @@ pub enum Prepared {
     Reranker(RerankerPre<CallState>),
     OutputParser(OutputParserPre<CallState>),
     LogitsProcessor(LogitsProcessorPre<CallState>),
+    CacheKey(CacheKeyPre<CallState>),
     /// Built against `gateway:plugins@0.1.0`, called through adapters.
     Legacy(super::legacy::Prepared),
 }
@@ -89,6 +90,7 @@ impl Prepared {
             Prepared::Reranker(_) => PluginKind::Reranker,
             Prepared::OutputParser(_) => PluginKind::OutputParser,
             Prepared::LogitsProcessor(_) => PluginKind::LogitsProcessor,
+            Prepared::CacheKey(_) => PluginKind::CacheKey,
             Prepared::Legacy(p) => p.kind(),
         }
     }
@@ -108,6 +110,7 @@ impl Prepared {
             PluginKind::Reranker => Prepared::Reranker(RerankerPre::new(pre)?),
             PluginKind::OutputParser => Prepared::OutputParser(OutputParserPre::new(pre)?),
             PluginKind::LogitsProcessor => Prepared::LogitsProcessor(LogitsProcessorPre::new(pre)?),
+            PluginKind::CacheKey => Prepared::CacheKey(CacheKeyPre::new(pre)?),
         })
     }
 }

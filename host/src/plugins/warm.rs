@@ -14,7 +14,7 @@ use wasmtime::Store;
 use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
 
 use super::bindings::{
-    logits_processor::LogitsProcessor, output_parser::OutputParser,
+    cache_key::CacheKey, logits_processor::LogitsProcessor, output_parser::OutputParser,
     prompt_template::PromptTemplate, reranker::Reranker, CallState,
 };
 use super::runtime::{Prepared, Runtime};
@@ -30,6 +30,7 @@ pub enum Bound {
     Reranker(Reranker),
     OutputParser(OutputParser),
     LogitsProcessor(LogitsProcessor),
+    CacheKey(CacheKey),
     Legacy(super::legacy::Bound),
 }
 
@@ -95,6 +96,7 @@ impl Pool {
                 .instantiate_async(&mut store)
                 .await
                 .map(Bound::LogitsProcessor),
+            Prepared::CacheKey(pre) => pre.instantiate_async(&mut store).await.map(Bound::CacheKey),
             Prepared::Legacy(pre) => pre.instantiate(&mut store).await.map(Bound::Legacy),
         }
         .map_err(|e| rt.classify(&store, stderr.as_ref(), e))?;

@@ -44,6 +44,9 @@ pub struct TenantPolicy {
     pub logits_processor: Option<String>,
     /// Plugin serving `/v1/rerank` when the request names none.
     pub reranker: Option<String>,
+    /// Plugin that decides the response cache's key for this tenant's requests (`cache-key`
+    /// world).
+    pub cache_key: Option<String>,
     pub requests_per_second: Option<u32>,
     pub requests_per_minute: Option<u32>,
     /// Prompt + completion tokens per minute (reserved at admission).
@@ -142,7 +145,7 @@ pub struct PolicyError(pub Vec<String>);
 
 impl TenantPolicy {
     /// Each plugin binding (policy field, the plugin kind it needs, the plugin named).
-    pub fn plugin_bindings(&self) -> [(&'static str, &'static str, Option<&String>); 4] {
+    pub fn plugin_bindings(&self) -> [(&'static str, &'static str, Option<&String>); 5] {
         [
             (
                 "prompt_template",
@@ -160,6 +163,7 @@ impl TenantPolicy {
                 "logits-processor",
                 self.logits_processor.as_ref(),
             ),
+            ("cache_key", "cache-key", self.cache_key.as_ref()),
         ]
     }
 }
@@ -335,6 +339,7 @@ mod tests {
             max_concurrent = 0
             plugins = ["a"]
             reranker = "b"
+            cache_key = "c"
             keys = [{ id = "k", sha256 = "XYZ" }]
             [[tenants]]
             name = "acme"
@@ -345,6 +350,7 @@ mod tests {
         for want in [
             "keys[0].sha256",
             "reranker: \"b\" is bound but not in `plugins`",
+            "cache_key: \"c\" is bound but not in `plugins`",
             "max_concurrent",
             "tenants[1] (\"acme\").name: tenant configured twice",
         ] {

@@ -1,5 +1,6 @@
 //! The plugin registry through the library API, with real components built from `plugins/`
-//! and `tests/plugins/`: swap semantics, rejection of bad versions, directory sync.
+//! and `tests/plugins/`: swap semantics, rejection of bad versions, directory sync, and direct
+//! calls of a cache-key plugin written in Rust and in Python.
 
 mod support;
 
@@ -7,8 +8,10 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use gateway::config::PluginsConfig;
-use gateway::plugins::{CallError, Candidate, PluginKind, Registry, Runtime, TenantValues};
-use support::wasm::component;
+use gateway::plugins::{
+    CacheRequest, CallError, Candidate, Message, PluginKind, Registry, Runtime, TenantValues,
+};
+use support::wasm::{component, language_component};
 
 /// Drives one plugin call (an async fn: its deadline is a timer) to completion.
 fn block<T>(call: impl std::future::Future<Output = T>) -> T {
@@ -399,4 +402,73 @@ fn the_cli_checks_and_runs_a_component_without_a_server() {
     assert!(err.contains("not a WebAssembly file"), "{err}");
     assert_eq!(err.trim().lines().count(), 1, "{err}");
     let _ = std::fs::remove_dir_all(dir);
+}
+
+/// One user message with `content`, as a cache-key plugin sees a chat request.
+fn cache_request(content: &str) -> CacheRequest {
+    CacheRequest {
+        model: "m".into(),
+        endpoint: "chat".into(),
+        messages: vec![Message {
+            role: "user".into(),
+            content: content.into(),
+            name: None,
+        }],
+        parameters: r#"{"temperature":0}"#.into(),
+    }
+}
+
+#[test]
+fn cache_key_plugins_in_rust_and_python_key_alike_without_timestamps() {
+    // A Python component's first call may take longer than the default deadline while other
+    // tests compile on the same cores; what is checked here is what the plugins compute.
+    let rt = Runtime::new(&PluginsConfig {
+        timeout_ms: 10_000,
+        ..Default::default()
+    })
+    .unwrap();
+    let reg = Registry::new(rt.clone(), None);
+    let mut keys = Vec::new();
+    for (name, wasm) in [
+        ("rs", component("strip-timestamp")),
+        ("py", language_component("strip-timestamp-py")),
+    ] {
+        let p = reg
+            .install("acme", name, &std::fs::read(wasm).unwrap(), None)
+            .unwrap();
+        assert_eq!(p.kind(), PluginKind::CacheKey, "{name}");
+        let key = |content: &str| {
+            block(p.cache_key(&rt, &TenantValues::default(), &cache_request(content))).unwrap()
+        };
+        let a = key("Orders as of 2026-12-05T04:24:11Z [ts=1733372651]?");
+        let b = key("Orders as of 2026-12-06T09:00:00+01:00 [ts=later]?");
+        assert_eq!(a, b, "{name}: only the timestamps differ");
+        assert_eq!(
+            a.as_deref(),
+            Some("m\nuser: Orders as of  ?\n{\"temperature\":0}"),
+            "{name}"
+        );
+        assert_ne!(key("Orders as of yesterday?"), a, "{name}");
+        assert_eq!(key("Orders as of now, NOCACHE"), None, "{name}");
+        keys.push(a);
+    }
+    assert_eq!(keys[0], keys[1], "the Rust and Python plugins key alike");
+
+    // A key longer than `max_output_bytes` is the plugin's invalid output.
+    let small = Runtime::new(&PluginsConfig {
+        max_output_bytes: 8,
+        ..Default::default()
+    })
+    .unwrap();
+    let reg = Registry::new(small.clone(), None);
+    let wasm = std::fs::read(component("strip-timestamp")).unwrap();
+    let p = reg
+        .install("acme", "rs", &wasm, Some(PluginKind::CacheKey))
+        .unwrap();
+    let err =
+        block(p.cache_key(&small, &TenantValues::default(), &cache_request("hello"))).unwrap_err();
+    assert!(
+        matches!(&err, CallError::InvalidOutput(why) if why.contains("cache key")),
+        "{err}"
+    );
 }

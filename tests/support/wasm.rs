@@ -17,6 +17,7 @@ const CRATES: &[&str] = &[
     "bad-processor",
     "legacy-reranker",
     "echo-reranker",
+    "strip-timestamp",
 ];
 
 fn root() -> PathBuf {
@@ -62,8 +63,9 @@ pub fn plugin_cli(args: &[&str]) -> String {
     text
 }
 
-/// The component of the Python or TypeScript project `plugins/<dir>`, built by `gateway
-/// plugin build` (componentize-py / componentize-js, installed by host/scripts/test.sh).
+/// The component of the Python or TypeScript project `plugins/<dir>` (or
+/// `tests/plugins/<dir>`), built by `gateway plugin build` (componentize-py / componentize-js,
+/// installed by host/scripts/test.sh).
 /// Built once per test binary: tests running in parallel share the file.
 pub fn language_component(dir: &str) -> PathBuf {
     static BUILT: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
@@ -71,7 +73,11 @@ pub fn language_component(dir: &str) -> PathBuf {
     let out = root().join(format!("target/wasm/languages/{dir}.wasm"));
     if !built.iter().any(|d| d == dir) {
         std::fs::create_dir_all(out.parent().unwrap()).unwrap();
-        let project = root().join("plugins").join(dir);
+        let project = ["plugins", "tests/plugins"]
+            .iter()
+            .map(|p| root().join(p).join(dir))
+            .find(|p| p.join("plugin.toml").exists())
+            .unwrap_or_else(|| panic!("no plugin project {dir} in plugins/ or tests/plugins/"));
         plugin_cli(&[
             "build",
             project.to_str().unwrap(),

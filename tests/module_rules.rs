@@ -29,9 +29,11 @@ const RULES: &[(&str, &[&str])] = &[
         ],
     ),
     ("upstream", &["config", "metrics"]),
+    ("cache", &["config", "metrics", "search"]),
     (
         "pipeline",
         &[
+            "cache",
             "common",
             "conversations",
             "engine",

@@ -6,9 +6,11 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
+mod cache;
 mod cluster;
 mod responses;
 mod upstream;
+pub use cache::CacheConfig;
 pub use cluster::{ClusterConfig, RedisFailure};
 pub use responses::ResponsesConfig;
 pub use upstream::UpstreamConfig;
@@ -65,6 +67,8 @@ pub struct Config {
     pub cluster: ClusterConfig,
     /// Stored responses of the Responses API (kept in the ledger's database).
     pub responses: ResponsesConfig,
+    /// The response cache.
+    pub cache: CacheConfig,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -321,6 +325,7 @@ impl Default for Config {
             upstreams: Vec::new(),
             cluster: ClusterConfig::default(),
             responses: ResponsesConfig::default(),
+            cache: CacheConfig::default(),
         }
     }
 }

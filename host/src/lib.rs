@@ -3,6 +3,7 @@
 
 pub mod app;
 pub mod bench;
+pub mod cache;
 pub mod cli;
 pub mod cluster;
 pub mod common;

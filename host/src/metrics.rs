@@ -5,6 +5,9 @@ use prometheus::{
     TextEncoder,
 };
 
+mod cache;
+pub use cache::CacheMetrics;
+
 pub struct Metrics {
     registry: Registry,
     pub queue_depth: IntGaugeVec,
@@ -39,6 +42,7 @@ pub struct Metrics {
     pub vllm: VllmMetrics,
     pub upstream: UpstreamMetrics,
     pub shared: SharedMetrics,
+    pub cache: CacheMetrics,
 }
 
 /// The gauges Kubernetes inference routers (the Gateway API Inference Extension's endpoint
@@ -525,6 +529,7 @@ impl Metrics {
             vllm: VllmMetrics::new(&r),
             upstream: UpstreamMetrics::new(&r),
             shared: SharedMetrics::new(&r),
+            cache: CacheMetrics::new(&r),
             registry: r,
         }
     }

@@ -105,6 +105,10 @@ pub struct Collection {
     pub(super) shared: std::sync::OnceLock<std::sync::Arc<dyn Replica>>,
     /// The last shared change applied here; held while applying.
     applied: Mutex<i64>,
+    /// Writes applied since this open, and a random id of the open: a local collection's
+    /// version (`version`).
+    changes: std::sync::atomic::AtomicU64,
+    opened: u64,
 }
 
 impl Settings {
@@ -220,7 +224,27 @@ impl Collection {
             writes: Mutex::new(()),
             shared: Default::default(),
             applied: Mutex::new(applied),
+            changes: Default::default(),
+            opened: rand::random(),
         })
+    }
+
+    /// Changes with every write: the response cache keys RAG answers on it, so any write to
+    /// the collection makes them miss. Shared collections use the shared change sequence, the
+    /// same on every replica that applied it; while one is being applied, the version is one
+    /// no answer was stored under (the lookup does not wait for the apply).
+    pub fn version(&self) -> String {
+        match self.shared.get() {
+            Some(_) => match self.applied.try_lock() {
+                Some(seq) => format!("s{}", *seq),
+                None => format!("applying.{:x}", rand::random::<u64>()),
+            },
+            None => format!(
+                "{:x}.{}",
+                self.opened,
+                self.changes.load(std::sync::atomic::Ordering::SeqCst)
+            ),
+        }
     }
 
     /// Saves a snapshot of the vector graph, so the next open need not rebuild it.
@@ -459,6 +483,8 @@ impl Collection {
         }
         drop(cat);
         self.vectors.update(&removed, added);
+        self.changes
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         Ok(())
     }
 }

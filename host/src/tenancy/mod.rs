@@ -5,6 +5,7 @@
 //!
 //! Must not depend on the HTTP server: it returns `Denied` values the server maps to errors.
 
+pub mod cache_policy;
 pub mod keys;
 pub mod ledger;
 pub mod limits;
@@ -93,6 +94,9 @@ pub struct Caller {
     pub plugin_us: Arc<AtomicU64>,
     /// Set when the request asked for its plugins' log lines (and the policy allows it).
     pub debug: Option<crate::common::LogSink>,
+    /// The request sent `Cache-Control: no-cache` (or `no-store`): the response cache is
+    /// neither read nor written.
+    pub no_cache: bool,
 }
 
 impl Caller {
@@ -103,6 +107,7 @@ impl Caller {
             slot: Arc::new(slot),
             plugin_us: Arc::default(),
             debug: None,
+            no_cache: false,
         }
     }
 }
@@ -289,6 +294,11 @@ impl Tenancy {
             set.tenants.insert(tenant.policy.name.clone(), tenant);
         }
         self.policies.store(Arc::new(set));
+    }
+
+    /// The tenants of the policy in force, by name.
+    pub fn tenant_names(&self) -> Vec<String> {
+        self.policies.load().tenants.keys().cloned().collect()
     }
 
     /// Whether the policy in force has tenant `name` (in open mode, only `default`).

@@ -63,6 +63,9 @@ pub struct TenantPolicy {
     pub config: BTreeMap<String, crate::common::ConfigValue>,
     /// Retrieval applied to every chat request that does not set `rag` itself.
     pub rag: Option<crate::search::request::RagSettings>,
+    /// The response cache: exact (on by default for deterministic requests) and semantic.
+    #[serde(default)]
+    pub cache: super::cache_policy::CachePolicy,
 }
 
 #[derive(Debug, Clone, Deserialize, PartialEq)]
@@ -218,6 +221,7 @@ impl Policies {
             if let Some(r) = &t.rag {
                 check_rag(&at, r, &t.collections, &mut problems);
             }
+            problems.extend(t.cache.problems(&at));
             if t.token_budget.is_some_and(|b| b.tokens == 0) {
                 problems.push(format!("{at}.token_budget.tokens: must be at least 1"));
             }

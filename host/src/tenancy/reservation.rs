@@ -22,6 +22,8 @@ pub enum Outcome {
     Failed,
     /// Cut at the drain deadline of a shutdown.
     Shutdown,
+    /// Answered from the response cache.
+    Cached,
 }
 
 impl Outcome {
@@ -40,6 +42,7 @@ impl Outcome {
             Outcome::Cancelled => "cancelled",
             Outcome::Failed => "error",
             Outcome::Shutdown => "shutdown",
+            Outcome::Cached => "cached",
         }
     }
 }

@@ -34,7 +34,7 @@ pub struct Record {
     pub prompt_tokens: u64,
     pub completion_tokens: u64,
     pub latency_ms: f64,
-    /// `ok`, `cancelled`, `error`, `shutdown` (`Outcome::as_str`).
+    /// `ok`, `cancelled`, `error`, `shutdown`, `cached` (`Outcome::as_str`).
     pub status: &'static str,
     pub plugin_ms: f64,
 }
@@ -176,16 +176,17 @@ trait Query: Send {
     ) -> Result<Vec<serde_json::Value>, LedgerError>;
 }
 
-/// One `/admin/usage` row; `counts` are requests, prompt, completion and failed requests.
+/// One `/admin/usage` row; `counts` are requests, prompt, completion, failed requests and
+/// requests answered from the response cache.
 fn usage_row(
     by_model: bool,
     tenant: String,
     group: String,
-    counts: [i64; 4],
+    counts: [i64; 5],
     mean_latency_ms: f64,
     plugin_ms: f64,
 ) -> serde_json::Value {
-    let [requests, prompt, completion, failed] = counts;
+    let [requests, prompt, completion, failed, cached] = counts;
     serde_json::json!({
         "tenant": tenant,
         if by_model { "model" } else { "day" }: group,
@@ -194,6 +195,7 @@ fn usage_row(
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
         "failed_requests": failed,
+        "cached_requests": cached,
         "mean_latency_ms": mean_latency_ms,
         "plugin_ms": plugin_ms,
     })

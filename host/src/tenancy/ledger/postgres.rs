@@ -133,7 +133,7 @@ impl Query for Postgres {
             c.query(
                 &format!(
                     "SELECT tenant, {group} AS g, COUNT(*)::int8, SUM(prompt_tokens)::int8, SUM(completion_tokens)::int8, \
-                     (COUNT(*) FILTER (WHERE status <> 'ok'))::int8, AVG(latency_ms)::float8, SUM(plugin_ms)::float8 \
+                     (COUNT(*) FILTER (WHERE status NOT IN ('ok', 'cached')))::int8, (COUNT(*) FILTER (WHERE status = 'cached'))::int8, AVG(latency_ms)::float8, SUM(plugin_ms)::float8 \
                      FROM gateway_requests WHERE ts >= $1 AND ts < $2 AND ($3::text IS NULL OR tenant = $3) \
                      GROUP BY tenant, g ORDER BY tenant, g"
                 ),
@@ -147,9 +147,9 @@ impl Query for Postgres {
                     by_model,
                     r.get(0),
                     r.get(1),
-                    [r.get(2), r.get(3), r.get(4), r.get(5)],
-                    r.get(6),
+                    [r.get(2), r.get(3), r.get(4), r.get(5), r.get(6)],
                     r.get(7),
+                    r.get(8),
                 )
             })
             .collect())

@@ -121,7 +121,7 @@ impl Query for Sqlite {
         };
         let mut stmt = self.0.prepare(&format!(
             "SELECT tenant, {group}, COUNT(*), SUM(prompt_tokens), SUM(completion_tokens), \
-             SUM(status != 'ok'), AVG(latency_ms), SUM(plugin_ms) FROM requests \
+             SUM(status NOT IN ('ok', 'cached')), SUM(status = 'cached'), AVG(latency_ms), SUM(plugin_ms) FROM requests \
              WHERE ts >= ?1 AND ts < ?2 AND (?3 IS NULL OR tenant = ?3) \
              GROUP BY tenant, {group} ORDER BY tenant, {group}"
         ))?;
@@ -130,9 +130,9 @@ impl Query for Sqlite {
                 by_model,
                 r.get(0)?,
                 r.get(1)?,
-                [r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?],
-                r.get(6)?,
+                [r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?, r.get(6)?],
                 r.get(7)?,
+                r.get(8)?,
             ))
         })?;
         Ok(rows.collect::<Result<_, _>>()?)

@@ -136,3 +136,27 @@ pub(super) fn conversations(
     };
     Ok(Some(Arc::new(store)))
 }
+
+/// The response cache (in Redis with `[cluster] redis`), and the embedding model of its
+/// semantic lookups: `[cache] embedding_model`, else the first embedding model.
+pub(super) fn cache(
+    cfg: &Config,
+    embedders: &BTreeMap<String, Arc<Embedder>>,
+    metrics: &Arc<Metrics>,
+) -> anyhow::Result<crate::pipeline::cache::CacheStage> {
+    let cache = crate::cache::ResponseCache::new(&cfg.cache, &cfg.cluster, metrics.clone())
+        .context("[cache]")?;
+    let embedder = match &cfg.cache.embedding_model {
+        Some(name) => Some(embedders.get(name).cloned().with_context(|| {
+            format!("[cache] embedding_model: no embedding model named `{name}`")
+        })?),
+        None => cfg
+            .embeddings
+            .first()
+            .and_then(|e| embedders.get(&e.name).cloned()),
+    };
+    Ok(crate::pipeline::cache::CacheStage {
+        cache: Arc::new(cache),
+        embedder,
+    })
+}

@@ -50,6 +50,7 @@ impl Gateway {
         check_plugin_kinds(&tenancy, &plugins);
         let cluster =
             crate::cluster::join(&cfg.cluster, &tenancy, &plugins, &collections, &metrics)?;
+        let cache = load::cache(cfg, &embedders, &metrics)?;
         let (listeners, tls_watches) = listeners::bind(cfg).await?;
         let started = SystemTime::now().duration_since(UNIX_EPOCH)?.as_secs();
         let state = Arc::new(AppState {
@@ -70,6 +71,7 @@ impl Gateway {
             cluster,
             fallbacks: fallbacks(cfg),
             conversations: load::conversations(cfg)?,
+            cache,
         });
         state.upstreams.start_probes().await;
         Ok(Self {

@@ -22,6 +22,7 @@ use std::sync::Arc;
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
+use super::cache::Keyed;
 use super::constraint;
 use super::generation::{self, encode, Generation, MAX_TOP_LOGPROBS};
 use super::grounding;
@@ -65,6 +66,8 @@ pub struct ChatRequest {
     pub endpoint: Endpoint,
     /// A Responses request: what shapes (and stores) the answer.
     pub responses: Option<Arc<Finisher>>,
+    /// A Responses request: its body as sent, which the answer echoes, for the cache's key.
+    pub origin: Option<Map<String, Value>>,
 }
 
 /// What the tenant's policy adds to a request: its retrieval and its output parser.
@@ -141,6 +144,7 @@ impl ChatRequest {
             body,
             endpoint: Endpoint::Chat,
             responses: None,
+            origin: None,
         })
     }
 
@@ -168,6 +172,24 @@ impl ChatRequest {
                 .bound(&caller.tenant, name, PluginKind::LogitsProcessor)?;
         }
         Ok(Plan { rag, output })
+    }
+
+    /// The request as the response cache keys it, with the retrieval `plan` adds.
+    pub fn keyed(&self, plan: &Plan) -> Keyed {
+        let mut k = Keyed::new(self.endpoint, &self.model, &self.body);
+        if let Some(origin) = &self.origin {
+            let origin = super::cache::canonical(origin);
+            k.canonical
+                .insert("responses".into(), Value::Object(origin));
+        }
+        k.messages = self
+            .messages
+            .iter()
+            .map(|m| (m.role.as_str().to_string(), m.content.clone()))
+            .collect();
+        k.collection = plan.rag.as_ref().map(|r| r.collection.clone());
+        k.retrieval = format!("{:?}", plan.rag);
+        k
     }
 
     /// Runs the request on `target`. For an upstream, `may_fall_back` gives the reservation

@@ -8,6 +8,7 @@
 //! `Retrieval`), never the server's state, and fails with a typed `Error` that the edge maps to
 //! a status and an OpenAI error body once (`server/error.rs`). Nothing here knows HTTP.
 
+pub mod cache;
 pub mod chat;
 pub mod completion;
 pub mod constraint;
@@ -36,6 +37,7 @@ pub struct Stages {
     pub processors: processors::ProcessorStage,
     pub tenancy: std::sync::Arc<crate::tenancy::Tenancy>,
     pub metrics: std::sync::Arc<crate::metrics::Metrics>,
+    pub cache: cache::CacheStage,
 }
 
 /// A request body as the object every endpoint's body is.

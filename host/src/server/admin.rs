@@ -56,8 +56,63 @@ pub async fn route(
             let (st, q) = (state.clone(), query.map(str::to_string));
             crate::pipeline::blocking("usage", move || usage(&st, q.as_deref())).await?
         }
+        (_, "/admin/cache") => cache(state, method, query).await,
         (_, "/admin/policies" | "/admin/usage") => Err(ApiError::method_not_allowed(method, path)),
         _ => Err(ApiError::not_found(path)),
+    }
+}
+
+/// `GET /admin/cache[?tenant=]`: each tenant's cached answers and bytes; `DELETE
+/// /admin/cache?tenant=[&model=]`: drops a tenant's answers (of one model).
+async fn cache(
+    state: &AppState,
+    method: &http::Method,
+    query: Option<&str>,
+) -> Result<Response, ApiError> {
+    let (mut tenant, mut model) = (None, None);
+    for (k, v) in super::bodies::query_pairs(query) {
+        match k {
+            "tenant" => tenant = Some(v.to_string()),
+            "model" => model = Some(v.to_string()),
+            _ => {
+                return Err(ApiError::invalid(
+                    None,
+                    format!("Unknown query parameter `{k}`; use tenant, model."),
+                ))
+            }
+        }
+    }
+    if let Some(t) = tenant.as_deref().filter(|t| !state.tenancy.has_tenant(t)) {
+        return Err(ApiError::invalid("tenant", format!("No tenant `{t}`.")));
+    }
+    let cache = &state.cache.cache;
+    match method.as_str() {
+        "GET" => {
+            let tenants = tenant.map_or_else(|| state.tenancy.tenant_names(), |t| vec![t]);
+            let data: Vec<Value> = cache
+                .usage(&tenants)
+                .await
+                .into_iter()
+                .map(|(t, u)| json!({"tenant": t, "entries": u.entries, "bytes": u.bytes}))
+                .collect();
+            let backend = cache.backend();
+            Ok(json_response(
+                StatusCode::OK,
+                &json!({"object": "list", "backend": backend, "data": data}),
+            ))
+        }
+        "DELETE" => {
+            let Some(t) = tenant else {
+                return Err(ApiError::invalid("tenant", "`tenant` is required."));
+            };
+            let gone = cache.clear(&t, model.as_deref()).await;
+            tracing::info!(tenant = %t, model = ?model, entries = gone.entries, "response cache cleared through the admin API");
+            Ok(json_response(
+                StatusCode::OK,
+                &json!({"tenant": t, "model": model, "deleted": gone.entries, "bytes": gone.bytes}),
+            ))
+        }
+        _ => Err(ApiError::method_not_allowed(method, "/admin/cache")),
     }
 }
 
@@ -209,7 +264,7 @@ async fn put_plugin(
     let kind = match query.and_then(|q| q.split('&').find_map(|kv| kv.strip_prefix("kind="))) {
         Some(k) => Some(PluginKind::parse(k).ok_or_else(|| ApiError {
             code: Some("invalid_kind"),
-            ..ApiError::invalid("kind", format!("Unknown plugin kind {k:?}; use prompt-template, reranker, output-parser or logits-processor."))
+            ..ApiError::invalid("kind", format!("Unknown plugin kind {k:?}; use prompt-template, reranker, output-parser, logits-processor or cache-key."))
         })?),
         None => None,
     };

@@ -12,7 +12,8 @@ use serde_json::Value;
 use super::error::ApiError;
 use super::reply::Reply;
 use super::routes::Endpoint;
-use super::{embeddings, relay, AppState, Response};
+use super::{cache, embeddings, relay, AppState, Response};
+use crate::pipeline::cache::Keyed;
 use crate::pipeline::chat::{ChatRequest, LocalRun, Served};
 use crate::pipeline::upstream::{self, Passthrough, Sent};
 use crate::tenancy::Caller;
@@ -43,23 +44,32 @@ pub(super) async fn serve(
         Endpoint::Embeddings => Passthrough::Embeddings,
         _ => Passthrough::Completion,
     };
-    let mut chain = Chain::new(state, first);
-    while let Some((name, may_fall_back)) = chain.next(state, caller) {
-        let attempt = match state.upstreams.get(&name) {
-            Some(pool) => forward(state, caller, pool, kind, &value, may_fall_back).await,
-            None => Attempt::Done(match kind {
-                Passthrough::Embeddings => match state.embedder(&caller.tenant, &name) {
-                    Ok(e) => embeddings::embeddings(state, caller, &e, &value).await,
-                    Err(e) => Err(e),
-                },
-                Passthrough::Completion => local_completion(state, caller, &name, &value).await,
-            }),
-        };
-        if let Some(done) = chain.settle(state, &name, attempt) {
-            return done;
+    let run = || async {
+        let mut chain = Chain::new(state, first);
+        while let Some((name, may_fall_back)) = chain.next(state, caller) {
+            let attempt = match state.upstreams.get(&name) {
+                Some(pool) => forward(state, caller, pool, kind, &value, may_fall_back).await,
+                None => Attempt::Done(match kind {
+                    Passthrough::Embeddings => match state.embedder(&caller.tenant, &name) {
+                        Ok(e) => embeddings::embeddings(state, caller, &e, &value).await,
+                        Err(e) => Err(e),
+                    },
+                    Passthrough::Completion => local_completion(state, caller, &name, &value).await,
+                }),
+            };
+            if let Some(done) = chain.settle(state, &name, attempt) {
+                return done;
+            }
         }
+        Err(chain.failed())
+    };
+    match (kind, value.as_object()) {
+        (Passthrough::Completion, Some(body)) => {
+            let keyed = Keyed::completion(first, body);
+            cache::through(state, caller, keyed, run).await
+        }
+        _ => run().await,
     }
-    Err(chain.failed())
 }
 
 /// A chat request: parsed and checked once (body and tenant), then served by the first model
@@ -77,26 +87,30 @@ pub(super) async fn serve_chat(
 ) -> Result<Response, ApiError> {
     let stages = state.stages();
     let plan = req.plan(&stages, caller)?;
-    let mut chain = Chain::new(state, &req.model);
-    while let Some((name, may_fall_back)) = chain.next(state, caller) {
-        let attempt = match state.target(&caller.tenant, &name) {
-            Err(e) => Attempt::Done(Err(e)),
-            Ok(target) => match req
-                .serve(&stages, caller, &plan, &target, may_fall_back)
-                .await
-            {
-                Err(e) => Attempt::Done(Err(e.into())),
-                Ok(Served::Local(run)) => {
-                    Attempt::Done(local_chat(state, caller, &name, *run).await)
-                }
-                Ok(Served::Upstream { pool, sent }) => answer(&pool, sent, may_fall_back).await,
-            },
-        };
-        if let Some(done) = chain.settle(state, &name, attempt) {
-            return done;
+    let keyed = req.keyed(&plan);
+    let run = || async {
+        let mut chain = Chain::new(state, &req.model);
+        while let Some((name, may_fall_back)) = chain.next(state, caller) {
+            let attempt = match state.target(&caller.tenant, &name) {
+                Err(e) => Attempt::Done(Err(e)),
+                Ok(target) => match req
+                    .serve(&stages, caller, &plan, &target, may_fall_back)
+                    .await
+                {
+                    Err(e) => Attempt::Done(Err(e.into())),
+                    Ok(Served::Local(run)) => {
+                        Attempt::Done(local_chat(state, caller, &name, *run).await)
+                    }
+                    Ok(Served::Upstream { pool, sent }) => answer(&pool, sent, may_fall_back).await,
+                },
+            };
+            if let Some(done) = chain.settle(state, &name, attempt) {
+                return done;
+            }
         }
-    }
-    Err(chain.failed())
+        Err(chain.failed())
+    };
+    cache::through(state, caller, keyed, run).await
 }
 
 async fn local_chat(

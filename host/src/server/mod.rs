@@ -4,6 +4,7 @@
 
 mod admin;
 mod bodies;
+mod cache;
 mod collections;
 mod conn;
 mod deadlines;
@@ -72,6 +73,15 @@ async fn admit(
         }
         caller.debug = Some(Default::default());
     }
+    caller.no_cache = headers
+        .get_all(header::CACHE_CONTROL)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|d| {
+            let d = d.trim();
+            d.eq_ignore_ascii_case("no-cache") || d.eq_ignore_ascii_case("no-store")
+        });
     Ok(caller)
 }
 

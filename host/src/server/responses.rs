@@ -36,6 +36,7 @@ pub(super) async fn create(
     let finisher = Finisher::new(&t, state.conversations.clone(), &caller.tenant.name);
     let mut req = ChatRequest::from_value(t.chat)?;
     req.endpoint = Endpoint::Responses;
+    req.origin = value.as_object().cloned();
     req.responses = Some(Arc::new(finisher));
     serve_chat(state, caller, req).await
 }

@@ -33,6 +33,8 @@ pub struct AppState {
     pub cluster: Option<Arc<crate::cluster::Replication>>,
     /// Stored responses of the Responses API (none without a ledger).
     pub conversations: Option<Arc<crate::conversations::Conversations>>,
+    /// The response cache, and the embedding model of its semantic lookups.
+    pub cache: crate::pipeline::cache::CacheStage,
 }
 
 /// Where a local model's requests go when its queue is long.
@@ -121,6 +123,7 @@ impl AppState {
             processors: self.processor_stage(),
             tenancy: self.tenancy.clone(),
             metrics: self.metrics.clone(),
+            cache: self.cache.clone(),
         }
     }
 

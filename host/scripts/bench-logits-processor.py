@@ -69,7 +69,8 @@ path = "{ROOT}/models/SmolLM2-135M-Instruct.Q4_1.gguf"
 
 def post(base, key, body):
     req = urllib.request.Request(base + "/v1/chat/completions", json.dumps(body).encode(),
-                                 {"content-type": "application/json", "authorization": "Bearer " + key})
+                                 {"content-type": "application/json", "authorization": "Bearer " + key,
+                                  "cache-control": "no-cache"})
     with urllib.request.urlopen(req, timeout=300) as r:
         return json.load(r)
 

@@ -85,7 +85,8 @@ class Gateway:
 
     def send(self, c, method, path, body=None):
         data = json.dumps(body).encode() if body is not None else None
-        headers = {"authorization": f"Bearer {KEY}", "content-type": "application/json"}
+        headers = {"authorization": f"Bearer {KEY}", "content-type": "application/json",
+                   "cache-control": "no-cache"}
         c.request(method, path, body=data, headers=headers)
         r = c.getresponse()
         return r.status, r.read()

@@ -71,7 +71,7 @@ def main():
             for name, (path, body) in cases.items():
                 t0 = time.perf_counter()
                 conn.request("POST", path, body=json.dumps(body),
-                             headers={"content-type": "application/json"})
+                             headers={"content-type": "application/json", "cache-control": "no-cache"})
                 r = conn.getresponse()
                 data = r.read()
                 if r.status != 200:

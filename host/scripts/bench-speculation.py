@@ -50,7 +50,7 @@ workloads = {
 def complete(prompt, speculative, n):
     body = json.dumps({"model": "m", "prompt": prompt, "max_tokens": n, "temperature": 0,
                        "ignore_eos": True, "speculative": speculative}).encode()
-    req = urllib.request.Request(f"{base}/v1/completions", body, {"content-type": "application/json"})
+    req = urllib.request.Request(f"{base}/v1/completions", body, {"content-type": "application/json", "cache-control": "no-cache"})
     t0 = time.time()
     with urllib.request.urlopen(req, timeout=600) as r:
         text = json.load(r)["choices"][0]["text"]

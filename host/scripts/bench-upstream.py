@@ -102,7 +102,7 @@ class Client:
             c = self.local.c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=120)
         data = json.dumps(body)
         try:
-            c.request("POST", path, data, {"content-type": "application/json"})
+            c.request("POST", path, data, {"content-type": "application/json", "cache-control": "no-cache"})
             r = c.getresponse()
             out = r.read()
         except (http.client.HTTPException, OSError):

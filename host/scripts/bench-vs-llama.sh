@@ -68,7 +68,7 @@ def complete(port, prompt):
     body = json.dumps({"model": "bench", "prompt": prompt, "max_tokens": 64, "temperature": 0,
                        "ignore_eos": True, "speculative": False}).encode()
     req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", body,
-                                 {"content-type": "application/json"})
+                                 {"content-type": "application/json", "cache-control": "no-cache"})
     with urllib.request.urlopen(req, timeout=600) as r:
         return json.load(r)["usage"]["completion_tokens"]
 

@@ -169,6 +169,10 @@ struct ServeArgs {
     /// Bearer token for the admin API (`/admin/*`); off when unset.
     #[arg(long, env = "GATEWAY_ADMIN_TOKEN", hide_env_values = true)]
     admin_token: Option<String>,
+    /// The response cache on (`true`) or off (`false`) for every tenant, over `[cache]
+    /// enabled`.
+    #[arg(long)]
+    response_cache: Option<bool>,
 }
 
 #[derive(Args)]
@@ -288,6 +292,7 @@ impl ServeArgs {
         cfg.max_body_bytes = self.max_body_bytes.unwrap_or(cfg.max_body_bytes);
         cfg.plugins.dir = self.plugins_dir.or(cfg.plugins.dir);
         cfg.admin_token = self.admin_token.or(cfg.admin_token);
+        cfg.cache.enabled = self.response_cache.unwrap_or(cfg.cache.enabled);
         cfg.policies = self.policies.or(cfg.policies);
         match (self.tls_cert, self.tls_key) {
             (Some(cert), Some(key)) => cfg.tls = Some(gateway::config::TlsConfig { cert, key }),

@@ -80,6 +80,11 @@ impl Server {
         if !extra.contains(&"--listen") {
             cmd.args(["--listen", "127.0.0.1:0"]);
         }
+        // Tests of the engine, plugins and limits repeat greedy requests on purpose: they
+        // must run the model each time. The response cache's own tests turn it on.
+        if !extra.contains(&"--response-cache") {
+            cmd.args(["--response-cache", "false"]);
+        }
         // A config file names its own models and ledger; otherwise serve the default model
         // with a ledger and collections of this server's own, removed when it is dropped.
         let mut scratch = Vec::new();

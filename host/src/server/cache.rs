@@ -1,6 +1,6 @@
 //! The response cache at the edge: a hit answered from the stored bytes (a JSON body, or a
-//! stream's frames replayed), a miss's answer captured as it goes to the client and stored
-//! once it ended well. `x-gateway-cache` says which (`hit`, `miss`, `bypass`);
+//! stream's frames replayed), byte for byte what the miss was sent; a miss's answer captured
+//! as it goes to the client and stored once it ended well. `x-gateway-cache` says which (`hit`, `miss`, `bypass`);
 //! `x-gateway-cache-similarity` gives a semantic hit's cosine similarity.
 
 use std::convert::Infallible;
@@ -168,16 +168,18 @@ impl Body for Tee {
 }
 
 /// The frame that ends a complete stream: chat and completions' `[DONE]`, a Responses
-/// stream's `response.completed`.
+/// stream's `response.completed` (or `response.incomplete`, cut at `max_output_tokens`).
 fn final_event(data: &[u8]) -> bool {
-    data.ends_with(b"data: [DONE]\n\n") || data.starts_with(b"event: response.completed\n")
+    data.ends_with(b"data: [DONE]\n\n")
+        || data.starts_with(b"event: response.completed\n")
+        || data.starts_with(b"event: response.incomplete\n")
 }
 
 /// Stores a miss's answer, if it is a complete one (in memory at once; to Redis on a task).
 fn store(body: Bytes, done: Done) {
     let kept = match done.sse {
-        true => stored_stream(&body),
-        false => stored_body(&body),
+        true => stored_stream(body),
+        false => stored_body(body),
     };
     let Some((body, prompt_tokens, completion_tokens)) = kept else {
         return;
@@ -194,83 +196,63 @@ fn store(body: Bytes, done: Done) {
     }
 }
 
-/// A JSON answer as stored: its usage says every prompt token was cached. None for a body
-/// that is not a complete answer.
-fn stored_body(body: &[u8]) -> Option<(Bytes, u64, u64)> {
-    let mut v: Value = serde_json::from_slice(body).ok()?;
+/// A JSON answer as stored, exactly as served, with its (prompt, completion) tokens. None
+/// for a body that is not a complete answer.
+fn stored_body(body: Bytes) -> Option<(Bytes, u64, u64)> {
+    let v: Value = serde_json::from_slice(&body).ok()?;
     let failed = v.get("error").is_some_and(|e| !e.is_null());
     let response = v.get("object").and_then(Value::as_str) == Some("response");
-    let incomplete = response && v.get("status").and_then(Value::as_str) != Some("completed");
-    if failed || incomplete {
+    // A Response cut at `max_output_tokens` is `incomplete`, and as repeatable as a complete one.
+    let status = v.get("status").and_then(Value::as_str);
+    let unfinished = response && !matches!(status, Some("completed" | "incomplete"));
+    if failed || unfinished {
         return None;
     }
-    let (p, c) = mark_cached(&mut v).unwrap_or((0, 0));
-    Some((Bytes::from(v.to_string()), p, c))
+    let (p, c) = tokens(&v).unwrap_or((0, 0));
+    Some((body, p, c))
 }
 
-/// A stream as stored: only one that ended as a complete answer (`[DONE]`, or a Responses
-/// stream's `response.completed`) with no error event; its usage frame says every prompt
-/// token was cached.
-fn stored_stream(body: &[u8]) -> Option<(Bytes, u64, u64)> {
-    let text = std::str::from_utf8(body).ok()?;
-    let complete =
-        text.ends_with("data: [DONE]\n\n") || text.contains("event: response.completed\n");
-    if !complete || text.contains("event: error\n") || text.contains("event: response.failed\n") {
+/// A stream as stored, every frame as served: only one that ended as a complete answer
+/// (`[DONE]`, or a Responses stream's `response.completed`) with no error event. Its tokens
+/// come from its usage frame, when the client asked for one.
+fn stored_stream(body: Bytes) -> Option<(Bytes, u64, u64)> {
+    let text = std::str::from_utf8(&body).ok()?;
+    let complete = text.ends_with("data: [DONE]\n\n")
+        || text.contains("event: response.completed\n")
+        || text.contains("event: response.incomplete\n");
+    let failed = text.contains("event: error\n")
+        || text.contains("event: response.failed\n")
+        || text.contains("\ndata: {\"error\"")
+        || text.starts_with("data: {\"error\"");
+    if !complete || failed {
         return None;
     }
-    let mut out = String::with_capacity(text.len() + 64);
-    let mut tokens = (0, 0);
-    for frame in text.split_inclusive("\n\n") {
-        let mut lines = String::new();
-        for line in frame.split_inclusive('\n') {
-            let Some(data) = line.strip_prefix("data: ") else {
-                lines.push_str(line);
-                continue;
-            };
-            if data.starts_with("{\"error\"") {
-                return None;
-            }
-            let patched = data
-                .contains("\"usage\"")
-                .then(|| serde_json::from_str::<Value>(data.trim_end()).ok())
-                .flatten()
-                .and_then(|mut v| {
-                    tokens = mark_cached(&mut v)?;
-                    Some(format!("data: {v}\n"))
-                });
-            lines.push_str(patched.as_deref().unwrap_or(line));
-        }
-        out.push_str(&lines);
-    }
-    Some((Bytes::from(out), tokens.0, tokens.1))
+    let used = text
+        .split("\n\n")
+        .filter_map(|frame| frame.lines().find_map(|l| l.strip_prefix("data: ")))
+        .filter(|data| data.contains("\"usage\""))
+        .filter_map(|data| tokens(&serde_json::from_str(data).ok()?))
+        .last()
+        .unwrap_or((0, 0));
+    Some((body, used.0, used.1))
 }
 
-/// Sets the answer's cached prompt tokens to all of them (chat and completions'
-/// `prompt_tokens_details`, a Response's `input_tokens_details`); returns (prompt, completion)
-/// tokens, None when it has no usage.
-fn mark_cached(v: &mut Value) -> Option<(u64, u64)> {
-    let usage = match v.get_mut("response") {
-        Some(r) if r.get("usage").is_some() => r.get_mut("usage")?,
-        _ => v.get_mut("usage")?,
+/// The answer's (prompt, completion) tokens: chat and completions' `usage`, a Response's
+/// (or a Responses event's `response`) `usage`; None when it has none.
+fn tokens(v: &Value) -> Option<(u64, u64)> {
+    let usage = match v.get("response") {
+        Some(r) if r.get("usage").is_some_and(Value::is_object) => &r["usage"],
+        _ => v.get("usage")?,
     };
-    let obj = usage.as_object_mut()?;
-    let (prompt, completion, details) = match obj.get("input_tokens") {
-        Some(_) => ("input_tokens", "output_tokens", "input_tokens_details"),
-        None => (
-            "prompt_tokens",
-            "completion_tokens",
-            "prompt_tokens_details",
-        ),
+    let (prompt, completion) = match usage.get("input_tokens") {
+        Some(_) => ("input_tokens", "output_tokens"),
+        None => ("prompt_tokens", "completion_tokens"),
     };
-    let p = obj.get(prompt)?.as_u64()?;
-    let c = obj.get(completion).and_then(Value::as_u64).unwrap_or(0);
-    let d = obj
-        .entry(details)
-        .or_insert_with(|| Value::Object(Default::default()));
-    if let Some(d) = d.as_object_mut() {
-        d.insert("cached_tokens".into(), p.into());
-    }
-    Some((p, c))
+    let p = usage.get(prompt)?.as_u64()?;
+    Some((
+        p,
+        usage.get(completion).and_then(Value::as_u64).unwrap_or(0),
+    ))
 }
 
 #[cfg(test)]
@@ -278,41 +260,37 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_complete_stream_is_kept_with_its_usage_marked_cached() {
+    fn a_complete_stream_is_kept_as_served_with_its_usage() {
         let s = "data: {\"choices\":[{\"delta\":{\"content\":\"Hi\"}}]}\n\n\
                  data: {\"choices\":[],\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":2}}\n\n\
                  data: [DONE]\n\n";
-        let (body, p, c) = stored_stream(s.as_bytes()).unwrap();
+        let (body, p, c) = stored_stream(Bytes::from(s)).unwrap();
         assert_eq!((p, c), (5, 2));
-        let text = std::str::from_utf8(&body).unwrap();
-        assert!(text.starts_with("data: {\"choices\":[{\"delta\""));
-        assert!(text.contains("\"prompt_tokens_details\":{\"cached_tokens\":5}"));
-        assert!(text.ends_with("data: [DONE]\n\n"));
-        assert!(
-            stored_stream(b"data: {\"choices\":[]}\n\n").is_none(),
-            "cut short"
-        );
-        let failed = "data: {\"error\":{\"message\":\"x\"}}\n\ndata: [DONE]\n\n";
-        assert!(stored_stream(failed.as_bytes()).is_none());
+        assert_eq!(body, s.as_bytes());
+        let cut = Bytes::from_static(b"data: {\"choices\":[]}\n\n");
+        assert!(stored_stream(cut).is_none(), "cut short");
+        let failed =
+            "data: {\"choices\":[]}\n\ndata: {\"error\":{\"message\":\"x\"}}\n\ndata: [DONE]\n\n";
+        assert!(stored_stream(Bytes::from(failed)).is_none());
+        let responses = "event: response.created\ndata: {\"response\":{\"usage\":null}}\n\n\
+                         event: response.completed\ndata: {\"response\":{\"usage\":{\"input_tokens\":3,\"output_tokens\":4}}}\n\n";
+        let (_, p, c) = stored_stream(Bytes::from(responses)).unwrap();
+        assert_eq!((p, c), (3, 4));
     }
 
     #[test]
-    fn a_body_is_kept_unless_it_is_an_error() {
-        let (body, p, _) = stored_body(
-            br#"{"choices":[],"usage":{"prompt_tokens":7,"completion_tokens":1,"prompt_tokens_details":{"cached_tokens":0}}}"#,
-        )
-        .unwrap();
-        assert_eq!(p, 7);
-        assert!(std::str::from_utf8(&body)
-            .unwrap()
-            .contains("\"cached_tokens\":7"));
+    fn a_body_is_kept_as_served_unless_it_is_an_error() {
+        let b = Bytes::from_static(
+            br#"{"choices":[],"usage":{"prompt_tokens":7,"completion_tokens":1}}"#,
+        );
+        let (body, p, c) = stored_body(b.clone()).unwrap();
+        assert_eq!((body, p, c), (b, 7, 1));
         let r = br#"{"object":"response","status":"completed","usage":{"input_tokens":3,"output_tokens":2}}"#;
-        let (body, p, c) = stored_body(r).unwrap();
+        let (_, p, c) = stored_body(Bytes::from_static(r)).unwrap();
         assert_eq!((p, c), (3, 2));
-        assert!(std::str::from_utf8(&body)
-            .unwrap()
-            .contains("\"input_tokens_details\":{\"cached_tokens\":3}"));
-        assert!(stored_body(br#"{"error":{"message":"x"}}"#).is_none());
-        assert!(stored_body(b"not json").is_none());
+        let failed = br#"{"object":"response","status":"failed","usage":null}"#;
+        assert!(stored_body(Bytes::from_static(failed)).is_none());
+        assert!(stored_body(Bytes::from_static(br#"{"error":{"message":"x"}}"#)).is_none());
+        assert!(stored_body(Bytes::from_static(b"not json")).is_none());
     }
 }

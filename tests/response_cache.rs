@@ -182,9 +182,22 @@ fn exact_hits_replay_the_answer_free_and_only_to_their_tenant() {
     let rs2 = send(&s, "a", "/v1/responses", &rs, &[]);
     assert_eq!((rs2.cache.as_str(), &rs2.body), ("hit", &rs1.body));
 
+    // A stored Response deleted since is not handed out again: its id would be a 404.
+    let kept = json!({"model": MODEL, "input": "Name a gas.", "temperature": 0,
+                      "max_output_tokens": 8});
+    let k1 = send(&s, "a", "/v1/responses", &kept, &[]);
+    assert_eq!(k1.cache, "miss");
+    assert_eq!(send(&s, "a", "/v1/responses", &kept, &[]).body, k1.body);
+    let id = k1.json()["id"].as_str().unwrap().to_string();
+    let path = format!("/v1/responses/{id}");
+    assert_eq!(s.request("DELETE", &path, vec![], Some("sk-a")).0, 200);
+    let k3 = send(&s, "a", "/v1/responses", &kept, &[]);
+    assert_eq!((k3.status, k3.cache.as_str()), (200, "miss"));
+    assert_ne!(k3.json()["id"], json!(id));
+
     // Hits are in the ledger, one row each, as `cached`, charged nothing.
     let (_, usage) = admin(&s, "GET", "/admin/usage?tenant=a", vec![]);
-    assert_eq!(usage["data"][0]["cached_requests"], 7, "{usage}");
+    assert_eq!(usage["data"][0]["cached_requests"], 8, "{usage}");
     assert_eq!(usage["data"][0]["failed_requests"], 0, "{usage}");
     let conn = rusqlite::Connection::open(dir.join("usage.sqlite")).unwrap();
     let (rows, tokens): (i64, i64) = conn
@@ -195,9 +208,10 @@ fn exact_hits_replay_the_answer_free_and_only_to_their_tenant() {
             |r| Ok((r.get(0)?, r.get(1)?)),
         )
         .unwrap();
-    assert_eq!((rows, tokens), (7, 0));
+    assert_eq!((rows, tokens), (8, 0));
     let hits = "gateway_cache_lookups_total{kind=\"exact\",result=\"hit\",tenant=\"a\"}";
-    assert_eq!(s.metric(hits), 7.0);
+    // The deleted Response's entry was found (a lookup hit) but not served.
+    assert_eq!(s.metric(hits), 9.0);
 
     // The admin API shows each tenant's share and clears one.
     let (status, held) = admin(&s, "GET", "/admin/cache", vec![]);
@@ -208,12 +222,12 @@ fn exact_hits_replay_the_answer_free_and_only_to_their_tenant() {
         .iter()
         .find(|t| t["tenant"] == "a")
         .unwrap();
-    assert_eq!(a["entries"], 6, "{held}");
+    assert_eq!(a["entries"], 7, "{held}");
     assert!(a["bytes"].as_u64().unwrap() > 1000, "{held}");
     let (status, cleared) = admin(&s, "DELETE", "/admin/cache?tenant=a", vec![]);
     assert_eq!(
         (status, cleared["deleted"].as_u64()),
-        (200, Some(6)),
+        (200, Some(7)),
         "{cleared}"
     );
     assert_eq!(send(&s, "a", "/v1/chat/completions", &q, &[]).cache, "miss");

@@ -2,7 +2,8 @@
 //! under its own key (expiring at the tenant's TTL), and beside them a sorted set of the
 //! answers by last use and a hash of their sizes and models, so that a tenant's `max_mb` holds
 //! across replicas: storing evicts the tenant's least recently used answers first, in the
-//! same server-side script. Every call is one round trip, bounded by `redis_timeout_ms`; a
+//! same server-side script, and drops the bookkeeping of answers past their expiry (an expiry
+//! set, on Redis's clock). Every call is one round trip, bounded by `redis_timeout_ms`; a
 //! Redis that does not answer is a miss, never an error for the client.
 
 use std::time::Duration;
@@ -14,22 +15,26 @@ use super::{Entry, Key, Limits, Usage};
 use crate::config::ClusterConfig;
 use crate::metrics::Metrics;
 
-/// KEYS: the answer, the tenant's last-use set, its size hash, its byte total.
-/// ARGV: the answer's bytes, now (ms), TTL (ms), the tenant's cap (bytes), the member, the
-/// tenant's key prefix, the model.
+/// Milliseconds on Redis's clock: one clock for every replica.
+const NOW: &str = "local t = redis.call('TIME')\nlocal now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)\n";
+
+/// KEYS: the answer, the tenant's last-use set, its size hash, its byte total, its expiry set.
+/// ARGV: the answer's bytes, TTL (ms), the tenant's cap (bytes), the member, the tenant's key
+/// prefix, the model.
 const PUT: &str = r#"
-local now, ttl, cap = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local ttl, cap = tonumber(ARGV[2]), tonumber(ARGV[3])
 local size = string.len(ARGV[1])
 local function drop(m)
   local info = redis.call('HGET', KEYS[3], m)
   if info then redis.call('DECRBY', KEYS[4], tonumber(string.match(info, '^(%d+)'))) end
   redis.call('HDEL', KEYS[3], m)
   redis.call('ZREM', KEYS[2], m)
-  redis.call('DEL', ARGV[6] .. m)
+  redis.call('ZREM', KEYS[5], m)
+  redis.call('DEL', ARGV[5] .. m)
 end
--- An answer unused for a whole TTL has expired: its key is gone, its bookkeeping goes now.
-for _, m in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now - ttl)) do drop(m) end
-drop(ARGV[5])
+-- Answers past their expiry: their keys are gone, their bookkeeping goes now.
+for _, m in ipairs(redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', now)) do drop(m) end
+drop(ARGV[4])
 if size > cap then return -1 end
 local evicted = 0
 while tonumber(redis.call('GET', KEYS[4]) or '0') + size > cap do
@@ -39,22 +44,26 @@ while tonumber(redis.call('GET', KEYS[4]) or '0') + size > cap do
   evicted = evicted + 1
 end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ttl)
-redis.call('ZADD', KEYS[2], now, ARGV[5])
-redis.call('HSET', KEYS[3], ARGV[5], size .. ' ' .. ARGV[7])
+redis.call('ZADD', KEYS[2], now, ARGV[4])
+redis.call('ZADD', KEYS[5], now + ttl, ARGV[4])
+redis.call('HSET', KEYS[3], ARGV[4], size .. ' ' .. ARGV[6])
 redis.call('INCRBY', KEYS[4], size)
-for i = 2, 4 do redis.call('PEXPIRE', KEYS[i], ttl + 60000) end
+-- The bookkeeping outlives the longest-lived answer it counts.
+for i = 2, 5 do
+  if redis.call('PTTL', KEYS[i]) < ttl + 60000 then redis.call('PEXPIRE', KEYS[i], ttl + 60000) end
+end
 return evicted
 "#;
 
-/// KEYS: the answer, the tenant's last-use set. ARGV: now (ms), the member.
+/// KEYS: the answer, the tenant's last-use set. ARGV: the member.
 const GET: &str = r#"
 local v = redis.call('GET', KEYS[1])
-if v then redis.call('ZADD', KEYS[2], 'XX', tonumber(ARGV[1]), ARGV[2]) end
+if v then redis.call('ZADD', KEYS[2], 'XX', now, ARGV[1]) end
 return v
 "#;
 
-/// KEYS: the tenant's last-use set, size hash, byte total. ARGV: the tenant's key prefix, the
-/// model ('' for all). Returns {answers, bytes} dropped.
+/// KEYS: the tenant's last-use set, size hash, byte total, expiry set. ARGV: the tenant's key
+/// prefix, the model ('' for all). Returns {answers, bytes} dropped.
 const CLEAR: &str = r#"
 local n, bytes = 0, 0
 local all = redis.call('HGETALL', KEYS[2])
@@ -64,6 +73,7 @@ for i = 1, #all, 2 do
   if ARGV[2] == '' or model == ARGV[2] then
     redis.call('HDEL', KEYS[2], m)
     redis.call('ZREM', KEYS[1], m)
+    redis.call('ZREM', KEYS[4], m)
     redis.call('DEL', ARGV[1] .. m)
     redis.call('DECRBY', KEYS[3], tonumber(size))
     n, bytes = n + 1, bytes + tonumber(size)
@@ -87,6 +97,7 @@ struct TenantKeys {
     order: String,
     sizes: String,
     total: String,
+    expiry: String,
 }
 
 fn keys(tenant: &str) -> TenantKeys {
@@ -96,17 +107,12 @@ fn keys(tenant: &str) -> TenantKeys {
         order: format!("{base}:order"),
         sizes: format!("{base}:sizes"),
         total: format!("{base}:bytes"),
+        expiry: format!("{base}:expiry"),
     }
 }
 
 fn hex(key: &Key) -> String {
     key.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
 }
 
 impl RedisStore {
@@ -127,8 +133,8 @@ impl RedisStore {
         Ok(Self {
             con: ConnectionManager::new_lazy_with_config(client, config)?,
             timeout,
-            put: Script::new(PUT),
-            get: Script::new(GET),
+            put: Script::new(&format!("{NOW}{PUT}")),
+            get: Script::new(&format!("{NOW}{GET}")),
             clear: Script::new(CLEAR),
             metrics,
         })
@@ -168,7 +174,6 @@ impl RedisStore {
         let mut inv = self.get.prepare_invoke();
         inv.key(format!("{}{member}", k.prefix))
             .key(&k.order)
-            .arg(now_ms())
             .arg(&member);
         let raw: Option<Vec<u8>> = self.run("cache_get", inv).await?;
         Entry::decode(&raw?)
@@ -183,8 +188,8 @@ impl RedisStore {
             .key(&k.order)
             .key(&k.sizes)
             .key(&k.total)
+            .key(&k.expiry)
             .arg(entry.encode())
-            .arg(now_ms())
             .arg(limits.ttl.as_millis() as u64)
             .arg(limits.max_bytes)
             .arg(&member)
@@ -200,6 +205,7 @@ impl RedisStore {
         inv.key(&k.order)
             .key(&k.sizes)
             .key(&k.total)
+            .key(&k.expiry)
             .arg(&k.prefix)
             .arg(model.unwrap_or(""));
         let (entries, bytes): (u64, u64) = self.run("cache_clear", inv).await.unwrap_or((0, 0));

@@ -7,7 +7,7 @@
 //! index drops them lazily and holds at most `MAX_POINTS`, oldest out first. Each replica
 //! indexes what it stored itself.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -32,7 +32,8 @@ struct Index {
 #[derive(Default)]
 struct Points {
     next: u64,
-    by_id: HashMap<u64, Point>,
+    /// By id, which grows with time: the first is the oldest.
+    by_id: BTreeMap<u64, Point>,
     buckets: HashMap<Key, HashSet<u64>>,
 }
 
@@ -123,7 +124,7 @@ impl Semantic {
                 removed.push(id);
             }
             while p.by_id.len() >= MAX_POINTS {
-                let Some(oldest) = p.by_id.keys().min().copied() else {
+                let Some(oldest) = p.by_id.keys().next().copied() else {
                     break;
                 };
                 p.remove(oldest);

@@ -59,6 +59,8 @@ pub struct Keyed {
     pub collection: Option<String>,
     /// Everything else about the tenant's retrieval that shapes the prompt.
     pub retrieval: String,
+    /// Plugins the request names itself (a RAG reranker), beside the policy's bindings.
+    pub plugins: Vec<String>,
 }
 
 impl Keyed {
@@ -70,6 +72,7 @@ impl Keyed {
             messages: Vec::new(),
             collection: None,
             retrieval: String::new(),
+            plugins: Vec::new(),
         }
     }
 
@@ -134,6 +137,11 @@ impl Pending {
     /// Stores the answer: at once in this process's memory (so the client's next request
     /// finds it), or as the returned future to spawn when it goes to Redis.
     pub fn store(self, entry: Entry) -> Option<impl std::future::Future<Output = ()> + Send> {
+        // A fallback's answer (the model asked for was saturated) is not the model's: it is not
+        // repeated once the model is free again.
+        if entry.model != self.model || entry.size() > self.max_bytes() {
+            return None;
+        }
         if let Some((bucket, vector)) = &self.semantic {
             let (tenant, model, ttl) = (&self.tenant, &self.model, self.limits.ttl);
             self.cache
@@ -181,8 +189,9 @@ impl CacheStage {
         }
         let prefix = versions(stages, caller, &keyed)?;
         let text = match &caller.tenant.policy.cache_key {
+            // What decides the answer's shape stays keyed whatever the plugin returns.
             Some(name) => match plugin_key(stages, caller, name, &keyed).await {
-                Some(text) => text,
+                Some(text) => format!("{}\0{text}", shape(&keyed.canonical)),
                 None => return bypass(),
             },
             None => canonical_json(&Value::Object(keyed.canonical.clone())),
@@ -292,8 +301,9 @@ fn versions(stages: &Stages, caller: &Caller, keyed: &Keyed) -> Result<String, E
         p.rag,
         keyed.retrieval,
     );
-    for (_, _, name) in p.plugin_bindings() {
-        if let Some(plugin) = name.and_then(|n| stages.plugins.registry.get(&t.name, n)) {
+    let bound = p.plugin_bindings().into_iter().filter_map(|(_, _, n)| n);
+    for name in bound.chain(&keyed.plugins) {
+        if let Some(plugin) = stages.plugins.registry.get(&t.name, name) {
             out.push('\0');
             out.push_str(&plugin.sha256);
         }
@@ -335,6 +345,38 @@ async fn plugin_key(stages: &Stages, caller: &Caller, name: &str, keyed: &Keyed)
             None
         }
     }
+}
+
+/// The body fields that decide the form of the answer (a stream or a body, how many choices,
+/// log probabilities, echo), and the messages without their text (roles, names, tool calls).
+fn shape(body: &Map<String, Value>) -> String {
+    let mut shape: Map<String, Value> = [
+        "stream",
+        "stream_options",
+        "n",
+        "logprobs",
+        "top_logprobs",
+        "echo",
+        "best_of",
+    ]
+    .into_iter()
+    .filter_map(|f| Some((f.to_string(), body.get(f)?.clone())))
+    .collect();
+    if let Some(Value::Array(ms)) = body.get("messages") {
+        let forms = ms
+            .iter()
+            .map(|m| match m {
+                Value::Object(o) => {
+                    let mut o = o.clone();
+                    o.remove("content");
+                    Value::Object(o)
+                }
+                other => other.clone(),
+            })
+            .collect();
+        shape.insert("messages".into(), Value::Array(forms));
+    }
+    canonical_json(&Value::Object(shape))
 }
 
 fn digest(parts: &[&[u8]]) -> Key {

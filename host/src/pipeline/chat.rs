@@ -38,7 +38,7 @@ use crate::common::Endpoint;
 use crate::engine::chat_template::{ChatMessage, Role};
 use crate::engine::{Engine, EventStream};
 use crate::plugins::{ContextChunk, PluginKind};
-use crate::search::request::RagSettings;
+use crate::search::request::{RagSettings, RerankChoice};
 use crate::structured::tools::{self, ToolSet};
 use crate::structured::Format;
 use crate::tenancy::{Caller, Outcome, Reservation};
@@ -177,10 +177,10 @@ impl ChatRequest {
     /// The request as the response cache keys it, with the retrieval `plan` adds.
     pub fn keyed(&self, plan: &Plan) -> Keyed {
         let mut k = Keyed::new(self.endpoint, &self.model, &self.body);
+        // Whole: a Response echoes every field it was sent (`user`, `metadata`, ...).
         if let Some(origin) = &self.origin {
-            let origin = super::cache::canonical(origin);
             k.canonical
-                .insert("responses".into(), Value::Object(origin));
+                .insert("responses".into(), Value::Object(origin.clone()));
         }
         k.messages = self
             .messages
@@ -188,6 +188,13 @@ impl ChatRequest {
             .map(|m| (m.role.as_str().to_string(), m.content.clone()))
             .collect();
         k.collection = plan.rag.as_ref().map(|r| r.collection.clone());
+        if let Some(RerankChoice::Plugin(name)) = plan
+            .rag
+            .as_ref()
+            .and_then(|r| r.search(String::new()).rerank)
+        {
+            k.plugins.push(name);
+        }
         k.retrieval = format!("{:?}", plan.rag);
         k
     }

@@ -235,8 +235,10 @@ impl Collection {
     /// no answer was stored under (the lookup does not wait for the apply).
     pub fn version(&self) -> String {
         match self.shared.get() {
+            // The folder names the incarnation: a collection deleted and made again restarts
+            // its sequence.
             Some(_) => match self.applied.try_lock() {
-                Some(seq) => format!("s{}", *seq),
+                Some(seq) => format!("{}.s{}", self.incarnation(), *seq),
                 None => format!("applying.{:x}", rand::random::<u64>()),
             },
             None => format!(

@@ -82,7 +82,10 @@ async fn cache(
             }
         }
     }
-    if let Some(t) = tenant.as_deref().filter(|t| !state.tenancy.has_tenant(t)) {
+    // A tenant the policy no longer has may still have answers (in Redis): those can be
+    // dropped, not listed.
+    let unknown = tenant.as_deref().filter(|t| !state.tenancy.has_tenant(t));
+    if let (Some(t), "GET") = (unknown, method.as_str()) {
         return Err(ApiError::invalid("tenant", format!("No tenant `{t}`.")));
     }
     let cache = &state.cache.cache;

@@ -20,8 +20,10 @@ use serde_json::Value;
 use super::error::ApiError;
 use super::{AppState, Response};
 use crate::cache::Entry;
+use crate::common::Endpoint;
 use crate::pipeline::cache::{charge_hit, Hit, Keyed, Lookup, Pending};
-use crate::tenancy::Caller;
+use crate::pipeline::responses::on_store;
+use crate::tenancy::{Caller, Settled};
 
 const HEADER: &str = "x-gateway-cache";
 
@@ -37,16 +39,54 @@ where
 {
     let started = Instant::now();
     let endpoint = keyed.endpoint;
+    // A hit is served only to a tenant that may use the model now (the policy may have changed
+    // since the answer was stored).
+    state.target(&caller.tenant, &keyed.model)?;
     let stages = state.stages();
     match stages.cache.lookup(&stages, caller, keyed).await? {
         Lookup::Off => serve().await,
         Lookup::Bypass => serve().await.map(|r| marked(r, "bypass")),
+        Lookup::Hit(hit)
+            if endpoint == Endpoint::Responses && !still_stored(state, caller, &hit).await =>
+        {
+            // The stored Response it names was deleted (or expired): run the request anew.
+            serve().await.map(|r| marked(r, "miss"))
+        }
         Lookup::Hit(hit) => {
             charge_hit(&stages, caller, endpoint, &hit.entry, started).await?;
             Ok(replay(hit))
         }
-        Lookup::Miss(pending) => serve().await.map(|r| capture(r, pending)),
+        Lookup::Miss(pending) => {
+            let settled = caller.settled.clone();
+            serve().await.map(|r| capture(r, pending, settled))
+        }
     }
+}
+
+/// A cached Response that was stored (`store` true) still is: a hit must not hand out an id
+/// that `GET /v1/responses/{id}` and `previous_response_id` refuse.
+async fn still_stored(state: &AppState, caller: &Caller, hit: &Hit) -> bool {
+    let e = &hit.entry;
+    let response = match e.sse {
+        false => serde_json::from_slice::<Value>(&e.body).ok(),
+        true => std::str::from_utf8(&e.body)
+            .ok()
+            .and_then(|t| t.lines().find_map(|l| l.strip_prefix("data: ")))
+            .and_then(|d| serde_json::from_str::<Value>(d).ok())
+            .map(|v| v["response"].clone()),
+    };
+    let Some(r) = response else { return false };
+    if r["store"] == Value::Bool(false) {
+        return true;
+    }
+    let (Some(id), Some(store)) = (r["id"].as_str(), state.conversations.clone()) else {
+        return false;
+    };
+    let (tenant, id) = (caller.tenant.name.to_string(), id.to_string());
+    matches!(
+        on_store(store, move |s| s.get(&tenant, &id)).await,
+        Ok(Some(_))
+    )
 }
 
 fn marked(mut r: Response, what: &'static str) -> Response {
@@ -81,7 +121,7 @@ fn replay(hit: Hit) -> Response {
 
 /// A miss's answer on its way to the client, copied (up to the most an entry may take) and
 /// stored once it ended complete.
-fn capture(r: Response, pending: Pending) -> Response {
+fn capture(r: Response, pending: Pending, settled: Arc<Settled>) -> Response {
     let r = marked(r, "miss");
     if r.status() != StatusCode::OK {
         return r;
@@ -106,6 +146,7 @@ fn capture(r: Response, pending: Pending) -> Response {
             pending,
             sse,
             model,
+            settled,
         }),
     };
     http::Response::from_parts(parts, tee.boxed_unsync())
@@ -115,6 +156,8 @@ struct Done {
     pending: Pending,
     sse: bool,
     model: String,
+    /// How the request settled: only an answer that ended `Ok` is stored, with its tokens.
+    settled: Arc<Settled>,
 }
 
 struct Tee {
@@ -177,11 +220,11 @@ fn final_event(data: &[u8]) -> bool {
 
 /// Stores a miss's answer, if it is a complete one (in memory at once; to Redis on a task).
 fn store(body: Bytes, done: Done) {
-    let kept = match done.sse {
-        true => stored_stream(body),
-        false => stored_body(body),
+    let whole = match done.sse {
+        true => whole_stream(&body),
+        false => whole_body(&body),
     };
-    let Some((body, prompt_tokens, completion_tokens)) = kept else {
+    let Some((prompt_tokens, completion_tokens)) = done.settled.ok().filter(|_| whole) else {
         return;
     };
     let entry = Entry {
@@ -196,27 +239,25 @@ fn store(body: Bytes, done: Done) {
     }
 }
 
-/// A JSON answer as stored, exactly as served, with its (prompt, completion) tokens. None
-/// for a body that is not a complete answer.
-fn stored_body(body: Bytes) -> Option<(Bytes, u64, u64)> {
-    let v: Value = serde_json::from_slice(&body).ok()?;
+/// Whether a JSON answer is a whole one: not an error, not a Response that failed.
+fn whole_body(body: &[u8]) -> bool {
+    let Ok(v) = serde_json::from_slice::<Value>(body) else {
+        return false;
+    };
     let failed = v.get("error").is_some_and(|e| !e.is_null());
     let response = v.get("object").and_then(Value::as_str) == Some("response");
     // A Response cut at `max_output_tokens` is `incomplete`, and as repeatable as a complete one.
     let status = v.get("status").and_then(Value::as_str);
     let unfinished = response && !matches!(status, Some("completed" | "incomplete"));
-    if failed || unfinished {
-        return None;
-    }
-    let (p, c) = tokens(&v).unwrap_or((0, 0));
-    Some((body, p, c))
+    !failed && !unfinished
 }
 
-/// A stream as stored, every frame as served: only one that ended as a complete answer
-/// (`[DONE]`, or a Responses stream's `response.completed`) with no error event. Its tokens
-/// come from its usage frame, when the client asked for one.
-fn stored_stream(body: Bytes) -> Option<(Bytes, u64, u64)> {
-    let text = std::str::from_utf8(&body).ok()?;
+/// Whether a stream is a whole answer: it ended (`[DONE]`, or a Responses stream's
+/// `response.completed` or `response.incomplete`) with no error event.
+fn whole_stream(body: &[u8]) -> bool {
+    let Ok(text) = std::str::from_utf8(body) else {
+        return false;
+    };
     let complete = text.ends_with("data: [DONE]\n\n")
         || text.contains("event: response.completed\n")
         || text.contains("event: response.incomplete\n");
@@ -224,35 +265,7 @@ fn stored_stream(body: Bytes) -> Option<(Bytes, u64, u64)> {
         || text.contains("event: response.failed\n")
         || text.contains("\ndata: {\"error\"")
         || text.starts_with("data: {\"error\"");
-    if !complete || failed {
-        return None;
-    }
-    let used = text
-        .split("\n\n")
-        .filter_map(|frame| frame.lines().find_map(|l| l.strip_prefix("data: ")))
-        .filter(|data| data.contains("\"usage\""))
-        .filter_map(|data| tokens(&serde_json::from_str(data).ok()?))
-        .last()
-        .unwrap_or((0, 0));
-    Some((body, used.0, used.1))
-}
-
-/// The answer's (prompt, completion) tokens: chat and completions' `usage`, a Response's
-/// (or a Responses event's `response`) `usage`; None when it has none.
-fn tokens(v: &Value) -> Option<(u64, u64)> {
-    let usage = match v.get("response") {
-        Some(r) if r.get("usage").is_some_and(Value::is_object) => &r["usage"],
-        _ => v.get("usage")?,
-    };
-    let (prompt, completion) = match usage.get("input_tokens") {
-        Some(_) => ("input_tokens", "output_tokens"),
-        None => ("prompt_tokens", "completion_tokens"),
-    };
-    let p = usage.get(prompt)?.as_u64()?;
-    Some((
-        p,
-        usage.get(completion).and_then(Value::as_u64).unwrap_or(0),
-    ))
+    complete && !failed
 }
 
 #[cfg(test)]
@@ -260,37 +273,28 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_complete_stream_is_kept_as_served_with_its_usage() {
-        let s = "data: {\"choices\":[{\"delta\":{\"content\":\"Hi\"}}]}\n\n\
-                 data: {\"choices\":[],\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":2}}\n\n\
-                 data: [DONE]\n\n";
-        let (body, p, c) = stored_stream(Bytes::from(s)).unwrap();
-        assert_eq!((p, c), (5, 2));
-        assert_eq!(body, s.as_bytes());
-        let cut = Bytes::from_static(b"data: {\"choices\":[]}\n\n");
-        assert!(stored_stream(cut).is_none(), "cut short");
+    fn only_a_stream_that_ended_well_is_whole() {
+        let s = "data: {\"choices\":[{\"delta\":{\"content\":\"Hi\"}}]}\n\ndata: [DONE]\n\n";
+        assert!(whole_stream(s.as_bytes()));
+        assert!(!whole_stream(b"data: {\"choices\":[]}\n\n"), "cut short");
         let failed =
             "data: {\"choices\":[]}\n\ndata: {\"error\":{\"message\":\"x\"}}\n\ndata: [DONE]\n\n";
-        assert!(stored_stream(Bytes::from(failed)).is_none());
-        let responses = "event: response.created\ndata: {\"response\":{\"usage\":null}}\n\n\
-                         event: response.completed\ndata: {\"response\":{\"usage\":{\"input_tokens\":3,\"output_tokens\":4}}}\n\n";
-        let (_, p, c) = stored_stream(Bytes::from(responses)).unwrap();
-        assert_eq!((p, c), (3, 4));
+        assert!(!whole_stream(failed.as_bytes()));
+        let responses =
+            "event: response.created\ndata: {}\n\nevent: response.incomplete\ndata: {}\n\n";
+        assert!(whole_stream(responses.as_bytes()));
+        let gone = "event: response.created\ndata: {}\n\nevent: response.failed\ndata: {}\n\n";
+        assert!(!whole_stream(gone.as_bytes()));
     }
 
     #[test]
-    fn a_body_is_kept_as_served_unless_it_is_an_error() {
-        let b = Bytes::from_static(
-            br#"{"choices":[],"usage":{"prompt_tokens":7,"completion_tokens":1}}"#,
-        );
-        let (body, p, c) = stored_body(b.clone()).unwrap();
-        assert_eq!((body, p, c), (b, 7, 1));
-        let r = br#"{"object":"response","status":"completed","usage":{"input_tokens":3,"output_tokens":2}}"#;
-        let (_, p, c) = stored_body(Bytes::from_static(r)).unwrap();
-        assert_eq!((p, c), (3, 2));
-        let failed = br#"{"object":"response","status":"failed","usage":null}"#;
-        assert!(stored_body(Bytes::from_static(failed)).is_none());
-        assert!(stored_body(Bytes::from_static(br#"{"error":{"message":"x"}}"#)).is_none());
-        assert!(stored_body(Bytes::from_static(b"not json")).is_none());
+    fn only_a_body_that_answers_is_whole() {
+        assert!(whole_body(br#"{"choices":[],"usage":{"prompt_tokens":7}}"#));
+        assert!(whole_body(
+            br#"{"object":"response","status":"incomplete"}"#
+        ));
+        assert!(!whole_body(br#"{"object":"response","status":"failed"}"#));
+        assert!(!whole_body(br#"{"error":{"message":"x"}}"#));
+        assert!(!whole_body(b"not json"));
     }
 }

@@ -286,7 +286,18 @@ impl StreamRelay {
                 Some((p, c)) => self.p.reservation.settle(p, c, outcome),
                 None => self.p.reservation.end(outcome),
             }
-            sse.done().await;
+            // The error event went to a chat client as it came; a Responses stream drops chunks
+            // without choices, so it must end failed, not completed.
+            if self.failed && sse.shapes_responses() {
+                let e = ApiError::upstream(
+                    StatusCode::BAD_GATEWAY,
+                    "upstream_error",
+                    format!("Upstream `{}` failed during the stream.", self.pool.name),
+                );
+                sse.fail(&e).await;
+            } else {
+                sse.done().await;
+            }
             return Flow::Finished;
         }
         let Ok(mut v) = serde_json::from_str::<Value>(&data) else {

@@ -63,6 +63,11 @@ impl Sse {
         self.tx.send(frame).await.is_ok()
     }
 
+    /// The chat chunks are reframed as Responses events.
+    pub(super) fn shapes_responses(&self) -> bool {
+        self.responses.is_some()
+    }
+
     /// The end of the stream: `[DONE]`, or a Responses stream's closing events, its response
     /// stored first (when asked) so that a completed response is never one that was lost.
     pub(super) async fn done(&self) {

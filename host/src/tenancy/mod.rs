@@ -16,7 +16,7 @@ pub mod shared;
 pub mod watch;
 
 pub use rejection::{Limit, Rejection};
-pub use reservation::{Outcome, Reservation};
+pub use reservation::{Outcome, Reservation, Settled};
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
@@ -97,6 +97,8 @@ pub struct Caller {
     /// The request sent `Cache-Control: no-cache` (or `no-store`): the response cache is
     /// neither read nor written.
     pub no_cache: bool,
+    /// How the request's reservation settled.
+    pub settled: Arc<Settled>,
 }
 
 impl Caller {
@@ -108,6 +110,7 @@ impl Caller {
             plugin_us: Arc::default(),
             debug: None,
             no_cache: false,
+            settled: Arc::default(),
         }
     }
 }
@@ -495,6 +498,7 @@ impl Tenancy {
             shared,
             more_shared: Vec::new(),
             _more_alive: Vec::new(),
+            report: caller.settled.clone(),
         }
     }
 

@@ -47,6 +47,27 @@ impl Outcome {
     }
 }
 
+/// How a request's reservation settled, for what answered it (the response cache stores an
+/// answer only once it settled `Ok`, with those tokens).
+#[derive(Debug, Default)]
+pub struct Settled {
+    ok: std::sync::atomic::AtomicBool,
+    prompt: AtomicU64,
+    completion: AtomicU64,
+}
+
+impl Settled {
+    /// The (prompt, completion) tokens of a request that ended `Ok`; None otherwise.
+    pub fn ok(&self) -> Option<(u64, u64)> {
+        self.ok.load(Ordering::Acquire).then(|| {
+            (
+                self.prompt.load(Ordering::Relaxed),
+                self.completion.load(Ordering::Relaxed),
+            )
+        })
+    }
+}
+
 /// Tokens reserved for one generation request. Settled exactly once: explicitly with the usage
 /// reported to the client, or on drop (cancellation) with the tokens counted so far.
 pub struct Reservation {
@@ -71,6 +92,8 @@ pub struct Reservation {
     /// with its size, and what keeps those alive.
     pub(super) more_shared: Vec<(Arc<Shared>, SharedReservation, u64)>,
     pub(super) _more_alive: Vec<super::shared::KeepAlive>,
+    /// Told how this settles (the caller's `settled`).
+    pub(super) report: Arc<Settled>,
 }
 
 impl Reservation {
@@ -145,6 +168,13 @@ impl Reservation {
     pub fn settle(&self, prompt_tokens: u64, completion_tokens: u64, outcome: Outcome) {
         if self.settled.swap(true, Ordering::AcqRel) {
             return;
+        }
+        if outcome == Outcome::Ok {
+            self.report.prompt.store(prompt_tokens, Ordering::Relaxed);
+            self.report
+                .completion
+                .store(completion_tokens, Ordering::Relaxed);
+            self.report.ok.store(true, Ordering::Release);
         }
         let status = outcome.as_str();
         let t = &self.tenant;

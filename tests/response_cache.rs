@@ -439,3 +439,52 @@ fn replicas_share_hits_through_redis() {
         let _ = std::fs::remove_dir_all(d);
     }
 }
+
+#[test]
+fn an_upstream_models_answers_are_cached_alike_and_charged_as_the_policy_says() {
+    let engine = support::upstream::engine();
+    let pool = support::upstream::pool("remote", &[&engine], "");
+    let policies = tenant("a", "") + &tenant("full", "cache = { charge = \"full\" }");
+    let (s, dir) = start(&policies, &pool);
+    let q = json!({"model": "remote", "messages": [{"role": "user", "content": "Name a color."}],
+                   "temperature": 0, "max_tokens": 8});
+    let miss = send(&s, "a", "/v1/chat/completions", &q, &[]);
+    assert_eq!((miss.status, miss.cache.as_str()), (200, "miss"));
+    let runs = "gateway_tenant_requests_total{status=\"ok\",tenant=\"default\"}";
+    let engine_runs = engine.metric(runs);
+    let hit = send(&s, "a", "/v1/chat/completions", &q, &[]);
+    assert_eq!((hit.cache.as_str(), &hit.body), ("hit", &miss.body));
+    assert_eq!(
+        engine.metric(runs),
+        engine_runs,
+        "a hit never reaches the upstream"
+    );
+
+    // `charge = "full"`: a hit costs the tokens of the answer it repeats, in the ledger too.
+    assert_eq!(
+        send(&s, "full", "/v1/chat/completions", &q, &[]).cache,
+        "miss"
+    );
+    assert_eq!(
+        send(&s, "full", "/v1/chat/completions", &q, &[]).cache,
+        "hit"
+    );
+    admin(&s, "GET", "/admin/usage?tenant=full", vec![]);
+    let conn = rusqlite::Connection::open(dir.join("usage.sqlite")).unwrap();
+    let rows: Vec<(String, i64)> = conn
+        .prepare(
+            "SELECT status, prompt_tokens + completion_tokens FROM requests \
+             WHERE tenant = 'full' ORDER BY ts, status DESC",
+        )
+        .unwrap()
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    let ok = rows.iter().find(|r| r.0 == "ok").expect("the miss");
+    let cached = rows.iter().find(|r| r.0 == "cached").expect("the hit");
+    assert!(ok.1 > 0);
+    assert_eq!(cached.1, ok.1, "the hit costs what the answer cost");
+    let _ = std::fs::remove_dir_all(&dir);
+}

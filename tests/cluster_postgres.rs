@@ -376,3 +376,37 @@ fn a_conversation_started_on_one_replica_continues_on_another() {
     // The store's connection closes cleanly with the server.
     assert_eq!(a.terminate(), Some(0));
 }
+
+#[test]
+fn one_audit_log_holds_every_replicas_changes() {
+    let Some(pg) = Postgres::start() else { return };
+    let cluster = format!("postgres = \"{}\"", pg.url());
+    let a = replica(&cluster, "");
+    let b = replica(&cluster, "");
+    let (st, body) = admin(&a, "DELETE", "/admin/cache?tenant=acme", vec![]);
+    assert_eq!(st, 200, "{body}");
+    let (st, body) = admin(
+        &b,
+        "PUT",
+        "/admin/policies",
+        policy(KEY, "requests_per_minute = 600").into_bytes(),
+    );
+    assert_eq!(st, 200, "{body}");
+    let (st, log) = admin(&a, "GET", "/admin/audit", vec![]);
+    assert_eq!(st, 200, "{log}");
+    let actions: Vec<&str> = log["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["action"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        actions,
+        ["policy.replace", "cache.clear"],
+        "B's change is in A's log"
+    );
+    assert_eq!(
+        log["data"][0]["detail"]["added"],
+        json!(["requests_per_minute = 600"])
+    );
+}

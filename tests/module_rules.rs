@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 /// domains: they may use everything.
 const RULES: &[(&str, &[&str])] = &[
     ("common", &[]),
+    ("audit", &["common"]),
     ("config", &[]),
     ("conversations", &["common", "config"]),
     ("metrics", &[]),

@@ -6,10 +6,12 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
+mod admin;
 mod cache;
 mod cluster;
 mod responses;
 mod upstream;
+pub use admin::{AdminAccount, AdminConfig, AdminRole};
 pub use cache::CacheConfig;
 pub use cluster::{ClusterConfig, RedisFailure};
 pub use responses::ResponsesConfig;
@@ -146,16 +148,6 @@ pub struct TlsConfig {
     pub cert: PathBuf,
     /// Private key (PEM: PKCS#8, PKCS#1 or SEC1).
     pub key: PathBuf,
-}
-
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct AdminConfig {
-    /// A separate listener for `/admin/*` (which the API listener then refuses).
-    pub listen: Option<SocketAddr>,
-    /// Require client certificates signed by this CA (PEM) on the admin listener; needs `tls`
-    /// and `listen`.
-    pub client_ca: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -460,6 +452,10 @@ impl Config {
             return bad("at least one [[models]] or [[upstreams]] entry is needed".into());
         }
         upstream::validate(self).map_err(ConfigError::Invalid)?;
+        let problems = self.admin.problems();
+        if !problems.is_empty() {
+            return bad(problems.join("; "));
+        }
         let mut names = std::collections::HashSet::new();
         for m in &self.models {
             if !names.insert(&m.name) {

@@ -2,6 +2,7 @@
 //! See ARCHITECTURE.md for the map.
 
 pub mod app;
+pub mod audit;
 pub mod bench;
 pub mod cache;
 pub mod cli;

@@ -137,6 +137,19 @@ pub(super) fn conversations(
     Ok(Some(Arc::new(store)))
 }
 
+/// The audit log of admin changes: PostgreSQL with `[cluster] postgres` (one log for every
+/// replica), else the ledger's SQLite file; none without a ledger.
+pub(super) fn audit(cfg: &Config) -> anyhow::Result<Option<Arc<crate::audit::Audit>>> {
+    use crate::audit::Audit;
+    let log = match (&cfg.cluster.postgres, &cfg.ledger) {
+        (Some(url), _) => Audit::open_postgres(url),
+        (None, Some(path)) => Audit::open(path)
+            .with_context(|| format!("opening the audit log in {}", path.display()))?,
+        (None, None) => return Ok(None),
+    };
+    Ok(Some(Arc::new(log)))
+}
+
 /// The response cache (in Redis with `[cluster] redis`), and the embedding model of its
 /// semantic lookups: `[cache] embedding_model`, else the first embedding model.
 pub(super) fn cache(

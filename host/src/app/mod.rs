@@ -72,6 +72,8 @@ impl Gateway {
             fallbacks: fallbacks(cfg),
             conversations: load::conversations(cfg)?,
             cache,
+            admin_accounts: cfg.admin.accounts.clone(),
+            audit: load::audit(cfg)?,
         });
         state.upstreams.start_probes().await;
         Ok(Self {

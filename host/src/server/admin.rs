@@ -7,12 +7,14 @@ use bytes::Bytes;
 use http::StatusCode;
 use serde_json::{json, Value};
 
+use super::audit::{record, Actor};
 use super::error::ApiError;
 use super::{json_response, AppState, Response};
 use crate::plugins::{Plugin, PluginKind};
 
 pub async fn route(
     state: &Arc<AppState>,
+    actor: &Actor,
     method: &http::Method,
     path: &str,
     query: Option<&str>,
@@ -20,8 +22,9 @@ pub async fn route(
 ) -> Result<Response, ApiError> {
     match (method.as_str(), path) {
         (_, p) if p == "/admin/plugins" || p.starts_with("/admin/plugins/") => {
-            plugins(state, method, path, query, body).await
+            plugins(state, actor, method, path, query, body).await
         }
+        ("GET", "/admin/audit") => super::audit::list(state, query).await,
         ("GET", "/admin/policies") => Ok(http::Response::builder()
             .header(http::header::CONTENT_TYPE, "application/toml")
             .body(http_body_util::BodyExt::boxed_unsync(
@@ -47,8 +50,11 @@ pub async fn route(
                     .await?
                     .map_err(|e| ApiError::store_unavailable(&e))?;
             }
+            let before = state.tenancy.text();
             state.tenancy.replace(&text).map_err(rejected)?;
-            tracing::info!("policies replaced through the admin API");
+            tracing::info!(actor = %actor.name, "policies replaced through the admin API");
+            let changes = crate::audit::line_changes(&before, &text);
+            record(state, actor, "policy.replace", "policies", changes).await;
             Ok(json_response(StatusCode::OK, &json!({"status": "applied"})))
         }
         ("GET", "/admin/usage") => {
@@ -56,8 +62,10 @@ pub async fn route(
             let (st, q) = (state.clone(), query.map(str::to_string));
             crate::pipeline::blocking("usage", move || usage(&st, q.as_deref())).await?
         }
-        (_, "/admin/cache") => cache(state, method, query).await,
-        (_, "/admin/policies" | "/admin/usage") => Err(ApiError::method_not_allowed(method, path)),
+        (_, "/admin/cache") => cache(state, actor, method, query).await,
+        (_, "/admin/policies" | "/admin/usage" | "/admin/audit") => {
+            Err(ApiError::method_not_allowed(method, path))
+        }
         _ => Err(ApiError::not_found(path)),
     }
 }
@@ -66,6 +74,7 @@ pub async fn route(
 /// /admin/cache?tenant=[&model=]`: drops a tenant's answers (of one model).
 async fn cache(
     state: &AppState,
+    actor: &Actor,
     method: &http::Method,
     query: Option<&str>,
 ) -> Result<Response, ApiError> {
@@ -109,6 +118,8 @@ async fn cache(
                 return Err(ApiError::invalid("tenant", "`tenant` is required."));
             };
             let gone = cache.clear(&t, model.as_deref()).await;
+            let detail = json!({"model": model, "deleted": gone.entries, "bytes": gone.bytes});
+            record(state, actor, "cache.clear", &t, detail).await;
             tracing::info!(tenant = %t, model = ?model, entries = gone.entries, "response cache cleared through the admin API");
             Ok(json_response(
                 StatusCode::OK,
@@ -195,6 +206,7 @@ fn time_param(name: &'static str, v: &str) -> Result<i64, ApiError> {
 /// and delete tenant plugins. Needs `Authorization: Bearer <admin_token>`.
 async fn plugins(
     state: &Arc<AppState>,
+    actor: &Actor,
     method: &http::Method,
     path: &str,
     query: Option<&str>,
@@ -204,12 +216,21 @@ async fn plugins(
     let parts: Vec<&str> = rest.split('/').filter(|s| !s.is_empty()).collect();
     match (method.as_str(), parts.as_slice()) {
         ("GET", []) => Ok(list_plugins(state)),
-        ("PUT", [tenant, name]) => put_plugin(state, tenant, name, query, body).await,
+        ("PUT", [tenant, name]) => {
+            let (status, described) = put_plugin(state, tenant, name, query, body).await?;
+            let target = format!("{tenant}/{name}");
+            record(state, actor, "plugin.put", &target, described.clone()).await;
+            Ok(json_response(status, &described))
+        }
         ("DELETE", [tenant, name]) => match delete_plugin(state, tenant, name).await? {
-            Ok(true) => Ok(json_response(
-                StatusCode::OK,
-                &json!({"deleted": true, "tenant": tenant, "name": name}),
-            )),
+            Ok(true) => {
+                let target = format!("{tenant}/{name}");
+                record(state, actor, "plugin.delete", &target, Value::Null).await;
+                Ok(json_response(
+                    StatusCode::OK,
+                    &json!({"deleted": true, "tenant": tenant, "name": name}),
+                ))
+            }
             Ok(false) => Err(ApiError {
                 status: StatusCode::NOT_FOUND,
                 code: Some("plugin_not_found"),
@@ -244,14 +265,15 @@ fn list_plugins(state: &AppState) -> Response {
 }
 
 /// `PUT /admin/plugins/{tenant}/{name}[?kind=]`: compiles and checks the upload off the
-/// runtime, stores it in the shared store first on a cluster, then swaps it in.
+/// runtime, stores it in the shared store first on a cluster, then swaps it in; the status
+/// and the plugin as installed (what the audit log records: kind, sha256, size).
 async fn put_plugin(
     state: &Arc<AppState>,
     tenant: &str,
     name: &str,
     query: Option<&str>,
     body: Option<Bytes>,
-) -> Result<Response, ApiError> {
+) -> Result<(StatusCode, Value), ApiError> {
     // A plugin for a tenant the policy does not know could never be called: it would only
     // leave files (and a folder) behind.
     if !state.tenancy.has_tenant(tenant) {
@@ -291,7 +313,7 @@ async fn put_plugin(
                 true => StatusCode::OK,
                 false => StatusCode::CREATED,
             };
-            Ok(json_response(status, &describe(&p)))
+            Ok((status, describe(&p)))
         }
         Err(Stored::Not(e)) => Err(ApiError::store_unavailable(&e)),
         Err(Stored::Load(e @ crate::plugins::LoadError::Io(_))) => Err(ApiError {
@@ -344,29 +366,4 @@ fn describe(p: &Plugin) -> Value {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
     json!({"tenant": &*p.tenant, "name": &*p.name, "kind": p.kind().as_str(), "wit_version": p.wit_version(), "sha256": p.sha256, "bytes": p.size, "loaded_at": loaded})
-}
-
-/// Constant-time comparison of the presented admin token with the configured one.
-pub fn authorized(state: &AppState, headers: &http::HeaderMap) -> Result<(), ApiError> {
-    let Some(expected) = &state.admin_token else {
-        return Err(ApiError {
-            status: StatusCode::NOT_FOUND,
-            ..ApiError::invalid(
-                None,
-                "The admin API is off: set `admin_token` in the config.",
-            )
-        });
-    };
-    let presented = super::bearer(headers).unwrap_or_default().as_bytes();
-    let expected = expected.as_bytes();
-    let mut diff = presented.len() ^ expected.len();
-    for (i, e) in expected.iter().enumerate() {
-        diff |= (presented.get(i).copied().unwrap_or(0) ^ e) as usize;
-    }
-    if diff != 0 {
-        return Err(ApiError::unauthorized(
-            "Missing or wrong admin token (Authorization: Bearer <admin_token>).",
-        ));
-    }
-    Ok(())
 }

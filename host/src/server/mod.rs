@@ -3,6 +3,7 @@
 //! engine threads, so no handler blocks the runtime on compute.
 
 mod admin;
+mod audit;
 mod bodies;
 mod cache;
 mod collections;
@@ -160,14 +161,15 @@ async fn route(
         Endpoint::Ready => ready(&state),
         Endpoint::Metrics => Ok(metrics(&state)),
         Endpoint::Admin => {
-            admin::authorized(&state, &req.headers)?;
+            let actor = audit::authorized(&state, &req.headers)?;
+            audit::permitted(&actor, &req.method)?;
             let query = req.uri.query().map(str::to_string);
             let body = if req.method == Method::PUT {
                 Some(read_body(&req.headers, body, state.max_upload_bytes, &state.http).await?)
             } else {
                 None
             };
-            admin::route(&state, &req.method, path, query.as_deref(), body).await
+            admin::route(&state, &actor, &req.method, path, query.as_deref(), body).await
         }
     }
 }

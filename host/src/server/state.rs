@@ -35,6 +35,10 @@ pub struct AppState {
     pub conversations: Option<Arc<crate::conversations::Conversations>>,
     /// The response cache, and the embedding model of its semantic lookups.
     pub cache: crate::pipeline::cache::CacheStage,
+    /// Named admin accounts beside `admin_token`.
+    pub admin_accounts: Vec<crate::config::AdminAccount>,
+    /// Every admin change (none without a ledger).
+    pub audit: Option<Arc<crate::audit::Audit>>,
 }
 
 /// Where a local model's requests go when its queue is long.

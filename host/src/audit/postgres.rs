@@ -1,0 +1,93 @@
+//! The audit log in PostgreSQL (`[cluster] postgres`): one log for every replica. One
+//! connection, made lazily and dropped on any error, as the ledger's.
+
+use std::sync::Mutex;
+
+use postgres::Client;
+
+use super::{AuditError, Change, Query, Row};
+
+const SCHEMA: &str = "
+BEGIN;
+SELECT pg_advisory_xact_lock(7304);
+CREATE TABLE IF NOT EXISTS gateway_audit (
+    id BIGSERIAL PRIMARY KEY,
+    ts BIGINT NOT NULL,
+    actor TEXT NOT NULL,
+    action TEXT NOT NULL,
+    target TEXT NOT NULL,
+    detail TEXT NOT NULL
+);
+COMMIT;
+";
+
+pub struct Db {
+    url: String,
+    client: Mutex<Option<Client>>,
+}
+
+impl Db {
+    pub(super) fn open(url: &str) -> Self {
+        Self {
+            url: url.to_string(),
+            client: Mutex::new(None),
+        }
+    }
+
+    fn with<T>(
+        &self,
+        f: impl FnOnce(&mut Client) -> Result<T, postgres::Error>,
+    ) -> Result<T, AuditError> {
+        let mut slot = self.client.lock().unwrap_or_else(|e| e.into_inner());
+        let client = match &mut *slot {
+            Some(c) if !c.is_closed() => c,
+            _ => {
+                let mut c = crate::common::postgres_connect(&self.url)?;
+                c.batch_execute(SCHEMA)?;
+                slot.insert(c)
+            }
+        };
+        f(client).map_err(|e| {
+            *slot = None;
+            e.into()
+        })
+    }
+
+    pub(super) fn record(&self, c: &Change, detail: &str) -> Result<(), AuditError> {
+        self.with(|db| {
+            db.execute(
+                "INSERT INTO gateway_audit (ts, actor, action, target, detail) \
+                 VALUES ($1, $2, $3, $4, $5)",
+                &[&c.ts, &c.actor, &c.action, &c.target, &detail],
+            )
+            .map(drop)
+        })
+    }
+
+    pub(super) fn list(&self, q: &Query) -> Result<Vec<Row>, AuditError> {
+        let limit = q.limit as i64;
+        self.with(|db| {
+            let rows = db.query(
+                "SELECT id, ts, actor, action, target, detail FROM gateway_audit \
+                 WHERE ($1::int8 IS NULL OR id < $1) AND ($2::text IS NULL OR actor = $2) \
+                 AND ($3::text IS NULL OR action = $3) ORDER BY id DESC LIMIT $4",
+                &[&q.before, &q.actor, &q.action, &limit],
+            )?;
+            Ok(rows
+                .iter()
+                .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4), r.get(5)))
+                .collect())
+        })
+    }
+}
+
+impl Drop for Db {
+    /// The client closes its connection by blocking on a runtime of its own, which may not
+    /// happen on a thread that drives the server's: it is closed on a thread of its own.
+    fn drop(&mut self) {
+        let slot = self.client.get_mut().unwrap_or_else(|e| e.into_inner());
+        if let Some(client) = slot.take() {
+            let _ = std::thread::spawn(move || drop(client)).join();
+        }
+    }
+}

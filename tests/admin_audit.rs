@@ -134,5 +134,43 @@ fn accounts_have_roles_and_every_change_is_audited() {
             .0,
         400
     );
+
+    // Policy history: each version applied through the API, compared and applied again.
+    let second = policy("requests_per_minute = 120");
+    let (status, v) = s.request("PUT", "/admin/policies", second.into_bytes(), Some(TOKEN));
+    assert_eq!(status, 200, "{v}");
+    let (_, versions) = s.request("GET", "/admin/policies/versions", vec![], Some(BOB));
+    let versions = versions["data"].as_array().unwrap().clone();
+    let actors: Vec<&str> = versions
+        .iter()
+        .map(|v| v["actor"].as_str().unwrap())
+        .collect();
+    assert_eq!(actors, ["admin_token", "alice"]);
+    let first = versions[1]["id"].as_i64().unwrap();
+    let diff_path = format!("/admin/policies/versions/{first}/diff");
+    let (status, diff) = s.request("GET", &diff_path, vec![], Some(BOB));
+    assert_eq!(status, 200, "{diff}");
+    let lines =
+        json!({"removed": ["requests_per_minute = 60"], "added": ["requests_per_minute = 120"]});
+    assert_eq!(diff, lines, "from the first version to the policy in force");
+    let apply = format!("/admin/policies/versions/{first}/apply");
+    assert_eq!(
+        s.request("POST", &apply, vec![], Some(BOB)).0,
+        403,
+        "a viewer cannot"
+    );
+    let (status, v) = s.request("POST", &apply, vec![], Some(ALICE));
+    assert_eq!(status, 200, "{v}");
+    let (_, diff) = s.request("GET", &diff_path, vec![], Some(TOKEN));
+    assert_eq!(
+        diff,
+        json!({"removed": [], "added": []}),
+        "the first version is in force again"
+    );
+    let last = &audit(&s, TOKEN, "?limit=1")[0];
+    assert_eq!(last["actor"], "alice");
+    assert_eq!(last["detail"]["reapplied"], first);
+    let missing = s.request("GET", "/admin/policies/versions/999", vec![], Some(TOKEN));
+    assert_eq!(missing.0, 404);
     let _ = std::fs::remove_dir_all(dir);
 }

@@ -405,6 +405,12 @@ fn one_audit_log_holds_every_replicas_changes() {
         ["policy.replace", "cache.clear"],
         "B's change is in A's log"
     );
+    let (_, versions) = admin(&a, "GET", "/admin/policies/versions", vec![]);
+    let id = versions["data"][0]["id"].as_i64().unwrap();
+    let diff = format!("/admin/policies/versions/{id}/diff");
+    wait_for("B's version in force on A", Duration::from_secs(10), || {
+        admin(&a, "GET", &diff, vec![]).1 == json!({"removed": [], "added": []})
+    });
     assert_eq!(
         log["data"][0]["detail"]["added"],
         json!(["requests_per_minute = 600"])

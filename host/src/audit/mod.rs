@@ -1,5 +1,6 @@
 //! The audit log: every change an admin makes (policies, plugins, the response cache), who made
-//! it and when, with what changed (the policy's lines removed and added, the plugin's sha256).
+//! it and when, with what changed (the policy's lines removed and added, the plugin's sha256);
+//! and every policy version applied through the admin API, whole, to compare and re-apply.
 //! In the ledger's database: its SQLite file, or PostgreSQL with `[cluster] postgres`, where
 //! every replica's changes land in one log.
 
@@ -70,6 +71,36 @@ impl Audit {
         }
     }
 
+    /// Keeps `text` as a policy version applied by `actor`; returns its id.
+    pub fn keep_policy(&self, ts: i64, actor: &str, text: &str) -> Result<i64, AuditError> {
+        match self {
+            Self::Sqlite(d) => d.keep_policy(ts, actor, text),
+            Self::Postgres(d) => d.keep_policy(ts, actor, text),
+        }
+    }
+
+    /// Every kept policy version, newest first: `id`, `ts`, `actor`, `bytes`.
+    pub fn policies(&self) -> Result<Vec<Value>, AuditError> {
+        let rows = match self {
+            Self::Sqlite(d) => d.policies()?,
+            Self::Postgres(d) => d.policies()?,
+        };
+        Ok(rows
+            .into_iter()
+            .map(|(id, ts, actor, bytes)| {
+                serde_json::json!({"id": id, "ts": ts, "actor": actor, "bytes": bytes})
+            })
+            .collect())
+    }
+
+    /// The text of policy version `id`.
+    pub fn policy(&self, id: i64) -> Result<Option<String>, AuditError> {
+        match self {
+            Self::Sqlite(d) => d.policy(id),
+            Self::Postgres(d) => d.policy(id),
+        }
+    }
+
     /// Entries as JSON objects (`id`, `ts`, `actor`, `action`, `target`, `detail`), newest
     /// first.
     pub fn list(&self, q: &Query) -> Result<Vec<Value>, AuditError> {
@@ -91,6 +122,9 @@ impl Audit {
 
 /// A row as both stores return it.
 type Row = (i64, i64, String, String, String, String);
+
+/// A kept policy version as both stores list it: id, ts, actor, bytes.
+type Version = (i64, i64, String, i64);
 
 /// The lines of `new` that `old` lacks, and those of `old` that `new` lacks, in order: what a
 /// reader of the log needs of a policy change, without a diff algorithm's hunks.
@@ -144,6 +178,13 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(a.list(&older).unwrap()[0]["ts"], 101);
+        let first = a.keep_policy(1, "alice", "a = 1\n").unwrap();
+        let second = a.keep_policy(2, "bob", "a = 2\n").unwrap();
+        let versions = a.policies().unwrap();
+        assert_eq!(versions[0]["id"], second);
+        assert_eq!(versions[1]["actor"], "alice");
+        assert_eq!(a.policy(first).unwrap().as_deref(), Some("a = 1\n"));
+        assert_eq!(a.policy(second + 1).unwrap(), None);
         let _ = std::fs::remove_dir_all(dir);
     }
 }

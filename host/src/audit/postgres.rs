@@ -5,7 +5,7 @@ use std::sync::Mutex;
 
 use postgres::Client;
 
-use super::{AuditError, Change, Query, Row};
+use super::{AuditError, Change, Query, Row, Version};
 
 const SCHEMA: &str = "
 BEGIN;
@@ -17,6 +17,12 @@ CREATE TABLE IF NOT EXISTS gateway_audit (
     action TEXT NOT NULL,
     target TEXT NOT NULL,
     detail TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS gateway_policy_versions (
+    id BIGSERIAL PRIMARY KEY,
+    ts BIGINT NOT NULL,
+    actor TEXT NOT NULL,
+    text TEXT NOT NULL
 );
 COMMIT;
 ";
@@ -77,6 +83,43 @@ impl Db {
                 .iter()
                 .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4), r.get(5)))
                 .collect())
+        })
+    }
+}
+
+impl Db {
+    pub(super) fn keep_policy(&self, ts: i64, actor: &str, text: &str) -> Result<i64, AuditError> {
+        self.with(|db| {
+            let row = db.query_one(
+                "INSERT INTO gateway_policy_versions (ts, actor, text) VALUES ($1, $2, $3) \
+                 RETURNING id",
+                &[&ts, &actor, &text],
+            )?;
+            Ok(row.get(0))
+        })
+    }
+
+    pub(super) fn policies(&self) -> Result<Vec<Version>, AuditError> {
+        self.with(|db| {
+            let rows = db.query(
+                "SELECT id, ts, actor, octet_length(text)::int8 FROM gateway_policy_versions \
+                 ORDER BY id DESC",
+                &[],
+            )?;
+            Ok(rows
+                .iter()
+                .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
+                .collect())
+        })
+    }
+
+    pub(super) fn policy(&self, id: i64) -> Result<Option<String>, AuditError> {
+        self.with(|db| {
+            let row = db.query_opt(
+                "SELECT text FROM gateway_policy_versions WHERE id = $1",
+                &[&id],
+            )?;
+            Ok(row.map(|r| r.get(0)))
         })
     }
 }

@@ -5,7 +5,7 @@ use std::sync::Mutex;
 
 use rusqlite::{params, Connection};
 
-use super::{AuditError, Change, Query, Row};
+use super::{AuditError, Change, Query, Row, Version};
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS audit (
@@ -15,6 +15,12 @@ CREATE TABLE IF NOT EXISTS audit (
     action TEXT NOT NULL,
     target TEXT NOT NULL,
     detail TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS policy_versions (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    ts INTEGER NOT NULL,
+    actor TEXT NOT NULL,
+    text TEXT NOT NULL
 );
 ";
 
@@ -64,5 +70,35 @@ impl Db {
             ))
         })?;
         Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    pub(super) fn keep_policy(&self, ts: i64, actor: &str, text: &str) -> Result<i64, AuditError> {
+        let conn = self.conn();
+        conn.execute(
+            "INSERT INTO policy_versions (ts, actor, text) VALUES (?1, ?2, ?3)",
+            params![ts, actor, text],
+        )?;
+        Ok(conn.last_insert_rowid())
+    }
+
+    pub(super) fn policies(&self) -> Result<Vec<Version>, AuditError> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare(
+            "SELECT id, ts, actor, length(CAST(text AS BLOB)) FROM policy_versions ORDER BY id DESC",
+        )?;
+        let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    pub(super) fn policy(&self, id: i64) -> Result<Option<String>, AuditError> {
+        use rusqlite::OptionalExtension;
+        Ok(self
+            .conn()
+            .query_row(
+                "SELECT text FROM policy_versions WHERE id = ?1",
+                params![id],
+                |r| r.get(0),
+            )
+            .optional()?)
     }
 }

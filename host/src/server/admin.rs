@@ -25,37 +25,14 @@ pub async fn route(
             plugins(state, actor, method, path, query, body).await
         }
         ("GET", "/admin/audit") => super::audit::list(state, query).await,
-        ("GET", "/admin/policies") => Ok(http::Response::builder()
-            .header(http::header::CONTENT_TYPE, "application/toml")
-            .body(http_body_util::BodyExt::boxed_unsync(
-                http_body_util::Full::new(Bytes::from(state.tenancy.text())),
-            ))
-            .expect("static headers are valid")),
+        ("GET", "/admin/policies") => Ok(super::policies::toml(state.tenancy.text())),
         ("PUT", "/admin/policies") => {
             let text = String::from_utf8(body.unwrap_or_default().to_vec())
                 .map_err(|_| ApiError::invalid(None, "The policy file must be UTF-8 TOML."))?;
-            if state.tenancy.open_mode() {
-                return Err(ApiError::invalid(None, "No policy file is configured (`policies` in the config); start the gateway with one to manage tenants."));
-            }
-            let rejected = |e| {
-                ApiError::invalid(
-                    None,
-                    format!("Policy rejected; the policy in force stays. Problems:\n{e}"),
-                )
-            };
-            if let Some(cluster) = state.cluster.clone() {
-                state.tenancy.check(&text).map_err(rejected)?;
-                let t = text.clone();
-                crate::pipeline::blocking("policy store", move || cluster.put_policy(&t))
-                    .await?
-                    .map_err(|e| ApiError::store_unavailable(&e))?;
-            }
-            let before = state.tenancy.text();
-            state.tenancy.replace(&text).map_err(rejected)?;
-            tracing::info!(actor = %actor.name, "policies replaced through the admin API");
-            let changes = crate::audit::line_changes(&before, &text);
-            record(state, actor, "policy.replace", "policies", changes).await;
-            Ok(json_response(StatusCode::OK, &json!({"status": "applied"})))
+            super::policies::replace(state, actor, text, None).await
+        }
+        (_, p) if p.starts_with("/admin/policies/versions") => {
+            super::policies::versions(state, actor, method, p, query).await
         }
         ("GET", "/admin/usage") => {
             // The ledger's reads block (SQLite, or a PostgreSQL round trip).

@@ -15,6 +15,7 @@ mod embeddings;
 pub mod error;
 mod logprobs;
 mod plugins;
+mod policies;
 mod relay;
 mod reply;
 mod responses;

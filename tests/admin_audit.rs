@@ -174,3 +174,79 @@ fn accounts_have_roles_and_every_change_is_audited() {
     assert_eq!(missing.0, 404);
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn keys_are_made_shown_once_expired_and_revoked_through_the_admin_api() {
+    let (s, dir) = start();
+    let keys = "/admin/tenants/acme/keys";
+    let (status, made) = s.request("POST", keys, br#"{"id": "crm-prod"}"#.to_vec(), Some(ALICE));
+    assert_eq!(status, 201, "{made}");
+    let key = made["key"].as_str().unwrap().to_string();
+    assert_eq!(made["sha256"], key_sha256(&key));
+    let models = |k: &str| s.request("GET", "/v1/models", vec![], Some(k)).0;
+    assert_eq!(models(&key), 200, "the new key works at once");
+    // Only its hash is kept: the listing and the policy never show the key.
+    let (_, listed) = s.request("GET", keys, vec![], Some(BOB));
+    let ids: Vec<&str> = listed["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| k["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["k", "crm-prod"]);
+    let (_, text) = s.request("GET", "/admin/policies", vec![], Some(TOKEN));
+    assert!(!listed.to_string().contains(&key) && !text.to_string().contains(&key));
+    let (status, _) = s.request("POST", keys, br#"{"id": "crm-prod"}"#.to_vec(), Some(ALICE));
+    assert_eq!(status, 400, "ids are unique");
+    assert_eq!(
+        s.request("POST", keys, br#"{"id": "x"}"#.to_vec(), Some(BOB))
+            .0,
+        403
+    );
+
+    // An expiry in the past refuses the key; clearing it lets it in again.
+    let one = format!("{keys}/crm-prod");
+    let (status, v) = s.request(
+        "PUT",
+        &one,
+        br#"{"expires_at": 1000}"#.to_vec(),
+        Some(ALICE),
+    );
+    assert_eq!(status, 200, "{v}");
+    let (status, v) = s.request("GET", "/v1/models", vec![], Some(&key));
+    assert_eq!(status, 401);
+    assert!(
+        v["error"]["message"].as_str().unwrap().contains("expired"),
+        "{v}"
+    );
+    let (status, _) = s.request(
+        "PUT",
+        &one,
+        br#"{"expires_at": null}"#.to_vec(),
+        Some(ALICE),
+    );
+    assert_eq!(status, 200);
+    assert_eq!(models(&key), 200);
+
+    // Revoked: refused from the next request on (the policy is in force when DELETE answers).
+    let (status, v) = s.request("DELETE", &one, vec![], Some(TOKEN));
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(models(&key), 401);
+    assert_eq!(models("sk-acme"), 200, "the tenant's other key stays");
+    assert_eq!(s.request("DELETE", &one, vec![], Some(TOKEN)).0, 404);
+    let log = audit(&s, TOKEN, "?actor=alice");
+    let actions: Vec<&str> = log.iter().map(|e| e["action"].as_str().unwrap()).collect();
+    assert!(
+        actions.contains(&"key.create") && actions.contains(&"key.expiry"),
+        "{actions:?}"
+    );
+    assert_eq!(
+        audit(&s, TOKEN, "?action=key.revoke")[0]["target"],
+        "acme/crm-prod"
+    );
+    assert!(
+        !log.iter().any(|e| e.to_string().contains(&key)),
+        "the key is never logged"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -31,6 +31,9 @@ pub async fn route(
                 .map_err(|_| ApiError::invalid(None, "The policy file must be UTF-8 TOML."))?;
             super::policies::replace(state, actor, text, None).await
         }
+        (_, p) if p.starts_with("/admin/tenants/") => {
+            super::keys::route(state, actor, method, p, body).await
+        }
         (_, p) if p.starts_with("/admin/policies/versions") => {
             super::policies::versions(state, actor, method, p, query).await
         }

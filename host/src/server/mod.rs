@@ -13,6 +13,7 @@ mod dispatch;
 pub use conn::raise_fd_limit;
 mod embeddings;
 pub mod error;
+mod keys;
 mod logprobs;
 mod plugins;
 mod policies;
@@ -165,7 +166,7 @@ async fn route(
             let actor = audit::authorized(&state, &req.headers)?;
             audit::permitted(&actor, &req.method)?;
             let query = req.uri.query().map(str::to_string);
-            let body = if req.method == Method::PUT {
+            let body = if matches!(req.method, Method::PUT | Method::POST) {
                 Some(read_body(&req.headers, body, state.max_upload_bytes, &state.http).await?)
             } else {
                 None

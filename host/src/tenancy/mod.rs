@@ -63,8 +63,11 @@ impl Tenant {
     }
 }
 
+/// A key's tenant, id and expiry (Unix seconds).
+type KeyOf = (Arc<Tenant>, Arc<str>, Option<i64>);
+
 struct PolicySet {
-    by_key_hash: HashMap<[u8; 32], (Arc<Tenant>, Arc<str>)>,
+    by_key_hash: HashMap<[u8; 32], KeyOf>,
     tenants: BTreeMap<String, Arc<Tenant>>,
     text: String,
 }
@@ -291,7 +294,7 @@ impl Tenancy {
             for k in &tenant.policy.keys {
                 if let Some(hash) = parse_hex32(&k.sha256) {
                     set.by_key_hash
-                        .insert(hash, (tenant.clone(), k.id.as_str().into()));
+                        .insert(hash, (tenant.clone(), k.id.as_str().into(), k.expires_at));
                 }
             }
             set.tenants.insert(tenant.policy.name.clone(), tenant);
@@ -318,10 +321,13 @@ impl Tenancy {
         let key = key.ok_or(Denied::Unauthenticated(
             "Missing API key: send `Authorization: Bearer <key>`.",
         ))?;
-        let (t, id) = set
+        let (t, id, expires) = set
             .by_key_hash
             .get(&keys::hash(key))
             .ok_or(Denied::Unauthenticated("Invalid API key."))?;
+        if expires.is_some_and(|at| at <= unix_now()) {
+            return Err(Denied::Unauthenticated("This API key has expired."));
+        }
         Ok((t.clone(), id.clone()))
     }
 

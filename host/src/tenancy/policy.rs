@@ -75,6 +75,8 @@ pub struct KeyPolicy {
     pub id: String,
     /// Lower-case hex SHA-256 of the key.
     pub sha256: String,
+    /// Unix seconds after which the key is refused (401); never when unset.
+    pub expires_at: Option<i64>,
 }
 
 #[derive(Debug, Clone, Copy, Deserialize, PartialEq)]

@@ -32,10 +32,12 @@ fn start() -> (Server, std::path::PathBuf) {
         "admin_token = \"{TOKEN}\"\npolicies = \"{d}/policies.toml\"\nledger = \"{d}/usage.sqlite\"\n\
          collections_dir = \"{d}/collections\"\n\
          [[models]]\nname = \"{MODEL}\"\npath = \"{m}\"\n\
+         [[embeddings]]\nname = \"all-minilm-l6-v2\"\npath = \"{e}\"\n\
          [[admin.accounts]]\nname = \"alice\"\nrole = \"admin\"\ntoken_sha256 = \"{alice}\"\n\
          [[admin.accounts]]\nname = \"bob\"\nrole = \"viewer\"\ntoken_sha256 = \"{bob}\"\n",
         d = dir.display(),
         m = model_path(),
+        e = concat!(env!("CARGO_MANIFEST_DIR"), "/../models/all-MiniLM-L6-v2"),
         alice = key_sha256(ALICE),
         bob = key_sha256(BOB),
     );
@@ -248,5 +250,50 @@ fn keys_are_made_shown_once_expired_and_revoked_through_the_admin_api() {
         !log.iter().any(|e| e.to_string().contains(&key)),
         "the key is never logged"
     );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn usage_exports_as_csv_and_collections_show_their_size() {
+    let (s, dir) = start();
+    let chat = json!({"model": MODEL, "messages": [{"role": "user", "content": "Hi"}],
+                      "max_tokens": 2, "temperature": 0});
+    assert_eq!(s.post_as("sk-acme", "/v1/chat/completions", &chat).0, 200);
+    let r = support::patient_client()
+        .get(format!("{}/admin/usage?format=csv&group_by=model", s.base))
+        .bearer_auth(BOB)
+        .send()
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    assert!(r.headers()["content-type"]
+        .to_str()
+        .unwrap()
+        .starts_with("text/csv"));
+    let text = r.text().unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(
+        lines[0],
+        "tenant,model,requests,prompt_tokens,completion_tokens,total_tokens,failed_requests,cached_requests,mean_latency_ms,plugin_ms"
+    );
+    assert!(lines[1].starts_with(&format!("acme,{MODEL},1,")), "{text}");
+
+    let (status, v) = s.post_as("sk-acme", "/v1/collections", &json!({"name": "kb"}));
+    assert!(status == 200 || status == 201, "{v}");
+    let docs = json!({"documents": [{"id": "a", "text": "Refunds take five days."},
+                                    {"id": "b", "text": "Renewals are yearly."}]});
+    let (status, v) = s.post_as("sk-acme", "/v1/collections/kb/documents", &docs);
+    assert_eq!(status, 200, "{v}");
+    let (status, listed) = s.request("GET", "/admin/collections", vec![], Some(BOB));
+    assert_eq!(status, 200, "{listed}");
+    let kb = &listed["data"][0];
+    assert_eq!(
+        (kb["tenant"].as_str(), kb["name"].as_str()),
+        (Some("acme"), Some("kb"))
+    );
+    assert_eq!(
+        (kb["documents"].as_u64(), kb["chunks"].as_u64()),
+        (Some(2), Some(2))
+    );
+    assert!(kb["bytes"].as_u64().unwrap() > 1000, "{listed}");
     let _ = std::fs::remove_dir_all(dir);
 }

@@ -25,6 +25,7 @@ pub async fn route(
             plugins(state, actor, method, path, query, body).await
         }
         ("GET", "/admin/audit") => super::audit::list(state, query).await,
+        ("GET", "/admin/collections") => super::admin_views::collections(state, query).await,
         ("GET", "/admin/policies") => Ok(super::policies::toml(state.tenancy.text())),
         ("PUT", "/admin/policies") => {
             let text = String::from_utf8(body.unwrap_or_default().to_vec())
@@ -120,10 +121,20 @@ fn usage(state: &AppState, query: Option<&str>) -> Result<Response, ApiError> {
         ));
     };
     let mut tenant = None;
-    let (mut from, mut to, mut by_model) = (0i64, i64::MAX, false);
+    let (mut from, mut to, mut by_model, mut csv) = (0i64, i64::MAX, false, false);
     for (k, v) in super::bodies::query_pairs(query) {
         match k {
             "tenant" => tenant = Some(v.to_string()),
+            "format" => match v {
+                "json" => csv = false,
+                "csv" => csv = true,
+                _ => {
+                    return Err(ApiError::invalid(
+                        "format",
+                        "`format` must be `json` or `csv`.",
+                    ))
+                }
+            },
             "from" => from = time_param("from", v)?,
             "to" => to = time_param("to", v)?,
             "group_by" => match v {
@@ -139,7 +150,9 @@ fn usage(state: &AppState, query: Option<&str>) -> Result<Response, ApiError> {
             _ => {
                 return Err(ApiError::invalid(
                     None,
-                    format!("Unknown query parameter `{k}`; use tenant, from, to, group_by."),
+                    format!(
+                        "Unknown query parameter `{k}`; use tenant, from, to, group_by, format."
+                    ),
                 ))
             }
         }
@@ -148,6 +161,10 @@ fn usage(state: &AppState, query: Option<&str>) -> Result<Response, ApiError> {
     let rows = ledger
         .usage(tenant.as_deref(), from, to, by_model)
         .map_err(|e| ApiError::internal(e.to_string()))?;
+    if csv {
+        let group = if by_model { "model" } else { "day" };
+        return Ok(super::admin_views::usage_csv(group, &rows));
+    }
     Ok(json_response(
         StatusCode::OK,
         &json!({"object": "list", "data": rows}),

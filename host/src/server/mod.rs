@@ -3,6 +3,7 @@
 //! engine threads, so no handler blocks the runtime on compute.
 
 mod admin;
+mod admin_views;
 mod audit;
 mod bodies;
 mod cache;

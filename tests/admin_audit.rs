@@ -297,3 +297,31 @@ fn usage_exports_as_csv_and_collections_show_their_size() {
     assert!(kb["bytes"].as_u64().unwrap() > 1000, "{listed}");
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn an_edit_of_the_policy_file_is_kept_and_audited_as_made_by_file() {
+    let (s, dir) = start();
+    std::fs::write(dir.join("policies.toml"), policy("max_concurrent = 4")).unwrap();
+    support::wait_for(
+        "the file's edit in the audit log",
+        std::time::Duration::from_secs(10),
+        || !audit(&s, BOB, "?actor=file").is_empty(),
+    );
+    let change = &audit(&s, BOB, "?actor=file")[0];
+    assert_eq!(change["action"], "policy.replace");
+    assert_eq!(change["detail"]["added"], json!(["max_concurrent = 4"]));
+    let (_, versions) = s.request("GET", "/admin/policies/versions", vec![], Some(BOB));
+    assert_eq!(versions["data"][0]["actor"], "file");
+    // A replace through the API writes the file too: it is recorded once, by its maker.
+    let (status, _) = s.request(
+        "PUT",
+        "/admin/policies",
+        policy("").into_bytes(),
+        Some(ALICE),
+    );
+    assert_eq!(status, 200);
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert_eq!(audit(&s, BOB, "?actor=file").len(), 1);
+    assert_eq!(audit(&s, BOB, "?actor=alice").len(), 1);
+    let _ = std::fs::remove_dir_all(dir);
+}

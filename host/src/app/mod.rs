@@ -75,6 +75,7 @@ impl Gateway {
             admin_accounts: cfg.admin.accounts.clone(),
             audit: load::audit(cfg)?,
         });
+        audit_file_edits(&state);
         state.upstreams.start_probes().await;
         Ok(Self {
             state,
@@ -139,4 +140,31 @@ fn fallbacks(cfg: &Config) -> BTreeMap<String, Fallback> {
             (m.name.clone(), f)
         })
         .collect()
+}
+
+/// Policies an edit of the file brings in are kept as versions and audited, as the admin API's
+/// are, with `file` as who made them.
+fn audit_file_edits(state: &AppState) {
+    let Some(audit) = state.audit.clone() else {
+        return;
+    };
+    state.tenancy.on_file_change(move |old, new| {
+        let ts = crate::tenancy::unix_now();
+        let version = audit
+            .keep_policy(ts, "file", new)
+            .map_err(|e| tracing::error!(error = %e, "could not keep the policy version"))
+            .ok();
+        let mut detail = crate::audit::line_changes(old, new);
+        detail["version"] = serde_json::json!(version);
+        let change = crate::audit::Change {
+            ts,
+            actor: "file".into(),
+            action: "policy.replace".into(),
+            target: "policies".into(),
+            detail,
+        };
+        if let Err(e) = audit.record(&change) {
+            tracing::error!(error = %e, "could not write the audit log");
+        }
+    });
 }

@@ -51,9 +51,11 @@ impl AdminConfig {
                     "{at}.token_sha256: expected 64 lower-case hex digits (the SHA-256 of the token)"
                 ));
             }
-            if a.name.is_empty() || a.name == "admin_token" || !names.insert(&a.name) {
+            // `admin_token` and `file` name the shared token and policy-file edits in the log.
+            let reserved = matches!(a.name.as_str(), "admin_token" | "file");
+            if a.name.is_empty() || reserved || !names.insert(&a.name) {
                 problems.push(format!(
-                    "{at}.name: must be non-empty, unique and not `admin_token`"
+                    "{at}.name: must be non-empty, unique, and neither `admin_token` nor `file`"
                 ));
             }
         }

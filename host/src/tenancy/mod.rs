@@ -66,6 +66,9 @@ impl Tenant {
 /// A key's tenant, id and expiry (Unix seconds).
 type KeyOf = (Arc<Tenant>, Arc<str>, Option<i64>);
 
+/// What is told of a policy the file brought in: (old text, new text).
+type FileChange = Box<dyn Fn(&str, &str) + Send + Sync>;
+
 struct PolicySet {
     by_key_hash: HashMap<[u8; 32], KeyOf>,
     tenants: BTreeMap<String, Arc<Tenant>>,
@@ -138,6 +141,8 @@ pub struct Tenancy {
     plugin_kinds: std::sync::OnceLock<KindOf>,
     /// Limits shared with the other replicas (Redis), when configured.
     shared: std::sync::OnceLock<Arc<Shared>>,
+    /// Told of each policy an edit of the file brought in (old text, new text).
+    on_file_change: std::sync::OnceLock<FileChange>,
     /// Serialises replacements (admin API, cluster follower), so the file and the policy in
     /// force are always the same version.
     replacing: Mutex<()>,
@@ -172,6 +177,7 @@ impl Tenancy {
             metrics,
             plugin_kinds: std::sync::OnceLock::new(),
             shared: std::sync::OnceLock::new(),
+            on_file_change: std::sync::OnceLock::new(),
             replacing: Mutex::default(),
         };
         t.install(parsed, text);
@@ -257,8 +263,12 @@ impl Tenancy {
         }
         match self.parse(&text) {
             Ok(p) => {
-                self.install(p, text);
+                let old = self.text();
+                self.install(p, text.clone());
                 tracing::info!(path = %path.display(), "policies reloaded");
+                if let Some(told) = self.on_file_change.get() {
+                    told(&old, &text);
+                }
             }
             Err(e) => {
                 tracing::warn!(path = %path.display(), problems = %e, "policy file rejected; keeping the policy in force")
@@ -383,6 +393,13 @@ impl Tenancy {
                 RedisFailure::Closed => Err(Denied::LimitsUnavailable),
             },
         }
+    }
+
+    /// `f` is told of each policy an edit of the file brings in (the audit log records it;
+    /// the admin API's replaces are recorded where they are made). Runs on the watcher's
+    /// thread.
+    pub fn on_file_change(&self, f: impl Fn(&str, &str) + Send + Sync + 'static) {
+        let _ = self.on_file_change.set(Box::new(f));
     }
 
     /// From now on, limits and budgets are shared through Redis.

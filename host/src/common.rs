@@ -167,6 +167,56 @@ pub fn postgres_connect(url: &str) -> Result<postgres::Client, postgres::Error> 
     cfg.connect(postgres_tls(root.as_deref()))
 }
 
+/// One PostgreSQL connection, made on first use (its `schema` run then), and dropped on any
+/// failed call so that a database that comes back is used again: a database away at start
+/// costs its store's requests, not the gateway its start.
+pub struct LazyPostgres {
+    url: String,
+    schema: &'static str,
+    client: std::sync::Mutex<Option<postgres::Client>>,
+}
+
+impl LazyPostgres {
+    pub fn new(url: &str, schema: &'static str) -> Self {
+        Self {
+            url: url.to_string(),
+            schema,
+            client: std::sync::Mutex::new(None),
+        }
+    }
+
+    /// Runs `f` on the connection, connecting (and creating the tables) first if needed.
+    pub fn with<T, E: From<postgres::Error>>(
+        &self,
+        f: impl FnOnce(&mut postgres::Client) -> Result<T, postgres::Error>,
+    ) -> Result<T, E> {
+        let mut slot = self.client.lock().unwrap_or_else(|e| e.into_inner());
+        let client = match &mut *slot {
+            Some(c) if !c.is_closed() => c,
+            _ => {
+                let mut c = postgres_connect(&self.url)?;
+                c.batch_execute(self.schema)?;
+                slot.insert(c)
+            }
+        };
+        f(client).map_err(|e| {
+            *slot = None;
+            e.into()
+        })
+    }
+}
+
+impl Drop for LazyPostgres {
+    /// The client closes its connection by blocking on a runtime of its own, which may not
+    /// happen on a thread that drives the server's: it is closed on a thread of its own.
+    fn drop(&mut self) {
+        let slot = self.client.get_mut().unwrap_or_else(|e| e.into_inner());
+        if let Some(client) = slot.take() {
+            let _ = std::thread::spawn(move || drop(client)).join();
+        }
+    }
+}
+
 /// `url` without the query parameter `key`, and its value: parameters libpq knows that the
 /// driver's parser does not.
 fn take_param(url: &str, key: &str) -> (String, Option<String>) {

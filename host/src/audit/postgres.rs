@@ -1,11 +1,10 @@
-//! The audit log in PostgreSQL (`[cluster] postgres`): one log for every replica. One
-//! connection, made lazily and dropped on any error, as the ledger's.
-
-use std::sync::Mutex;
+//! The audit log in PostgreSQL (`[cluster] postgres`): one log for every replica, on one lazy
+//! connection (`LazyPostgres`).
 
 use postgres::Client;
 
 use super::{AuditError, Change, Query, Row, Version};
+use crate::common::LazyPostgres;
 
 const SCHEMA: &str = "
 BEGIN;
@@ -27,36 +26,18 @@ CREATE TABLE IF NOT EXISTS gateway_policy_versions (
 COMMIT;
 ";
 
-pub struct Db {
-    url: String,
-    client: Mutex<Option<Client>>,
-}
+pub struct Db(LazyPostgres);
 
 impl Db {
     pub(super) fn open(url: &str) -> Self {
-        Self {
-            url: url.to_string(),
-            client: Mutex::new(None),
-        }
+        Self(LazyPostgres::new(url, SCHEMA))
     }
 
     fn with<T>(
         &self,
         f: impl FnOnce(&mut Client) -> Result<T, postgres::Error>,
     ) -> Result<T, AuditError> {
-        let mut slot = self.client.lock().unwrap_or_else(|e| e.into_inner());
-        let client = match &mut *slot {
-            Some(c) if !c.is_closed() => c,
-            _ => {
-                let mut c = crate::common::postgres_connect(&self.url)?;
-                c.batch_execute(SCHEMA)?;
-                slot.insert(c)
-            }
-        };
-        f(client).map_err(|e| {
-            *slot = None;
-            e.into()
-        })
+        self.0.with(f)
     }
 
     pub(super) fn record(&self, c: &Change, detail: &str) -> Result<(), AuditError> {
@@ -121,16 +102,5 @@ impl Db {
             )?;
             Ok(row.map(|r| r.get(0)))
         })
-    }
-}
-
-impl Drop for Db {
-    /// The client closes its connection by blocking on a runtime of its own, which may not
-    /// happen on a thread that drives the server's: it is closed on a thread of its own.
-    fn drop(&mut self) {
-        let slot = self.client.get_mut().unwrap_or_else(|e| e.into_inner());
-        if let Some(client) = slot.take() {
-            let _ = std::thread::spawn(move || drop(client)).join();
-        }
     }
 }

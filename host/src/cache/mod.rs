@@ -121,7 +121,7 @@ impl ResponseCache {
     }
 
     /// Stores the tenant's answer under `key` in this process's memory, unless answers go to
-    /// Redis: then the entry comes back, for `put`.
+    /// Redis: then the entry comes back, for `put_shared`.
     pub fn put_local(
         &self,
         tenant: &str,
@@ -145,25 +145,13 @@ impl ResponseCache {
         None
     }
 
-    /// Stores the tenant's answer under `key`, within its limits.
-    pub async fn put(&self, tenant: &str, key: Key, entry: Entry, limits: &Limits) {
-        if entry.size() > self.max_entry_bytes {
-            return;
+    /// Stores in Redis an answer `put_local` handed back.
+    pub async fn put_shared(&self, tenant: &str, key: Key, entry: Entry, limits: &Limits) {
+        let Some(r) = &self.redis else { return };
+        if entry.size() <= self.max_entry_bytes {
+            let evicted = r.put(tenant, &key, &entry, limits).await;
+            self.stored(tenant, evicted);
         }
-        let evicted = match &self.redis {
-            Some(r) => r.put(tenant, &key, &entry, limits).await,
-            None => {
-                let changed = self.memory.put(tenant, key, entry, limits);
-                let bytes = changed.bytes as i64;
-                self.metrics
-                    .cache
-                    .bytes
-                    .with_label_values(&[tenant])
-                    .set(bytes);
-                changed.evicted
-            }
-        };
-        self.stored(tenant, evicted);
     }
 
     fn stored(&self, tenant: &str, evicted: u64) {

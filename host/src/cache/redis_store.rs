@@ -123,16 +123,9 @@ impl RedisStore {
         url: &str,
         metrics: std::sync::Arc<Metrics>,
     ) -> anyhow::Result<Self> {
-        let client = redis::Client::open(url)?;
-        let timeout = Duration::from_millis(cfg.redis_timeout_ms);
-        let config = redis::aio::ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(timeout))
-            .set_response_timeout(Some(timeout))
-            .set_number_of_retries(1)
-            .set_max_delay(Duration::from_secs(1));
         Ok(Self {
-            con: ConnectionManager::new_lazy_with_config(client, config)?,
-            timeout,
+            con: cfg.redis_connection(url)?,
+            timeout: Duration::from_millis(cfg.redis_timeout_ms),
             put: Script::new(&format!("{NOW}{PUT}")),
             get: Script::new(&format!("{NOW}{GET}")),
             clear: Script::new(CLEAR),

@@ -39,3 +39,18 @@ impl Default for ClusterConfig {
         }
     }
 }
+
+impl ClusterConfig {
+    /// A connection to the Redis at `url`, made lazily (a Redis down at start is the failure
+    /// mode's business, not a reason not to start), each call bounded by `redis_timeout_ms`.
+    pub fn redis_connection(&self, url: &str) -> redis::RedisResult<redis::aio::ConnectionManager> {
+        let client = redis::Client::open(url)?;
+        let timeout = std::time::Duration::from_millis(self.redis_timeout_ms);
+        let config = redis::aio::ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(timeout))
+            .set_response_timeout(Some(timeout))
+            .set_number_of_retries(1)
+            .set_max_delay(std::time::Duration::from_secs(1));
+        redis::aio::ConnectionManager::new_lazy_with_config(client, config)
+    }
+}

@@ -1,13 +1,12 @@
 //! Stored responses in PostgreSQL (`[cluster] postgres`), so a conversation started on one
 //! replica continues on another. The same rows as in SQLite; the JSON kept as text, as sent.
-//! One connection, made lazily and dropped on any error, so a database that comes back is
-//! used again.
-
-use std::sync::Mutex;
+//! One lazy connection (`LazyPostgres`), dropped on any error, so a database that comes back
+//! is used again.
 
 use postgres::Client;
 
 use super::{Encoded, StoreError, Stored};
+use crate::common::LazyPostgres;
 
 const SCHEMA: &str = "
 BEGIN;
@@ -37,52 +36,21 @@ const EVICT_BATCH: i64 = 64;
 const ADD_BYTES: &str = "INSERT INTO gateway_response_bytes (tenant, bytes) VALUES ($1, $2) \
      ON CONFLICT (tenant) DO UPDATE SET bytes = gateway_response_bytes.bytes + EXCLUDED.bytes";
 
-pub(super) struct Db {
-    url: String,
-    client: Mutex<Option<Client>>,
-}
+pub(super) struct Db(LazyPostgres);
 
 impl Db {
     /// Connects on first use, as the ledger does: a database that is away at start (or whose
     /// certificate is not trusted) costs the Responses API its stored responses (503
     /// `store_unavailable`), not the gateway its start.
     pub(super) fn open(url: &str) -> Self {
-        Self {
-            url: url.to_string(),
-            client: Mutex::new(None),
-        }
+        Self(LazyPostgres::new(url, SCHEMA))
     }
 
-    /// Runs `f` on the connection, connecting (and creating the tables) first if needed; a
-    /// failed call drops the connection.
     fn with<T>(
         &self,
         f: impl FnOnce(&mut Client) -> Result<T, postgres::Error>,
     ) -> Result<T, StoreError> {
-        let mut slot = self.client.lock().unwrap_or_else(|e| e.into_inner());
-        let client = match &mut *slot {
-            Some(c) if !c.is_closed() => c,
-            _ => {
-                let mut c = crate::common::postgres_connect(&self.url)?;
-                c.batch_execute(SCHEMA)?;
-                slot.insert(c)
-            }
-        };
-        f(client).map_err(|e| {
-            *slot = None;
-            e.into()
-        })
-    }
-}
-
-impl Drop for Db {
-    /// The client closes its connection by blocking on a runtime of its own, which may not
-    /// happen on a thread that drives the server's: it is closed on a thread of its own.
-    fn drop(&mut self) {
-        let slot = self.client.get_mut().unwrap_or_else(|e| e.into_inner());
-        if let Some(client) = slot.take() {
-            let _ = std::thread::spawn(move || drop(client)).join();
-        }
+        self.0.with(f)
     }
 }
 

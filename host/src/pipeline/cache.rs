@@ -98,7 +98,7 @@ impl Keyed {
 
 /// `body` without the fields that do not shape the answer (keyed as `canonical_json`, keys
 /// sorted at every depth).
-pub fn canonical(body: &Map<String, Value>) -> Map<String, Value> {
+fn canonical(body: &Map<String, Value>) -> Map<String, Value> {
     let mut c = body.clone();
     for f in IGNORED {
         c.remove(f);
@@ -153,7 +153,7 @@ impl Pending {
             .put_local(&self.tenant, self.key, entry, &self.limits)?;
         Some(async move {
             self.cache
-                .put(&self.tenant, self.key, entry, &self.limits)
+                .put_shared(&self.tenant, self.key, entry, &self.limits)
                 .await
         })
     }

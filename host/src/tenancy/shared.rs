@@ -137,14 +137,8 @@ impl Shared {
     /// Connects lazily: a Redis that is down at start is the failure mode's business, not a
     /// reason not to start.
     pub fn new(cfg: &ClusterConfig, url: &str, metrics: Arc<Metrics>) -> anyhow::Result<Self> {
-        let client = redis::Client::open(url)?;
         let timeout = Duration::from_millis(cfg.redis_timeout_ms);
-        let config = redis::aio::ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(timeout))
-            .set_response_timeout(Some(timeout))
-            .set_number_of_retries(1)
-            .set_max_delay(Duration::from_secs(1));
-        let con = ConnectionManager::new_lazy_with_config(client, config)?;
+        let con = cfg.redis_connection(url)?;
         Ok(Self {
             con,
             failure: cfg.redis_failure,

@@ -97,6 +97,8 @@ impl PluginCalls {
         m.plugin_seconds
             .with_label_values(&[plugin.kind().as_str()])
             .observe(elapsed.as_secs_f64());
+        let cause = result.as_ref().err().map(CallError::cause);
+        plugin.stats.record(elapsed, cause);
         result.map_err(|cause| {
             m.plugin_failures
                 .with_label_values(&[&tenant.name, &plugin.name, cause.cause()])

@@ -28,6 +28,8 @@ struct PluginProcessor {
     /// `plugin_failures_total`, labelled for this tenant and plugin.
     failures: Arc<crate::metrics::Metrics>,
     labels: [String; 2],
+    /// Whose step times and failures each step adds to.
+    plugin: Arc<crate::plugins::Plugin>,
 }
 
 /// A processor's failure as it crosses the engine: the plugin's own error, with whose it is,
@@ -42,21 +44,22 @@ pub struct ProcessorFailure {
 
 impl LogitsProcessor for PluginProcessor {
     fn step(&mut self, tokens: &[u32], text: &str) -> Result<Steer, ProcessorError> {
-        self.processor
-            .step(tokens, text)
-            .map(steer)
-            .map_err(|error| {
-                let [tenant, plugin] = self.labels.clone();
-                self.failures
-                    .plugin_failures
-                    .with_label_values(&[&tenant, &plugin, error.cause()])
-                    .inc();
-                Arc::new(ProcessorFailure {
-                    tenant,
-                    plugin,
-                    error,
-                }) as ProcessorError
-            })
+        let start = std::time::Instant::now();
+        let stepped = self.processor.step(tokens, text);
+        let cause = stepped.as_ref().err().map(CallError::cause);
+        self.plugin.stats.record(start.elapsed(), cause);
+        stepped.map(steer).map_err(|error| {
+            let [tenant, plugin] = self.labels.clone();
+            self.failures
+                .plugin_failures
+                .with_label_values(&[&tenant, &plugin, error.cause()])
+                .inc();
+            Arc::new(ProcessorFailure {
+                tenant,
+                plugin,
+                error,
+            }) as ProcessorError
+        })
     }
 }
 
@@ -129,6 +132,7 @@ impl ProcessorStage {
                 processor: p,
                 failures: calls.metrics.clone(),
                 labels: [tenant.name.to_string(), plugin.name.to_string()],
+                plugin: plugin.clone(),
             };
             r.processor = Some(ProcessorSlot::new(Box::new(code), steer(first)));
             // Forced tokens and drafts skip sampling; the processor must see every choice.

@@ -11,6 +11,7 @@ mod legacy;
 mod processor;
 mod registry;
 mod runtime;
+pub mod stats;
 pub mod vocab;
 mod warm;
 pub mod watch;
@@ -204,6 +205,10 @@ pub struct Plugin {
     pub sha256: String,
     pub size: usize,
     pub loaded_at: SystemTime,
+    /// How long compiling and checking the component took.
+    pub load_time: std::time::Duration,
+    /// This version's calls, failures and call times.
+    pub stats: stats::Stats,
     prepared: Prepared,
     pool: warm::Pool,
 }

@@ -18,6 +18,9 @@ type Key = (String, String);
 /// Beside the plugins: a copy of each plugin's last version that loaded, so a rejected file
 /// dropped over a working one cannot lose the plugin at the next restart.
 const LAST_GOOD: &str = ".last-good";
+/// `<dir>/.previous/<tenant>/<name>.wasm`: the version the last good one replaced, which an
+/// admin may roll back to.
+const PREVIOUS: &str = ".previous";
 
 pub struct Registry {
     runtime: Arc<Runtime>,
@@ -166,6 +169,25 @@ impl Registry {
         Ok(plugin)
     }
 
+    /// The SHA-256 and size of the version `name`'s current one replaced, if it is still kept.
+    pub fn previous_info(&self, tenant: &str, name: &str) -> Option<(String, u64)> {
+        let base = self.dir.as_ref()?.join(PREVIOUS).join(tenant);
+        let sha = std::fs::read_to_string(base.join(format!("{name}.sha256"))).ok()?;
+        let size = std::fs::metadata(base.join(format!("{name}.wasm")))
+            .ok()?
+            .len();
+        Some((sha.trim().to_string(), size))
+    }
+
+    /// The version `name`'s current one replaced (its component and kind), if still kept.
+    pub fn previous(&self, tenant: &str, name: &str) -> Option<(Vec<u8>, Option<PluginKind>)> {
+        check_names(tenant, name).ok()?;
+        let base = self.dir.as_ref()?.join(PREVIOUS).join(tenant);
+        let wasm = std::fs::read(base.join(format!("{name}.wasm"))).ok()?;
+        let kind = manifest_kind(&base.join(format!("{name}.toml"))).ok()?;
+        Some((wasm, kind))
+    }
+
     /// Removes the tenant's plugin `name` (and its files). Calls in flight finish on it.
     pub fn remove(&self, tenant: &str, name: &str) -> Result<bool, LoadError> {
         check_names(tenant, name)?;
@@ -173,6 +195,7 @@ impl Registry {
         if let Some(dir) = &self.dir {
             remove_files(&dir.join(tenant), name)?;
             remove_files(&dir.join(LAST_GOOD).join(tenant), name)?;
+            remove_files(&dir.join(PREVIOUS).join(tenant), name)?;
         }
         let mut existed = false;
         self.swap(|m| existed = m.remove(&key(tenant, name)).is_some());
@@ -301,6 +324,7 @@ impl Registry {
         wasm: &[u8],
         kind: Option<PluginKind>,
     ) -> Result<Arc<Plugin>, LoadError> {
+        let start = std::time::Instant::now();
         let prepared = self.runtime.prepare(wasm, kind)?;
         Ok(Arc::new(Plugin {
             tenant: tenant.into(),
@@ -308,6 +332,8 @@ impl Registry {
             sha256: hex(&Sha256::digest(wasm)),
             size: wasm.len(),
             loaded_at: SystemTime::now(),
+            load_time: start.elapsed(),
+            stats: Default::default(),
             pool: super::warm::Pool::new(&self.runtime),
             prepared,
         }))
@@ -328,8 +354,10 @@ impl Registry {
 fn keep_last_good(dir: &Path, tenant: &str, name: &str, wasm: &[u8], kind: PluginKind) {
     let base = dir.join(LAST_GOOD).join(tenant);
     let path = base.join(format!("{name}.wasm"));
-    if std::fs::read(&path).is_ok_and(|old| old == wasm) {
-        return;
+    match std::fs::read(&path) {
+        Ok(old) if old == wasm => return,
+        Ok(old) => keep_previous(dir, (tenant, name), &old, &base),
+        Err(_) => {}
     }
     let manifest = format!("kind = \"{kind}\"\n");
     let kept = write_atomically(&base.join(format!("{name}.toml")), manifest.as_bytes())
@@ -339,20 +367,36 @@ fn keep_last_good(dir: &Path, tenant: &str, name: &str, wasm: &[u8], kind: Plugi
     }
 }
 
+/// Keeps the last good version `old` (its manifest read from `from`) as the one to roll back
+/// to, with its SHA-256 beside it so listing it reads no component.
+fn keep_previous(dir: &Path, (tenant, name): (&str, &str), old: &[u8], from: &Path) {
+    let base = dir.join(PREVIOUS).join(tenant);
+    let manifest = std::fs::read(from.join(format!("{name}.toml"))).unwrap_or_default();
+    let sha = hex(&Sha256::digest(old));
+    let kept = write_atomically(&base.join(format!("{name}.toml")), &manifest)
+        .and_then(|()| write_atomically(&base.join(format!("{name}.wasm")), old))
+        .and_then(|()| write_atomically(&base.join(format!("{name}.sha256")), sha.as_bytes()));
+    if let Err(e) = kept {
+        tracing::warn!(plugin = %format!("{tenant}/{name}"), error = %e, "could not keep the replaced version for a rollback");
+    }
+}
+
 /// Logs a plugin whose file was deleted and removes its kept copy too (the deletion was on
 /// purpose); returns its label.
 fn removed(dir: &Path, k: &Key) -> String {
     let label = format!("{}/{}", k.0, k.1);
     tracing::info!(plugin = %label, "plugin removed");
-    if let Err(e) = remove_files(&dir.join(LAST_GOOD).join(&k.0), &k.1) {
-        tracing::warn!(plugin = %label, error = %e, "could not remove the kept last version");
+    for kept in [LAST_GOOD, PREVIOUS] {
+        if let Err(e) = remove_files(&dir.join(kept).join(&k.0), &k.1) {
+            tracing::warn!(plugin = %label, error = %e, "could not remove a kept version");
+        }
     }
     label
 }
 
 /// Deletes `<base>/<name>.wasm` and its manifest; files already gone are fine.
 fn remove_files(base: &Path, name: &str) -> std::io::Result<()> {
-    for ext in ["wasm", "toml"] {
+    for ext in ["wasm", "toml", "sha256"] {
         match std::fs::remove_file(base.join(format!("{name}.{ext}"))) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
             _ => {}

@@ -74,6 +74,8 @@ impl Gateway {
             cache,
             admin_accounts: cfg.admin.accounts.clone(),
             audit: load::audit(cfg)?,
+            sessions: Default::default(),
+            overview: Default::default(),
         });
         audit_file_edits(&state);
         state.upstreams.start_probes().await;

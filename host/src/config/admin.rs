@@ -38,6 +38,15 @@ pub enum AdminRole {
     Viewer,
 }
 
+impl AdminRole {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AdminRole::Admin => "admin",
+            AdminRole::Viewer => "viewer",
+        }
+    }
+}
+
 impl AdminConfig {
     /// Every problem of the accounts, each naming the account.
     pub fn problems(&self) -> Vec<String> {

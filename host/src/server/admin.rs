@@ -10,7 +10,6 @@ use serde_json::{json, Value};
 use super::audit::{record, Actor};
 use super::error::ApiError;
 use super::{json_response, AppState, Response};
-use crate::plugins::{Plugin, PluginKind};
 
 pub async fn route(
     state: &Arc<AppState>,
@@ -22,9 +21,10 @@ pub async fn route(
 ) -> Result<Response, ApiError> {
     match (method.as_str(), path) {
         (_, p) if p == "/admin/plugins" || p.starts_with("/admin/plugins/") => {
-            plugins(state, actor, method, path, query, body).await
+            super::plugin_admin::route(state, actor, method, path, query, body).await
         }
         ("GET", "/admin/audit") => super::audit::list(state, query).await,
+        ("GET", "/admin/overview") => Ok(super::overview::overview(state)),
         ("GET", "/admin/collections") => super::admin_views::collections(state, query).await,
         ("GET", "/admin/policies") => Ok(super::policies::toml(state.tenancy.text())),
         ("PUT", "/admin/policies") => {
@@ -32,8 +32,16 @@ pub async fn route(
                 .map_err(|_| ApiError::invalid(None, "The policy file must be UTF-8 TOML."))?;
             super::policies::replace(state, actor, text, None).await
         }
+        ("GET", "/admin/tenants") => super::tenants::list(state).await,
         (_, p) if p.starts_with("/admin/tenants/") => {
-            super::keys::route(state, actor, method, p, body).await
+            let rest = &p["/admin/tenants/".len()..];
+            match rest.split_once('/') {
+                Some((_, k)) if k == "keys" || k.starts_with("keys/") => {
+                    super::keys::route(state, actor, method, p, body).await
+                }
+                Some(_) => Err(ApiError::not_found(p)),
+                None => super::tenants::one(state, actor, method, rest, query, body).await,
+            }
         }
         (_, p) if p.starts_with("/admin/policies/versions") => {
             super::policies::versions(state, actor, method, p, query).await
@@ -44,9 +52,11 @@ pub async fn route(
             crate::pipeline::blocking("usage", move || usage(&st, q.as_deref())).await?
         }
         (_, "/admin/cache") => cache(state, actor, method, query).await,
-        (_, "/admin/policies" | "/admin/usage" | "/admin/audit") => {
-            Err(ApiError::method_not_allowed(method, path))
-        }
+        (
+            _,
+            "/admin/policies" | "/admin/usage" | "/admin/audit" | "/admin/tenants"
+            | "/admin/overview",
+        ) => Err(ApiError::method_not_allowed(method, path)),
         _ => Err(ApiError::not_found(path)),
     }
 }
@@ -197,170 +207,4 @@ fn time_param(name: &'static str, v: &str) -> Result<i64, ApiError> {
     let doy = (153 * ((m + 9) % 12) + 2) / 5 + d - 1;
     let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
     Ok((era * 146_097 + doe - 719_468) * 86_400)
-}
-
-/// `/admin/plugins[/<tenant>/<name>]`: list, upload (PUT, body = the .wasm, `?kind=` optional)
-/// and delete tenant plugins. Needs `Authorization: Bearer <admin_token>`.
-async fn plugins(
-    state: &Arc<AppState>,
-    actor: &Actor,
-    method: &http::Method,
-    path: &str,
-    query: Option<&str>,
-    body: Option<Bytes>,
-) -> Result<Response, ApiError> {
-    let rest = path.strip_prefix("/admin/plugins").unwrap_or_default();
-    let parts: Vec<&str> = rest.split('/').filter(|s| !s.is_empty()).collect();
-    match (method.as_str(), parts.as_slice()) {
-        ("GET", []) => Ok(list_plugins(state)),
-        ("PUT", [tenant, name]) => {
-            let (status, described) = put_plugin(state, tenant, name, query, body).await?;
-            let target = format!("{tenant}/{name}");
-            record(state, actor, "plugin.put", &target, described.clone()).await;
-            Ok(json_response(status, &described))
-        }
-        ("DELETE", [tenant, name]) => match delete_plugin(state, tenant, name).await? {
-            Ok(true) => {
-                let target = format!("{tenant}/{name}");
-                record(state, actor, "plugin.delete", &target, Value::Null).await;
-                Ok(json_response(
-                    StatusCode::OK,
-                    &json!({"deleted": true, "tenant": tenant, "name": name}),
-                ))
-            }
-            Ok(false) => Err(ApiError {
-                status: StatusCode::NOT_FOUND,
-                code: Some("plugin_not_found"),
-                ..ApiError::invalid(None, format!("Tenant `{tenant}` has no plugin `{name}`."))
-            }),
-            Err(e) => Err(ApiError {
-                code: Some(e.code()),
-                ..ApiError::invalid(None, e.to_string())
-            }),
-        },
-        (_, [] | [_, _]) => Err(ApiError::method_not_allowed(method, path)),
-        _ => Err(ApiError::not_found(path)),
-    }
-}
-
-/// `GET /admin/plugins`: what serves, and the files refused with their reasons.
-fn list_plugins(state: &AppState) -> Response {
-    let list: Vec<Value> = state.plugins.list().iter().map(|p| describe(p)).collect();
-    let rejected: Vec<Value> = state
-        .plugins
-        .rejections()
-        .into_iter()
-        .map(|r| {
-            let at = r.at.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
-            json!({"tenant": r.tenant, "name": r.name, "sha256": r.sha256, "reason": r.reason, "rejected_at": at})
-        })
-        .collect();
-    json_response(
-        StatusCode::OK,
-        &json!({"object": "list", "data": list, "rejected": rejected}),
-    )
-}
-
-/// `PUT /admin/plugins/{tenant}/{name}[?kind=]`: compiles and checks the upload off the
-/// runtime, stores it in the shared store first on a cluster, then swaps it in; the status
-/// and the plugin as installed (what the audit log records: kind, sha256, size).
-async fn put_plugin(
-    state: &Arc<AppState>,
-    tenant: &str,
-    name: &str,
-    query: Option<&str>,
-    body: Option<Bytes>,
-) -> Result<(StatusCode, Value), ApiError> {
-    // A plugin for a tenant the policy does not know could never be called: it would only
-    // leave files (and a folder) behind.
-    if !state.tenancy.has_tenant(tenant) {
-        return Err(ApiError {
-            status: StatusCode::NOT_FOUND,
-            code: Some("tenant_not_found"),
-            ..ApiError::invalid(
-                None,
-                format!("No tenant `{tenant}` in the policy in force; add it there first."),
-            )
-        });
-    }
-    let kind = match query.and_then(|q| q.split('&').find_map(|kv| kv.strip_prefix("kind="))) {
-        Some(k) => Some(PluginKind::parse(k).ok_or_else(|| ApiError {
-            code: Some("invalid_kind"),
-            ..ApiError::invalid("kind", format!("Unknown plugin kind {k:?}; use prompt-template, reranker, output-parser, logits-processor or cache-key."))
-        })?),
-        None => None,
-    };
-    let wasm = body.unwrap_or_default();
-    let existed = state.plugins.get(tenant, name).is_some();
-    let (st, t, n) = (state.clone(), tenant.to_string(), name.to_string());
-    let installed = crate::pipeline::blocking("plugin install", move || {
-        let plugin = st.plugins.prepare(&t, &n, &wasm, kind)?;
-        if let Some(cluster) = &st.cluster {
-            cluster
-                .put_plugin(&t, &n, plugin.kind(), &plugin.sha256, &wasm)
-                .map_err(Stored::Not)?;
-        }
-        Ok(st.plugins.put(plugin, &wasm)?)
-    })
-    .await?;
-    match installed {
-        Ok(p) => {
-            tracing::info!(tenant = %p.tenant, plugin = %p.name, kind = %p.kind(), "plugin installed through the admin API");
-            let status = match existed {
-                true => StatusCode::OK,
-                false => StatusCode::CREATED,
-            };
-            Ok((status, describe(&p)))
-        }
-        Err(Stored::Not(e)) => Err(ApiError::store_unavailable(&e)),
-        Err(Stored::Load(e @ crate::plugins::LoadError::Io(_))) => Err(ApiError {
-            code: Some(e.code()),
-            ..ApiError::internal(e.to_string())
-        }),
-        Err(Stored::Load(e)) => Err(ApiError {
-            code: Some(e.code()),
-            ..ApiError::invalid(
-                None,
-                format!("Plugin rejected; the previous version (if any) stays: {e}"),
-            )
-        }),
-    }
-}
-
-/// Why an upload did not go in: the plugin, or the shared store.
-enum Stored {
-    Load(crate::plugins::LoadError),
-    Not(crate::cluster::StoreError),
-}
-
-impl From<crate::plugins::LoadError> for Stored {
-    fn from(e: crate::plugins::LoadError) -> Self {
-        Stored::Load(e)
-    }
-}
-
-/// Removes the plugin here and, when replicas share plugins, on every one (stored first).
-async fn delete_plugin(
-    state: &Arc<AppState>,
-    tenant: &str,
-    name: &str,
-) -> Result<Result<bool, crate::plugins::LoadError>, ApiError> {
-    if let (Some(cluster), true) = (&state.cluster, state.plugins.get(tenant, name).is_some()) {
-        let (c, t, n) = (cluster.clone(), tenant.to_string(), name.to_string());
-        crate::pipeline::blocking("plugin store", move || c.delete_plugin(&t, &n))
-            .await?
-            .map_err(|e| ApiError::store_unavailable(&e))?;
-        // Stored, so deleted: this replica's own follower may have seen the stored delete and
-        // removed the plugin before the line below runs.
-        return Ok(state.plugins.remove(tenant, name).map(|_| true));
-    }
-    Ok(state.plugins.remove(tenant, name))
-}
-
-fn describe(p: &Plugin) -> Value {
-    let loaded = p
-        .loaded_at
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    json!({"tenant": &*p.tenant, "name": &*p.name, "kind": p.kind().as_str(), "wit_version": p.wit_version(), "sha256": p.sha256, "bytes": p.size, "loaded_at": loaded})
 }

@@ -19,9 +19,8 @@ pub struct Actor {
     pub role: AdminRole,
 }
 
-/// The admin behind the request's bearer token: the shared `admin_token` (an admin named
-/// `admin_token`) or a named account; 401 for anything else, 404 when the admin API is off.
-pub fn authorized(state: &AppState, headers: &http::HeaderMap) -> Result<Actor, ApiError> {
+/// 404 when the admin API (and so its console) is off: no token and no account.
+pub fn enabled(state: &AppState) -> Result<(), ApiError> {
     if state.admin_token.is_none() && state.admin_accounts.is_empty() {
         return Err(ApiError {
             status: StatusCode::NOT_FOUND,
@@ -31,10 +30,33 @@ pub fn authorized(state: &AppState, headers: &http::HeaderMap) -> Result<Actor, 
             )
         });
     }
-    let presented = super::bearer(headers).unwrap_or_default();
+    Ok(())
+}
+
+/// The admin behind the request: its bearer token (the shared `admin_token`, an admin named
+/// `admin_token`, or a named account's), else its console session; 401 for anything else.
+pub fn authorized(
+    state: &AppState,
+    headers: &http::HeaderMap,
+    method: &http::Method,
+) -> Result<Actor, ApiError> {
+    if let Some(presented) = super::bearer(headers) {
+        return by_token(state, presented).ok_or_else(|| {
+            ApiError::unauthorized("Wrong admin token (Authorization: Bearer <token>).")
+        });
+    }
+    super::console::session_actor(state, headers, method).unwrap_or_else(|| {
+        Err(ApiError::unauthorized(
+            "Missing admin token (Authorization: Bearer <token>).",
+        ))
+    })
+}
+
+/// The admin a token belongs to, if any.
+pub fn by_token(state: &AppState, presented: &str) -> Option<Actor> {
     if let Some(expected) = &state.admin_token {
         if same(presented.as_bytes(), expected.as_bytes()) {
-            return Ok(Actor {
+            return Some(Actor {
                 name: "admin_token".into(),
                 role: AdminRole::Admin,
             });
@@ -51,13 +73,11 @@ pub fn authorized(state: &AppState, headers: &http::HeaderMap) -> Result<Actor, 
             });
         }
     }
-    found.ok_or_else(|| {
-        ApiError::unauthorized("Missing or wrong admin token (Authorization: Bearer <token>).")
-    })
+    found
 }
 
 /// Constant-time equality.
-fn same(a: &[u8], b: &[u8]) -> bool {
+pub(super) fn same(a: &[u8], b: &[u8]) -> bool {
     let mut diff = a.len() ^ b.len();
     for (i, y) in b.iter().enumerate() {
         diff |= (a.get(i).copied().unwrap_or(0) ^ y) as usize;

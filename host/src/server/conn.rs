@@ -186,7 +186,9 @@ pub async fn accept_loop(
                 Some(acceptor) => {
                     let handshake = Duration::from_millis(limits.tls_handshake_timeout_ms);
                     match tokio::time::timeout(handshake, acceptor.accept(stream)).await {
-                        Ok(Ok(tls)) => serve_connection(tls, activity, state, role, stop).await,
+                        Ok(Ok(tls)) => {
+                            serve_connection(tls, activity, state, (role, true), stop).await
+                        }
                         Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
                         Err(_) => {
                             metrics.edge.closed("tls_handshake_timeout");
@@ -194,7 +196,7 @@ pub async fn accept_loop(
                         }
                     }
                 }
-                None => serve_connection(stream, activity, state, role, stop).await,
+                None => serve_connection(stream, activity, state, (role, false), stop).await,
             }
             drop(slot);
             metrics.edge.open_connections.dec();
@@ -251,7 +253,7 @@ async fn serve_connection<S>(
     io: S,
     activity: Arc<Activity>,
     state: Arc<AppState>,
-    role: super::Role,
+    role: (super::Role, bool),
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,

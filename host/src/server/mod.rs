@@ -9,6 +9,7 @@ mod bodies;
 mod cache;
 mod collections;
 mod conn;
+pub mod console;
 mod deadlines;
 mod dispatch;
 pub use conn::raise_fd_limit;
@@ -16,6 +17,8 @@ mod embeddings;
 pub mod error;
 mod keys;
 mod logprobs;
+pub mod overview;
+mod plugin_admin;
 mod plugins;
 mod policies;
 mod relay;
@@ -24,6 +27,7 @@ mod responses;
 mod routes;
 mod sse;
 mod state;
+mod tenants;
 pub use state::{AppState, Fallback, Shutdown};
 pub mod tls;
 mod tool_calls;
@@ -99,7 +103,7 @@ pub(super) fn bearer(headers: &http::HeaderMap) -> Option<&str> {
 
 async fn route(
     state: Arc<AppState>,
-    endpoint: Endpoint,
+    (endpoint, secure): (Endpoint, bool),
     req: &http::request::Parts,
     body: &mut Option<Incoming>,
 ) -> Result<Response, ApiError> {
@@ -164,7 +168,11 @@ async fn route(
         Endpoint::Ready => ready(&state),
         Endpoint::Metrics => Ok(metrics(&state)),
         Endpoint::Admin => {
-            let actor = audit::authorized(&state, &req.headers)?;
+            audit::enabled(&state)?;
+            if let Some(served) = console::serve(&state, secure, req, body).await {
+                return served;
+            }
+            let actor = audit::authorized(&state, &req.headers, &req.method)?;
             audit::permitted(&actor, &req.method)?;
             let query = req.uri.query().map(str::to_string);
             let body = if matches!(req.method, Method::PUT | Method::POST) {
@@ -241,9 +249,10 @@ fn model_card(state: &AppState, e: &Engine) -> serde_json::Value {
     })
 }
 
+/// Answers one request; `secure`: it came over TLS (the console's cookie is then `Secure`).
 pub(super) async fn handle(
     state: Arc<AppState>,
-    role: Role,
+    (role, secure): (Role, bool),
     req: http::Request<Incoming>,
 ) -> Result<Response, Infallible> {
     let start = Instant::now();
@@ -255,7 +264,9 @@ pub(super) async fn handle(
     let mut body = Some(body);
     // A listener does not reveal the other listener's routes: they are unknown here.
     let routed = match routes::resolve(&method, &path) {
-        Resolved::Found(e) if e.served_by(role) => route(state.clone(), e, &parts, &mut body).await,
+        Resolved::Found(e) if e.served_by(role) => {
+            route(state.clone(), (e, secure), &parts, &mut body).await
+        }
         Resolved::WrongMethod(e) if e.served_by(role) => {
             Err(ApiError::method_not_allowed(&method, &path))
         }
@@ -327,6 +338,7 @@ pub async fn serve(
     state: Arc<AppState>,
     drain: std::time::Duration,
 ) -> std::io::Result<()> {
+    overview::start(&state);
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let (max, per_client) = (
         state.http.max_connections,

@@ -27,15 +27,23 @@ pub async fn replace(
     text: String,
     from: Option<i64>,
 ) -> Result<Response, ApiError> {
+    let version = apply(state, actor, text, from).await?;
+    Ok(json_response(
+        StatusCode::OK,
+        &json!({"status": "applied", "version": version}),
+    ))
+}
+
+/// `replace`, answering with the kept version's id (none without a log).
+pub async fn apply(
+    state: &AppState,
+    actor: &Actor,
+    text: String,
+    from: Option<i64>,
+) -> Result<Option<i64>, ApiError> {
     if state.tenancy.open_mode() {
         return Err(ApiError::invalid(None, "No policy file is configured (`policies` in the config); start the gateway with one to manage tenants."));
     }
-    let rejected = |e| {
-        ApiError::invalid(
-            None,
-            format!("Policy rejected; the policy in force stays. Problems:\n{e}"),
-        )
-    };
     if let Some(cluster) = state.cluster.clone() {
         state.tenancy.check(&text).map_err(rejected)?;
         let t = text.clone();
@@ -53,10 +61,15 @@ pub async fn replace(
         changes["reapplied"] = json!(from);
     }
     record(state, actor, "policy.replace", "policies", changes).await;
-    Ok(json_response(
-        StatusCode::OK,
-        &json!({"status": "applied", "version": version}),
-    ))
+    Ok(version)
+}
+
+/// The problems of a policy text the admin API was given: 400, the policy in force stays.
+pub fn rejected(e: crate::tenancy::policy::PolicyError) -> ApiError {
+    ApiError::invalid(
+        None,
+        format!("Policy rejected; the policy in force stays. Problems:\n{e}"),
+    )
 }
 
 /// Keeps the applied text as a version; its id, none without a log (or when it failed,

@@ -39,6 +39,10 @@ pub struct AppState {
     pub admin_accounts: Vec<crate::config::AdminAccount>,
     /// Every admin change (none without a ledger).
     pub audit: Option<Arc<crate::audit::Audit>>,
+    /// The admin console's signed-in sessions.
+    pub sessions: super::console::Sessions,
+    /// The last minutes of rates and load `GET /admin/overview` charts.
+    pub overview: super::overview::History,
 }
 
 /// Where a local model's requests go when its queue is long.

@@ -129,6 +129,28 @@ impl Pool {
         })
     }
 
+    /// Each replica as an admin sees it: address, health and load.
+    pub fn replicas_view(&self) -> Vec<serde_json::Value> {
+        let now = Instant::now();
+        self.replicas
+            .read()
+            .iter()
+            .map(|r| {
+                let n = |a: &AtomicUsize| a.load(Ordering::Relaxed);
+                serde_json::json!({
+                    "url": r.label,
+                    "healthy": r.healthy.load(Ordering::Relaxed),
+                    "available": r.available(now),
+                    "in_flight": n(&r.outstanding),
+                    "running": n(&r.running),
+                    "waiting": n(&r.waiting),
+                    "kv_usage": n(&r.kv_milli) as f64 / 1000.0,
+                    "failures": r.failures.load(Ordering::Relaxed),
+                })
+            })
+            .collect()
+    }
+
     /// Every available replica has more than `saturated_waiting` requests queued (or none is
     /// available): the time to send new requests down the fallback chain.
     pub fn saturated(&self) -> bool {

@@ -44,6 +44,17 @@ install_deb() {
   else sudo -n apt-get install -y -qq "$@"; fi
 }
 command -v redis-server >/dev/null || install_deb redis-server
+# The admin console is tested in a real browser: Debian's headless Chromium, driven by
+# Playwright for Python (pointed at it; Playwright's own browser download is not needed).
+command -v chromium >/dev/null || install_deb chromium
+python3 -m pip show playwright 2>/dev/null | grep -qx 'Version: 1.65.3' ||
+  python3 -m pip install --quiet --disable-pip-version-check playwright==1.65.3
+# The console's chart library is vendored in host/ui/vendor: it must be the lockfile's package,
+# byte for byte.
+npm ci --silent --no-audit --no-fund --prefix host/ui
+for f in uPlot.iife.min.js uPlot.min.css; do
+  cmp host/ui/vendor/$f host/ui/node_modules/uplot/dist/$f
+done
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || install_deb postgresql
 export GATEWAY_TEST_SERVICES=required
 # The retrieval evaluation derives its labelled set from Debian's FAQ package (downloaded with

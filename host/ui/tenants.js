@@ -201,7 +201,8 @@
     const box = h('form', { class: 'card', id: 'tenant-form', autocomplete: 'off' });
     box.addEventListener('submit', (ev) => ev.preventDefault());
     cancel.addEventListener('click', () => box.remove());
-    box.append(
+    // DOM `append` would write a null as the text "null": the optional parts are dropped first.
+    box.append(...[
       h('h2', null, name ? `Edit tenant ${name}` : 'New tenant'),
       grid([
         field('Name', nameInput, name ? 'The name cannot change; make a new tenant instead.' : null),
@@ -223,7 +224,7 @@
       status,
       diffBox,
       current.toml ? h('details', null, h('summary', null, 'As written in the policy file'), h('pre', { class: 'code' }, current.toml)) : null,
-    );
+    ].filter(Boolean));
     return box;
   }
 

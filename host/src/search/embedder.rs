@@ -1,13 +1,21 @@
 //! A BERT-family sentence encoder (all-MiniLM-L6-v2 by default) from an HF folder
-//! (`config.json` + `*.safetensors` + `tokenizer.json`): f32 forward over candle tensors, mean
-//! pooling over real tokens, L2 normalisation — what sentence-transformers computes for this
-//! model. Inputs of one call are batched, padded to the longest.
+//! (`config.json` + `*.safetensors` + `tokenizer.json`): tokenizing, checking and loading here;
+//! the f32 forward (mean pooling over the tokens, L2 normalisation: what sentence-transformers
+//! computes for this model) on packed sequences in `super::encoder`, batched across callers.
 
 use std::collections::HashMap;
 use std::path::Path;
+use std::sync::Arc;
 
-use candle_core::{DType, Device, Tensor, D};
+use candle_core::{DType, Device, Tensor};
 use serde::Deserialize;
+
+use super::encoder::batcher::Batcher;
+use super::encoder::{Encoder, Layer, Linear, Norm};
+
+/// Tokens of one forward: a few MiB of buffers (the MLP's is the largest, 1536 floats a
+/// token), big enough that each GEMM runs near the cores' peak.
+const BATCH_TOKENS: usize = 2048;
 
 #[derive(Debug, thiserror::Error)]
 pub enum EmbedError {
@@ -25,6 +33,8 @@ pub enum EmbedError {
     Tokenizer(String),
     #[error("model: {0}")]
     Model(#[from] candle_core::Error),
+    #[error("encoder: {0}")]
+    Encoder(String),
 }
 
 #[derive(Deserialize)]
@@ -44,54 +54,11 @@ fn eps() -> f64 {
     1e-12
 }
 
-struct Linear {
-    /// Transposed once at load: [in, out].
-    w_t: Tensor,
-    b: Tensor,
-}
-
-impl Linear {
-    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        x.broadcast_matmul(&self.w_t)?.broadcast_add(&self.b)
-    }
-}
-
-struct LayerNorm {
-    w: Tensor,
-    b: Tensor,
-    eps: f64,
-}
-
-impl LayerNorm {
-    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        let mean = x.mean_keepdim(D::Minus1)?;
-        let centered = x.broadcast_sub(&mean)?;
-        let var = centered.sqr()?.mean_keepdim(D::Minus1)?;
-        let normed = centered.broadcast_div(&(var + self.eps)?.sqrt()?)?;
-        normed.broadcast_mul(&self.w)?.broadcast_add(&self.b)
-    }
-}
-
-struct Layer {
-    q: Linear,
-    k: Linear,
-    v: Linear,
-    attn_out: Linear,
-    attn_norm: LayerNorm,
-    up: Linear,
-    down: Linear,
-    out_norm: LayerNorm,
-}
-
 pub struct Embedder {
     pub name: String,
     tokenizer: tokenizers::Tokenizer,
-    word: Tensor,
-    position: Tensor,
-    token_type: Tensor,
-    embed_norm: LayerNorm,
-    layers: Vec<Layer>,
-    heads: usize,
+    /// The one encoder thread every caller's sequences are batched on.
+    batcher: Batcher,
     pub dim: usize,
     pub max_tokens: usize,
     vocab: usize,
@@ -104,16 +71,19 @@ impl Embedder {
         let w = Weights {
             tensors: read_tensors(dir)?,
             dir,
-            eps: cfg.layer_norm_eps,
         };
+        let d = cfg.hidden_size;
         let layers = (0..cfg.num_hidden_layers)
             .map(|i| {
                 let p = format!("encoder.layer.{i}");
+                let attn = |part: &str| w.linear(&format!("{p}.attention.{part}"));
                 Ok(Layer {
-                    q: w.linear(&format!("{p}.attention.self.query"))?,
-                    k: w.linear(&format!("{p}.attention.self.key"))?,
-                    v: w.linear(&format!("{p}.attention.self.value"))?,
-                    attn_out: w.linear(&format!("{p}.attention.output.dense"))?,
+                    qkv: Linear::fuse(&[
+                        attn("self.query")?,
+                        attn("self.key")?,
+                        attn("self.value")?,
+                    ]),
+                    out: attn("output.dense")?,
                     attn_norm: w.norm(&format!("{p}.attention.output.LayerNorm"))?,
                     up: w.linear(&format!("{p}.intermediate.dense"))?,
                     down: w.linear(&format!("{p}.output.dense"))?,
@@ -121,16 +91,25 @@ impl Embedder {
                 })
             })
             .collect::<Result<Vec<_>, EmbedError>>()?;
-        Ok(Self {
-            name: name.to_string(),
-            tokenizer,
+        let mut token_type = w.get("embeddings.token_type_embeddings.weight")?;
+        token_type.truncate(d);
+        let encoder = Encoder {
             word: w.get("embeddings.word_embeddings.weight")?,
             position: w.get("embeddings.position_embeddings.weight")?,
-            token_type: w.get("embeddings.token_type_embeddings.weight")?,
+            token_type,
             embed_norm: w.norm("embeddings.LayerNorm")?,
             layers,
             heads: cfg.num_attention_heads,
-            dim: cfg.hidden_size,
+            dim: d,
+            eps: cfg.layer_norm_eps as f32,
+            threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        };
+        check_shapes(&encoder, &cfg).map_err(|m| load_error(dir, m))?;
+        Ok(Self {
+            name: name.to_string(),
+            tokenizer,
+            batcher: Batcher::new(Arc::new(encoder), BATCH_TOKENS),
+            dim: d,
             max_tokens: cfg.max_position_embeddings,
             vocab: cfg.vocab_size,
         })
@@ -192,79 +171,33 @@ impl Embedder {
                 });
             }
         }
-        // Similar lengths together: less padding computed.
-        let mut order: Vec<usize> = (0..inputs.len()).collect();
-        order.sort_by_key(|&i| inputs[i].len());
-        let mut results = vec![Vec::new(); inputs.len()];
-        for chunk in order.chunks(32) {
-            let batch: Vec<&Vec<u32>> = chunk.iter().map(|&i| &inputs[i]).collect();
-            for (&i, v) in chunk.iter().zip(self.forward(&batch)?) {
-                results[i] = v;
-            }
-        }
-        Ok(results)
+        self.batcher
+            .embed(inputs.to_vec())
+            .map_err(EmbedError::Encoder)
     }
+}
 
-    fn forward(&self, batch: &[&Vec<u32>]) -> Result<Vec<Vec<f32>>, EmbedError> {
-        let (b, len) = (
-            batch.len(),
-            batch.iter().map(|ids| ids.len()).max().unwrap_or(0).max(1),
-        );
-        let mut ids = vec![0u32; b * len];
-        let mut mask = vec![0f32; b * len];
-        for (r, seq) in batch.iter().enumerate() {
-            ids[r * len..r * len + seq.len()].copy_from_slice(seq);
-            mask[r * len..r * len + seq.len()].fill(1.0);
+/// Every table is as large as the config says, so no token or position indexes past one.
+fn check_shapes(e: &Encoder, cfg: &Config) -> Result<(), String> {
+    let d = cfg.hidden_size;
+    let want = [
+        ("word embeddings", e.word.len(), cfg.vocab_size * d),
+        (
+            "position embeddings",
+            e.position.len(),
+            cfg.max_position_embeddings * d,
+        ),
+        ("token type embeddings", e.token_type.len(), d),
+    ];
+    for (what, got, need) in want {
+        if got != need {
+            return Err(format!("{what}: {got} values, the config implies {need}"));
         }
-        let dev = Device::Cpu;
-        let ids = Tensor::from_vec(ids, (b * len,), &dev)?;
-        let mask = Tensor::from_vec(mask, (b, len), &dev)?;
-        let x = self
-            .word
-            .index_select(&ids, 0)?
-            .reshape((b, len, self.dim))?;
-        let x = x
-            .broadcast_add(&self.position.narrow(0, 0, len)?)?
-            .broadcast_add(&self.token_type.narrow(0, 0, 1)?)?;
-        let mut x = self.embed_norm.forward(&x)?;
-        // Padding gets a large negative score before the softmax.
-        let bias = ((mask.clone() - 1.0)? * 1e9)?.reshape((b, 1, 1, len))?;
-        let head_dim = self.dim / self.heads;
-        let scale = 1.0 / (head_dim as f64).sqrt();
-        for l in &self.layers {
-            let split = |t: Tensor| {
-                t.reshape((b, len, self.heads, head_dim))?
-                    .transpose(1, 2)?
-                    .contiguous()
-            };
-            let q = split(l.q.forward(&x)?)?;
-            let k = split(l.k.forward(&x)?)?;
-            let v = split(l.v.forward(&x)?)?;
-            let scores = (q.matmul(&k.t()?.contiguous()?)? * scale)?.broadcast_add(&bias)?;
-            let scores = scores
-                .broadcast_sub(&scores.max_keepdim(D::Minus1)?)?
-                .exp()?;
-            let probs = scores.broadcast_div(&scores.sum_keepdim(D::Minus1)?)?;
-            let ctx = probs
-                .matmul(&v)?
-                .transpose(1, 2)?
-                .contiguous()?
-                .reshape((b, len, self.dim))?;
-            x = l.attn_norm.forward(&(l.attn_out.forward(&ctx)? + &x)?)?;
-            let h = l.up.forward(&x)?.gelu_erf()?;
-            x = l.out_norm.forward(&(l.down.forward(&h)? + &x)?)?;
-        }
-        // Mean over real tokens, then unit length.
-        let m = mask.unsqueeze(2)?;
-        let summed = x.broadcast_mul(&m)?.sum(1)?;
-        let pooled = summed.broadcast_div(&m.sum(1)?)?;
-        let norm = pooled
-            .sqr()?
-            .sum_keepdim(1)?
-            .sqrt()?
-            .clamp(1e-12, f64::MAX)?;
-        Ok(pooled.broadcast_div(&norm)?.to_vec2::<f32>()?)
     }
+    if !d.is_multiple_of(cfg.num_attention_heads) {
+        return Err(format!("hidden_size {d} is not a multiple of the heads"));
+    }
+    Ok(())
 }
 
 fn load_error(p: &Path, message: String) -> EmbedError {
@@ -327,37 +260,41 @@ fn read_tensors(dir: &Path) -> Result<HashMap<String, Tensor>, EmbedError> {
 struct Weights<'a> {
     tensors: HashMap<String, Tensor>,
     dir: &'a Path,
-    eps: f64,
 }
 
 impl Weights<'_> {
-    fn get(&self, name: &str) -> Result<Tensor, EmbedError> {
-        let t = self
-            .tensors
+    fn tensor(&self, name: &str) -> Result<&Tensor, EmbedError> {
+        self.tensors
             .get(name)
-            .ok_or_else(|| load_error(self.dir, format!("tensor {name} is missing")))?;
-        Ok(t.to_dtype(DType::F32)?)
+            .ok_or_else(|| load_error(self.dir, format!("tensor {name} is missing")))
+    }
+
+    fn get(&self, name: &str) -> Result<Vec<f32>, EmbedError> {
+        let t = self.tensor(name)?.to_dtype(DType::F32)?;
+        Ok(t.flatten_all()?.to_vec1::<f32>()?)
     }
 
     /// Old checkpoints name LayerNorm parameters gamma/beta.
-    fn norm(&self, prefix: &str) -> Result<LayerNorm, EmbedError> {
+    fn norm(&self, prefix: &str) -> Result<Norm, EmbedError> {
         let w = self
             .get(&format!("{prefix}.weight"))
             .or_else(|_| self.get(&format!("{prefix}.gamma")))?;
         let b = self
             .get(&format!("{prefix}.bias"))
             .or_else(|_| self.get(&format!("{prefix}.beta")))?;
-        Ok(LayerNorm {
-            w,
-            b,
-            eps: self.eps,
-        })
+        Ok(Norm { w, b })
     }
 
     fn linear(&self, prefix: &str) -> Result<Linear, EmbedError> {
-        Ok(Linear {
-            w_t: self.get(&format!("{prefix}.weight"))?.t()?.contiguous()?,
-            b: self.get(&format!("{prefix}.bias"))?,
-        })
+        let name = format!("{prefix}.weight");
+        let (outputs, inputs) = self.tensor(&name)?.dims2()?;
+        let b = self.get(&format!("{prefix}.bias"))?;
+        if b.len() != outputs {
+            return Err(load_error(
+                self.dir,
+                format!("{prefix}.bias: {} values for {outputs} outputs", b.len()),
+            ));
+        }
+        Ok(Linear::new(&self.get(&name)?, b, inputs))
     }
 }

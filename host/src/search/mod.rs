@@ -7,6 +7,7 @@ pub mod bm25;
 pub mod chunk;
 pub mod collection;
 pub mod embedder;
+mod encoder;
 pub mod eval;
 pub mod filter;
 pub mod fusion;

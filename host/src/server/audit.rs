@@ -33,23 +33,17 @@ pub fn enabled(state: &AppState) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// The admin behind the request: its bearer token (the shared `admin_token`, an admin named
-/// `admin_token`, or a named account's), else its console session; 401 for anything else.
-pub fn authorized(
-    state: &AppState,
-    headers: &http::HeaderMap,
-    method: &http::Method,
-) -> Result<Actor, ApiError> {
-    if let Some(presented) = super::bearer(headers) {
-        return by_token(state, presented).ok_or_else(|| {
+/// The admin behind the request's bearer token: the shared `admin_token` (an admin named
+/// `admin_token`) or a named account's; 401 for anything else.
+pub fn authorized(state: &AppState, headers: &http::HeaderMap) -> Result<Actor, ApiError> {
+    match super::bearer(headers) {
+        Some(presented) => by_token(state, presented).ok_or_else(|| {
             ApiError::unauthorized("Wrong admin token (Authorization: Bearer <token>).")
-        });
-    }
-    super::console::session_actor(state, headers, method).unwrap_or_else(|| {
-        Err(ApiError::unauthorized(
+        }),
+        None => Err(ApiError::unauthorized(
             "Missing admin token (Authorization: Bearer <token>).",
-        ))
-    })
+        )),
+    }
 }
 
 /// The admin a token belongs to, if any.

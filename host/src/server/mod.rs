@@ -172,7 +172,15 @@ async fn route(
             if let Some(served) = console::serve(&state, secure, req, body).await {
                 return served;
             }
-            let actor = audit::authorized(&state, &req.headers, &req.method)?;
+            // A bearer token wins; without one, the console's session cookie may stand in.
+            let session = match bearer(&req.headers) {
+                None => console::session_actor(&state, &req.headers, &req.method),
+                Some(_) => None,
+            };
+            let actor = match session {
+                Some(s) => s?,
+                None => audit::authorized(&state, &req.headers)?,
+            };
             audit::permitted(&actor, &req.method)?;
             let query = req.uri.query().map(str::to_string);
             let body = if matches!(req.method, Method::PUT | Method::POST) {

@@ -246,7 +246,11 @@ fn edited(
         }
     }
     match at.and_then(|i| tables.get_mut(i)) {
-        Some(t) => *t = table,
+        // The comment above the table's header belongs to it: it stays.
+        Some(t) => {
+            *table.decor_mut() = t.decor().clone();
+            *t = table;
+        }
         None => tables.push(table),
     }
     Ok(doc.to_string())

@@ -149,8 +149,40 @@ fn sized(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
 
 impl Encoder {
     /// Unit-length mean-pooled embeddings of `seqs` (token ids with the special tokens, each
-    /// within the position table), in order.
+    /// within the position table), in order. A sequence of at most `few::MAX_ROWS` tokens
+    /// always takes the few-token path (packed with other short ones up to that many rows),
+    /// a longer one always the GEMM path: which path a text takes, and so its vector, does not
+    /// depend on what else is in the batch.
     pub fn forward(&self, seqs: &[&[u32]], s: &mut Scratch) -> Vec<Vec<f32>> {
+        let mut out = vec![Vec::new(); seqs.len()];
+        let (short, long): (Vec<usize>, Vec<usize>) =
+            (0..seqs.len()).partition(|&i| seqs[i].len() <= few::MAX_ROWS);
+        let mut run = |group: &[usize], s: &mut Scratch| {
+            let part: Vec<&[u32]> = group.iter().map(|&i| seqs[i]).collect();
+            for (&i, v) in group.iter().zip(self.packed(&part, s)) {
+                out[i] = v;
+            }
+        };
+        if !long.is_empty() {
+            run(&long, s);
+        }
+        let (mut pack, mut rows) = (Vec::new(), 0);
+        for i in short {
+            if rows + seqs[i].len() > few::MAX_ROWS {
+                run(&pack, s);
+                (pack, rows) = (Vec::new(), 0);
+            }
+            pack.push(i);
+            rows += seqs[i].len();
+        }
+        if !pack.is_empty() {
+            run(&pack, s);
+        }
+        out
+    }
+
+    /// `forward` of sequences packed into one matrix.
+    fn packed(&self, seqs: &[&[u32]], s: &mut Scratch) -> Vec<Vec<f32>> {
         let d = self.dim;
         let t: usize = seqs.iter().map(|q| q.len()).sum();
         if t == 0 {

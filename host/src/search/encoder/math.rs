@@ -20,8 +20,12 @@ pub fn exp(x: f32) -> f32 {
     let p = p * r + 0.5;
     let p = p * r + 1.0;
     let p = p * r + 1.0;
-    // 2^n from its exponent bits (n is within [-126, 128] after the clamp).
-    let scale = f32::from_bits(((n as i32 + 127).clamp(1, 254) as u32) << 23);
+    // 2^n from its exponent bits. An `as i32` cast would be scalarized (its saturation has no
+    // vector instruction); adding 1.5·2^23 puts the small integer n + 127 in the low mantissa
+    // bits instead, all in vector registers.
+    const MAGIC: f32 = 12_582_912.0;
+    let biased = n.clamp(-126.0, 127.0) + (127.0 + MAGIC);
+    let scale = f32::from_bits((biased.to_bits() - MAGIC.to_bits()) << 23);
     p * scale
 }
 
@@ -61,15 +65,35 @@ pub fn add_norm(row: &mut [f32], residual: &[f32], w: &[f32], b: &[f32], eps: f3
     }
 }
 
-/// Softmax of `xs` in place.
+/// Softmax of `xs` in place. The max and the sum are kept per lane of 16 and combined at the
+/// end: a running scalar max or sum is a chain the compiler may not reorder, so it would stay
+/// scalar.
 fn softmax(xs: &mut [f32]) {
-    let max = xs.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let mut sum = 0.0;
+    let mut lanes = [f32::NEG_INFINITY; 16];
+    let chunks = xs.chunks_exact(16);
+    let tail = chunks
+        .remainder()
+        .iter()
+        .copied()
+        .fold(f32::NEG_INFINITY, f32::max);
+    for c in chunks {
+        for (m, x) in lanes.iter_mut().zip(c) {
+            *m = m.max(*x);
+        }
+    }
+    let max = lanes.iter().copied().fold(tail, f32::max);
     for x in xs.iter_mut() {
         *x = exp(*x - max);
-        sum += *x;
     }
-    let inv = 1.0 / sum;
+    let mut sums = [0f32; 16];
+    let chunks = xs.chunks_exact(16);
+    let tail: f32 = chunks.remainder().iter().sum();
+    for c in chunks {
+        for (s, x) in sums.iter_mut().zip(c) {
+            *s += x;
+        }
+    }
+    let inv = 1.0 / (sums.iter().sum::<f32>() + tail);
     for x in xs {
         *x *= inv;
     }

@@ -25,9 +25,8 @@ pub struct Vocabularies(parking_lot::Mutex<HashMap<String, Arc<VocabIndex>>>);
 
 struct PluginProcessor {
     processor: Processor,
-    /// `plugin_failures_total`, labelled for this tenant and plugin.
+    /// `plugin_failures_total`, labelled with the plugin's tenant and name.
     failures: Arc<crate::metrics::Metrics>,
-    labels: [String; 2],
     /// Whose step times and failures each step adds to.
     plugin: Arc<crate::plugins::Plugin>,
 }
@@ -49,7 +48,7 @@ impl LogitsProcessor for PluginProcessor {
         let cause = stepped.as_ref().err().map(CallError::cause);
         self.plugin.stats.record(start.elapsed(), cause);
         stepped.map(steer).map_err(|error| {
-            let [tenant, plugin] = self.labels.clone();
+            let (tenant, plugin) = (self.plugin.tenant.to_string(), self.plugin.name.to_string());
             self.failures
                 .plugin_failures
                 .with_label_values(&[&tenant, &plugin, error.cause()])
@@ -131,7 +130,6 @@ impl ProcessorStage {
             let code = PluginProcessor {
                 processor: p,
                 failures: calls.metrics.clone(),
-                labels: [tenant.name.to_string(), plugin.name.to_string()],
                 plugin: plugin.clone(),
             };
             r.processor = Some(ProcessorSlot::new(Box::new(code), steer(first)));

@@ -5,7 +5,7 @@
 
 use http::StatusCode;
 use serde_json::{json, Value};
-use toml_edit::{Array, DocumentMut, InlineTable};
+use toml_edit::{Array, InlineTable};
 
 use super::audit::{record, Actor};
 use super::error::ApiError;
@@ -176,18 +176,11 @@ fn edit(
     tenant: &str,
     f: impl FnOnce(&mut Array) -> Result<(), ApiError>,
 ) -> Result<String, ApiError> {
-    let mut doc: DocumentMut = state
-        .tenancy
-        .text()
-        .parse()
-        .map_err(|e| ApiError::internal(format!("The policy in force does not parse: {e}")))?;
+    let mut doc = super::policies::document(&state.tenancy.text())?;
     let t = doc
         .get_mut("tenants")
         .and_then(|t| t.as_array_of_tables_mut())
-        .and_then(|ts| {
-            ts.iter_mut()
-                .find(|t| t.get("name").and_then(|n| n.as_str()) == Some(tenant))
-        })
+        .and_then(|ts| ts.iter_mut().find(|t| super::policies::names(t, tenant)))
         .ok_or_else(|| ApiError::not_found(&format!("/admin/tenants/{tenant}")))?;
     if !t.contains_key("keys") {
         t.insert("keys", toml_edit::value(Array::new()));

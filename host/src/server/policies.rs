@@ -41,9 +41,7 @@ pub async fn apply(
     text: String,
     from: Option<i64>,
 ) -> Result<Option<i64>, ApiError> {
-    if state.tenancy.open_mode() {
-        return Err(ApiError::invalid(None, "No policy file is configured (`policies` in the config); start the gateway with one to manage tenants."));
-    }
+    managed(state)?;
     if let Some(cluster) = state.cluster.clone() {
         state.tenancy.check(&text).map_err(rejected)?;
         let t = text.clone();
@@ -64,8 +62,33 @@ pub async fn apply(
     Ok(version)
 }
 
+/// There is a policy file for the admin API to change.
+fn managed(state: &AppState) -> Result<(), ApiError> {
+    if state.tenancy.open_mode() {
+        return Err(ApiError::invalid(None, "No policy file is configured (`policies` in the config); start the gateway with one to manage tenants."));
+    }
+    Ok(())
+}
+
+/// Whether `apply(text)` would take `text` (400 with every problem if not), applying nothing.
+pub fn check(state: &AppState, text: &str) -> Result<(), ApiError> {
+    managed(state)?;
+    state.tenancy.check(text).map_err(rejected)
+}
+
+/// The policy in force (`text`) as an editable document, formatting and comments kept.
+pub fn document(text: &str) -> Result<toml_edit::DocumentMut, ApiError> {
+    text.parse()
+        .map_err(|e| ApiError::internal(format!("The policy in force does not parse: {e}")))
+}
+
+/// Whether `t` is the `[[tenants]]` table of `tenant`.
+pub fn names(t: &toml_edit::Table, tenant: &str) -> bool {
+    t.get("name").and_then(|n| n.as_str()) == Some(tenant)
+}
+
 /// The problems of a policy text the admin API was given: 400, the policy in force stays.
-pub fn rejected(e: crate::tenancy::policy::PolicyError) -> ApiError {
+fn rejected(e: crate::tenancy::policy::PolicyError) -> ApiError {
     ApiError::invalid(
         None,
         format!("Policy rejected; the policy in force stays. Problems:\n{e}"),

@@ -10,6 +10,7 @@ use toml_edit::{Array, DocumentMut, InlineTable, Item, Table};
 
 use super::audit::{record, Actor};
 use super::error::ApiError;
+use super::policies::{document, names};
 use super::{json_response, AppState, Response};
 
 /// `GET /admin/tenants`.
@@ -88,13 +89,7 @@ async fn change(
 ) -> Result<Response, ApiError> {
     let diff = crate::audit::line_changes(before, &after);
     if dry_run {
-        if state.tenancy.open_mode() {
-            return Err(ApiError::invalid(None, "No policy file is configured (`policies` in the config); start the gateway with one to manage tenants."));
-        }
-        state
-            .tenancy
-            .check(&after)
-            .map_err(super::policies::rejected)?;
+        super::policies::check(state, &after)?;
         return Ok(json_response(
             StatusCode::OK,
             &json!({"status": "valid", "tenant": tenant, "diff": diff}),
@@ -178,27 +173,18 @@ async fn budget(state: &AppState, tenant: &str, b: &Value) -> Value {
 
 /// The `[[tenants]]` table of `tenant` as it is written in the policy text.
 fn tenant_toml(text: &str, tenant: &str) -> Result<String, ApiError> {
-    let doc = parse(text)?;
+    let doc = document(text)?;
     let mut one = DocumentMut::new();
     let mut tables = toml_edit::ArrayOfTables::new();
     if let Some(t) = doc
         .get("tenants")
         .and_then(Item::as_array_of_tables)
-        .and_then(|ts| ts.iter().find(|t| is(t, tenant)))
+        .and_then(|ts| ts.iter().find(|t| names(t, tenant)))
     {
         tables.push(t.clone());
     }
     one.insert("tenants", Item::ArrayOfTables(tables));
     Ok(one.to_string())
-}
-
-fn parse(text: &str) -> Result<DocumentMut, ApiError> {
-    text.parse()
-        .map_err(|e| ApiError::internal(format!("The policy in force does not parse: {e}")))
-}
-
-fn is(t: &Table, tenant: &str) -> bool {
-    t.get("name").and_then(|n| n.as_str()) == Some(tenant)
 }
 
 /// The policy text with `tenant`'s table replaced by `fields` (its keys kept), added when it
@@ -214,7 +200,7 @@ fn edited(
             "A tenant's name must be 1 to 64 characters, without quotes, slashes or line breaks.",
         ));
     }
-    let mut doc = parse(text)?;
+    let mut doc = document(text)?;
     if !doc.contains_key("tenants") {
         doc.insert("tenants", Item::ArrayOfTables(Default::default()));
     }
@@ -222,7 +208,7 @@ fn edited(
         .get_mut("tenants")
         .and_then(Item::as_array_of_tables_mut)
         .ok_or_else(|| ApiError::invalid(None, "`tenants` in the policy is not an array of tables (`[[tenants]]`): edit it in the policy file."))?;
-    let at = tables.iter().position(|t| is(t, tenant));
+    let at = tables.iter().position(|t| names(t, tenant));
     let Some(fields) = fields else {
         if let Some(at) = at {
             tables.remove(at);

@@ -207,3 +207,64 @@ fn embeddings_match_the_reference_model() {
     );
     assert_eq!(parts[2], tokens[0].to_string());
 }
+
+/// Each `--embedding-precision` against the float64 reference, and batch invariance: a text's
+/// vector is the same bits alone, in a batch, and beside other clients' texts.
+#[test]
+fn every_precision_matches_the_reference_and_is_batch_invariant() {
+    let sentences = [
+        "The cat sits on the mat.",
+        "How do I reset my password if I no longer have access to my recovery email?",
+        "Invoices can be exported as PDF from the billing tab, or sent to the customer directly by email every month.",
+        "ok",
+        "Customer support escalations",
+    ];
+    let (want, _) = reference(&sentences);
+    let amx = std::fs::read_to_string("/proc/cpuinfo").is_ok_and(|c| c.contains(" amx_bf16"));
+    // Floors sit under the measured worst cosines (f32 1.0000000; BF16 0.99993, on the three-token "ok").
+    for (precision, floor) in [("f32", 0.999_999), ("auto", 0.9999), ("bf16", 0.9999)] {
+        if precision == "bf16" && !amx {
+            println!("bf16: this CPU has no AMX-BF16; auto and f32 were checked");
+            continue;
+        }
+        let model = format!("{EMBED}={}", model_dir());
+        let s = Server::start(&[
+            "--embedding-model",
+            &model,
+            "--embedding-precision",
+            precision,
+        ]);
+        let (st, body) = s.post(
+            "/v1/embeddings",
+            &json!({"model": EMBED, "input": sentences}),
+        );
+        assert_eq!(st, 200, "{body}");
+        let batched: Vec<Vec<f64>> = (0..sentences.len())
+            .map(|i| floats(&body["data"][i]["embedding"]))
+            .collect();
+        for (i, (got, w)) in batched.iter().zip(&want).enumerate() {
+            let c = cosine(got, w);
+            println!("{precision}: sentence {i}: cosine to the reference {c:.7}");
+            assert!(c >= floor, "{precision}: sentence {i}: cosine {c}");
+        }
+        let reversed: Vec<&str> = sentences.iter().rev().copied().collect();
+        let (_, rev) = s.post(
+            "/v1/embeddings",
+            &json!({"model": EMBED, "input": reversed}),
+        );
+        for (i, text) in sentences.iter().enumerate() {
+            let (_, one) = s.post("/v1/embeddings", &json!({"model": EMBED, "input": text}));
+            assert_eq!(
+                floats(&one["data"][0]["embedding"]),
+                batched[i],
+                "{precision}: {i} alone"
+            );
+            let r = sentences.len() - 1 - i;
+            assert_eq!(
+                floats(&rev["data"][r]["embedding"]),
+                batched[i],
+                "{precision}: {i} reordered"
+            );
+        }
+    }
+}

@@ -184,12 +184,12 @@ def cpu_seconds(pid):
 
 
 class Gateway:
-    def __init__(self, binary, tmp):
+    def __init__(self, binary, tmp, precision):
         self.log_path = os.path.join(tmp, "gateway.log")
         # cwd=ROOT: with no --model, serve loads the default chat model from models/ (it needs one).
         self.proc = subprocess.Popen(
             [binary, "serve", "--listen", "127.0.0.1:0", "--embedding-model", f"{NAME}={MODEL_DIR}",
-             "--ledger", os.path.join(tmp, "usage.sqlite"),
+             "--embedding-precision", precision, "--ledger", os.path.join(tmp, "usage.sqlite"),
              "--collections-dir", os.path.join(tmp, "collections")],
             cwd=ROOT, stdout=open(self.log_path, "w"), stderr=subprocess.STDOUT)
         self.pid, self.local = self.proc.pid, threading.local()
@@ -198,6 +198,7 @@ class Gateway:
             text = open(self.log_path).read()
             if "serving the OpenAI API addr=" in text:
                 self.port = int(text.split("serving the OpenAI API addr=")[1].split()[0].rsplit(":", 1)[1])
+                self.kernel = text.split("kernel=")[1].split()[0] if "kernel=" in text else "?"
                 return
             if time.time() > deadline or self.proc.poll() is not None:
                 self.proc.kill()
@@ -328,6 +329,8 @@ def main():
     ap.add_argument("--texts", type=int, default=2000)
     ap.add_argument("--skip-peer", action="store_true", help="the gateway only (no venv needed)")
     ap.add_argument("--gateway", default=os.path.join(ROOT, "target", "release", "gateway"))
+    ap.add_argument("--precision", choices=("auto", "f32", "bf16"), default="auto",
+                    help="the gateway's --embedding-precision (auto: BF16 AMX tiles where the CPU has them)")
     a = ap.parse_args()
     if not a.skip_peer and not os.path.exists(PEER_PY):
         sys.exit(f"no peer venv at {PEER_PY}: run host/scripts/bench-embeddings-peer.sh, or pass --skip-peer")
@@ -338,7 +341,7 @@ def main():
     batches = [texts[i:i + BATCH] for i in range(0, len(texts), BATCH)]
     tmp = tempfile.mkdtemp(prefix="gateway-bench-embeddings-")
     try:
-        gw = Gateway(a.gateway, tmp)
+        gw = Gateway(a.gateway, tmp, a.precision)
         try:
             print(f"gateway: pid {gw.pid}; {len(texts)} texts in {len(batches)} batches", file=sys.stderr)
             one = phase(gw, batches, 1)
@@ -358,6 +361,7 @@ def main():
     n, tokens, ncpu = len(texts), one["tokens"], os.cpu_count()
     print(f"CPU: {cpu_model()}, {os.cpu_count()} logical CPUs, {len(os.sched_getaffinity(0))} usable; "
           f"gateway encoder threads: one per usable CPU; torch threads: {st['threads'] if st else '-'}")
+    print(f"gateway precision: {a.precision} (encoder kernel: {gw.kernel})")
     print(f"gateway: {a.gateway}, built {time.strftime('%Y-%m-%d %H:%M', time.localtime(os.path.getmtime(a.gateway)))}")
     if st:
         print(f"peer: torch {st['torch']}, sentence-transformers {st['st']}")

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
-use gateway::config::{named_path, Config, EmbeddingModelConfig, ModelConfig};
+use gateway::config::{named_path, Config, EmbeddingModelConfig, EmbeddingPrecision, ModelConfig};
 
 /// WebAssembly-pluggable AI gateway: an OpenAI-compatible API over a native paged-attention engine.
 #[derive(Parser)]
@@ -70,6 +70,9 @@ struct EvalArgs {
     /// Tokens per chunk (default: the server's default).
     #[arg(long)]
     chunk_tokens: Option<usize>,
+    /// Arithmetic of the encoder's matrix products.
+    #[arg(long, value_enum, default_value_t)]
+    precision: EmbeddingPrecision,
     /// Print the results as JSON.
     #[arg(long)]
     json: bool,
@@ -102,6 +105,10 @@ struct EngineArgs {
     /// Repeat for several. Replaces the config file's [[embeddings]].
     #[arg(long = "embedding-model")]
     embedding_models: Vec<String>,
+    /// Arithmetic of every embedding model's matrix products (auto: BF16 AMX tiles where the
+    /// CPU has them, else f32).
+    #[arg(long, value_enum)]
+    embedding_precision: Option<EmbeddingPrecision>,
     /// Bytes of KV cache per model (all layers, K and V).
     #[arg(long)]
     kv_cache_bytes: Option<usize>,
@@ -203,6 +210,9 @@ impl EngineArgs {
                 .map(|m| EmbeddingModelConfig::from_arg(m))
                 .collect();
         }
+        for e in &mut cfg.embeddings {
+            e.precision = self.embedding_precision.unwrap_or(e.precision);
+        }
         for m in &mut cfg.models {
             let e = &mut m.engine;
             e.kv_cache_bytes = self.kv_cache_bytes.unwrap_or(e.kv_cache_bytes);
@@ -263,7 +273,7 @@ fn main() -> anyhow::Result<()> {
         ),
         Command::EvalRetrieval(a) => {
             let (name, path) = named_path(&a.embedding_model, |_| "embeddings".into());
-            let embedder = gateway::search::embedder::Embedder::load(&name, &path)
+            let embedder = gateway::search::embedder::Embedder::load(&name, &path, a.precision)
                 .with_context(|| format!("loading embedding model {}", path.display()))?;
             gateway::cli::eval_retrieval(gateway::cli::EvalOptions {
                 corpus: a.corpus,

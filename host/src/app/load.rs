@@ -41,9 +41,9 @@ pub(super) fn embedders(cfg: &Config) -> anyhow::Result<BTreeMap<String, Arc<Emb
             tracing::warn!(path = %e.path.display(), "default embedding model not found (host/scripts/fetch-models.sh fetches it); /v1/embeddings has no model");
             continue;
         }
-        let loaded = tokio::task::block_in_place(|| Embedder::load(&e.name, &e.path))
+        let loaded = tokio::task::block_in_place(|| Embedder::load(&e.name, &e.path, e.precision))
             .with_context(|| format!("loading embedding model {}", e.name))?;
-        tracing::info!(model = %e.name, dim = loaded.dim, "embedding model ready");
+        tracing::info!(model = %e.name, dim = loaded.dim, kernel = ?loaded.kernel, "embedding model ready");
         embedders.insert(e.name.clone(), Arc::new(loaded));
     }
     Ok(embedders)

@@ -11,7 +11,8 @@ use candle_core::{DType, Device, Tensor};
 use serde::Deserialize;
 
 use super::encoder::batcher::Batcher;
-use super::encoder::{Encoder, Layer, Linear, Norm};
+use super::encoder::{Encoder, Kernel, Layer, Linear, Norm};
+use crate::config::EmbeddingPrecision;
 
 /// Tokens of one forward: a few MiB of buffers (the MLP's is the largest, 1536 floats a
 /// token), big enough that each GEMM runs near the cores' peak.
@@ -48,6 +49,8 @@ struct Config {
     layer_norm_eps: f64,
     #[serde(default)]
     hidden_act: Option<String>,
+    #[serde(default)]
+    intermediate_size: Option<usize>,
 }
 
 fn eps() -> f64 {
@@ -61,12 +64,17 @@ pub struct Embedder {
     batcher: Batcher,
     pub dim: usize,
     pub max_tokens: usize,
+    /// The kernels its products run on.
+    pub kernel: Kernel,
     vocab: usize,
 }
 
 impl Embedder {
-    pub fn load(name: &str, dir: &Path) -> Result<Self, EmbedError> {
+    pub fn load(name: &str, dir: &Path, precision: EmbeddingPrecision) -> Result<Self, EmbedError> {
         let cfg = read_config(dir)?;
+        let inter = cfg.intermediate_size.unwrap_or(4 * cfg.hidden_size);
+        let kernel =
+            Kernel::choose(precision, &[cfg.hidden_size, inter]).map_err(|m| load_error(dir, m))?;
         let tokenizer = read_tokenizer(dir)?;
         let w = Weights {
             tensors: read_tensors(dir)?,
@@ -82,11 +90,21 @@ impl Embedder {
                         attn("self.query")?,
                         attn("self.key")?,
                         attn("self.value")?,
-                    ]),
-                    out: attn("output.dense")?,
+                    ])
+                    .prepare(kernel)
+                    .map_err(|m| load_error(dir, m))?,
+                    out: attn("output.dense")?
+                        .prepare(kernel)
+                        .map_err(|m| load_error(dir, m))?,
                     attn_norm: w.norm(&format!("{p}.attention.output.LayerNorm"))?,
-                    up: w.linear(&format!("{p}.intermediate.dense"))?,
-                    down: w.linear(&format!("{p}.output.dense"))?,
+                    up: w
+                        .linear(&format!("{p}.intermediate.dense"))?
+                        .prepare(kernel)
+                        .map_err(|m| load_error(dir, m))?,
+                    down: w
+                        .linear(&format!("{p}.output.dense"))?
+                        .prepare(kernel)
+                        .map_err(|m| load_error(dir, m))?,
                     out_norm: w.norm(&format!("{p}.output.LayerNorm"))?,
                 })
             })
@@ -103,6 +121,7 @@ impl Embedder {
             dim: d,
             eps: cfg.layer_norm_eps as f32,
             threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            kernel,
         };
         check_shapes(&encoder, &cfg).map_err(|m| load_error(dir, m))?;
         Ok(Self {
@@ -111,6 +130,7 @@ impl Embedder {
             batcher: Batcher::new(Arc::new(encoder), BATCH_TOKENS),
             dim: d,
             max_tokens: cfg.max_position_embeddings,
+            kernel,
             vocab: cfg.vocab_size,
         })
     }

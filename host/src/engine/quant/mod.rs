@@ -67,6 +67,7 @@ macro_rules! by_group {
 use by_group;
 
 mod aligned;
+pub mod amx;
 mod blocks;
 mod f32_kernels;
 mod k_kernels;

@@ -11,18 +11,62 @@ mod math;
 
 use rayon::prelude::*;
 
-/// A dense layer, its weight stored transposed (`[inputs, outputs]`, row-major) so the GEMM
-/// streams it along its rows; and the same in BF16 for the few-token path (`few`).
+use crate::config::EmbeddingPrecision;
+use crate::engine::quant::amx;
+
+/// The kernels a model's matrix products run on, chosen once at load.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kernel {
+    /// BF16 tiles (`amx`) for every row count.
+    Amx,
+    /// f32 GEMM for texts over `few::MAX_ROWS` tokens and BF16 weights streamed through
+    /// AVX-512 for shorter ones (a query's cost is reading the weights).
+    Mixed,
+    /// f32 GEMM for everything: the float-faithful setting.
+    F32,
+}
+
+impl Kernel {
+    /// What `precision` means on this machine for a model of these widths; an error when
+    /// `bf16` is asked of a CPU or OS without AMX, or of widths the tiles do not cover.
+    pub fn choose(precision: EmbeddingPrecision, widths: &[usize]) -> Result<Self, String> {
+        let fits = widths.iter().all(|w| w.is_multiple_of(32));
+        match (precision, amx::available() && fits) {
+            (EmbeddingPrecision::F32, _) => Ok(Self::F32),
+            (EmbeddingPrecision::Auto | EmbeddingPrecision::Bf16, true) => Ok(Self::Amx),
+            (EmbeddingPrecision::Auto, false) => Ok(Self::Mixed),
+            (EmbeddingPrecision::Bf16, false) if !fits => Err(format!(
+                "precision bf16 needs widths that are multiples of 32; this model has {widths:?}"
+            )),
+            (EmbeddingPrecision::Bf16, false) => Err(
+                "precision bf16 needs AMX-BF16, which this CPU or OS does not offer (use auto or f32)"
+                    .into(),
+            ),
+        }
+    }
+}
+
+/// A dense layer's weight in the layout its kernel reads.
+enum Weights {
+    /// Transposed (`[inputs, outputs]`, row-major) so the GEMM streams it along its rows,
+    /// with a BF16 copy for the few-token path under `Kernel::Mixed`.
+    F32 {
+        w_t: Vec<f32>,
+        few: Option<Vec<u16>>,
+    },
+    Amx(amx::PackedBf16),
+}
+
+/// A dense layer.
 pub struct Linear {
-    w_t: Vec<f32>,
-    w_bf16: Vec<u16>,
+    w: Weights,
     b: Vec<f32>,
     inputs: usize,
     outputs: usize,
 }
 
 impl Linear {
-    /// From the checkpoint's `[outputs, inputs]` weight and its bias.
+    /// From the checkpoint's `[outputs, inputs]` weight and its bias, in f32 until `prepare`.
     pub fn new(w: &[f32], b: Vec<f32>, inputs: usize) -> Self {
         let outputs = b.len();
         assert_eq!(w.len(), inputs * outputs, "weight shape");
@@ -37,11 +81,17 @@ impl Linear {
 
     fn with(w_t: Vec<f32>, b: Vec<f32>, inputs: usize, outputs: usize) -> Self {
         Self {
-            w_bf16: w_t.iter().map(|&v| few::bf16(v)).collect(),
-            w_t,
+            w: Weights::F32 { w_t, few: None },
             b,
             inputs,
             outputs,
+        }
+    }
+
+    fn f32_weights(&self) -> &[f32] {
+        match &self.w {
+            Weights::F32 { w_t, .. } => w_t,
+            Weights::Amx(_) => panic!("fuse before prepare"),
         }
     }
 
@@ -52,23 +102,45 @@ impl Linear {
         let mut w_t = Vec::with_capacity(inputs * outputs);
         for i in 0..inputs {
             for p in parts {
-                w_t.extend_from_slice(&p.w_t[i * p.outputs..(i + 1) * p.outputs]);
+                w_t.extend_from_slice(&p.f32_weights()[i * p.outputs..(i + 1) * p.outputs]);
             }
         }
         let b = parts.iter().flat_map(|p| p.b.iter().copied()).collect();
         Self::with(w_t, b, inputs, outputs)
     }
 
+    /// The weight laid out for `kernel` (the f32 copy dropped when no longer read); an error
+    /// when its shape is not one the config's widths promised.
+    pub fn prepare(self, kernel: Kernel) -> Result<Self, String> {
+        let Weights::F32 { w_t, .. } = self.w else {
+            return Ok(self);
+        };
+        let (k, n) = (self.inputs, self.outputs);
+        let w = match kernel {
+            Kernel::Amx => Weights::Amx(amx::PackedBf16::pack(&w_t, k, n).ok_or_else(|| {
+                format!("a {k}×{n} weight does not fit the tiles the config's widths chose")
+            })?),
+            Kernel::Mixed => Weights::F32 {
+                few: Some(w_t.iter().map(|&v| few::bf16(v)).collect()),
+                w_t,
+            },
+            Kernel::F32 => Weights::F32 { w_t, few: None },
+        };
+        Ok(Self { w, ..self })
+    }
+
     /// `out[t, outputs] = x[t, inputs] · W + b`.
-    fn forward(&self, x: &[f32], t: usize, out: &mut [f32], threads: usize) {
+    fn forward(&self, x: &[f32], t: usize, out: &mut [f32], threads: usize, acts: &mut amx::Acts) {
         let (k, n) = (self.inputs, self.outputs);
         debug_assert_eq!(x.len(), t * k);
         for row in out.chunks_exact_mut(n) {
             row.copy_from_slice(&self.b);
         }
-        if few::matmul(x, t, &self.w_bf16, n, out) {
-            return;
-        }
+        let w_t = match &self.w {
+            Weights::Amx(p) => return amx::matmul(x, t, p, out, threads, acts),
+            Weights::F32 { few: Some(w16), .. } if few::matmul(x, t, w16, n, out) => return,
+            Weights::F32 { w_t, .. } => w_t,
+        };
         // Small batches (a query) gain nothing from threads but their start-up.
         let parallelism = match t * k * n >= 1 << 22 && threads > 1 {
             true => gemm::Parallelism::Rayon(threads),
@@ -88,7 +160,7 @@ impl Linear {
                 x.as_ptr(),
                 1,
                 k as isize,
-                self.w_t.as_ptr(),
+                w_t.as_ptr(),
                 1,
                 n as isize,
                 1.0,
@@ -130,6 +202,8 @@ pub struct Encoder {
     pub eps: f32,
     /// Threads of one forward (the cores).
     pub threads: usize,
+    /// What the layers' weights were prepared for.
+    pub kernel: Kernel,
 }
 
 /// A forward's buffers, grown to the largest batch seen and reused.
@@ -140,6 +214,7 @@ pub struct Scratch {
     qkv: Vec<f32>,
     ctx: Vec<f32>,
     h: Vec<f32>,
+    acts: amx::Acts,
 }
 
 fn sized(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
@@ -149,11 +224,15 @@ fn sized(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
 
 impl Encoder {
     /// Unit-length mean-pooled embeddings of `seqs` (token ids with the special tokens, each
-    /// within the position table), in order. A sequence of at most `few::MAX_ROWS` tokens
-    /// always takes the few-token path (packed with other short ones up to that many rows),
-    /// a longer one always the GEMM path: which path a text takes, and so its vector, does not
-    /// depend on what else is in the batch.
+    /// within the position table), in order. Under `Kernel::Mixed` a sequence of at most
+    /// `few::MAX_ROWS` tokens always takes the few-token path (packed with other short ones up
+    /// to that many rows), a longer one always the GEMM path: which path a text takes, and so
+    /// its vector, does not depend on what else is in the batch. The other kernels are
+    /// batch-invariant whatever the rows, so one pass serves all.
     pub fn forward(&self, seqs: &[&[u32]], s: &mut Scratch) -> Vec<Vec<f32>> {
+        if self.kernel != Kernel::Mixed {
+            return self.packed(seqs, s);
+        }
         let mut out = vec![Vec::new(); seqs.len()];
         let (short, long): (Vec<usize>, Vec<usize>) =
             (0..seqs.len()).partition(|&i| seqs[i].len() <= few::MAX_ROWS);
@@ -195,16 +274,16 @@ impl Encoder {
         self.embed(seqs, &mut x);
         for l in &self.layers {
             let qkv = sized(&mut s.qkv, t * 3 * d);
-            l.qkv.forward(&x, t, qkv, self.threads);
+            l.qkv.forward(&x, t, qkv, self.threads, &mut s.acts);
             let ctx = sized(&mut s.ctx, t * d);
             self.attend(seqs, qkv, ctx);
-            l.out.forward(ctx, t, &mut tmp, self.threads);
+            l.out.forward(ctx, t, &mut tmp, self.threads, &mut s.acts);
             self.add_norm(&mut tmp, &x, &l.attn_norm);
             std::mem::swap(&mut x, &mut tmp);
             let h = sized(&mut s.h, t * inter);
-            l.up.forward(&x, t, h, self.threads);
+            l.up.forward(&x, t, h, self.threads, &mut s.acts);
             self.rows(h, inter, math::gelu);
-            l.down.forward(h, t, &mut tmp, self.threads);
+            l.down.forward(h, t, &mut tmp, self.threads, &mut s.acts);
             self.add_norm(&mut tmp, &x, &l.out_norm);
             std::mem::swap(&mut x, &mut tmp);
         }

@@ -146,18 +146,25 @@ fn round_rows(x: &[f32], out: &mut [u16]) {
     }
 }
 
-/// `out[t, n] += x[t, k] · W` on AMX tiles, the rows split over `threads` when the product is
-/// large enough to repay starting them. Panics unless `available()`.
-pub fn matmul(
+/// `out[t, n] = x[t, k] · W + bias`, then `then` (elementwise: an activation) on each finished
+/// piece while it is still in L1, on AMX tiles; the rows split over `threads` when the product
+/// is large enough to repay starting them. Panics unless `available()`.
+#[allow(clippy::too_many_arguments)] // one product's operands, output and scratch
+pub fn matmul<F: Fn(&mut [f32]) + Sync>(
     x: &[f32],
     t: usize,
     w: &PackedBf16,
+    bias: &[f32],
     out: &mut [f32],
     threads: usize,
     acts: &mut Acts,
+    then: F,
 ) {
     let (k, n) = (w.k, w.n);
-    assert!(x.len() == t * k && out.len() == t * n, "shapes");
+    assert!(
+        x.len() == t * k && out.len() == t * n && bias.len() == n,
+        "shapes"
+    );
     assert!(available(), "AMX-BF16 is not available to this process");
     if t == 0 {
         return;
@@ -173,8 +180,8 @@ pub fn matmul(
     let run = |(i, o): (usize, &mut [f32])| {
         let rows = o.len() / n;
         // SAFETY: `a` holds `per · i + rows` rows rounded up to a whole tile, `o` is `rows`
-        // rows of `n`, and `available()` was checked above.
-        unsafe { rows_of(&a[per * i * k..], rows, w, o) }
+        // rows of `n`, `bias` is `n` wide, and `available()` was checked above.
+        unsafe { rows_of(&a[per * i * k..], rows, w, bias, o, &then) }
     };
     match parts {
         1 => run((0, out)),
@@ -198,62 +205,80 @@ const CONFIG: Config = {
     Config(c)
 };
 
-/// `o[rows, n] += a[rows, k] · W`, `a` padded with zero rows to a whole tile.
+/// `o[rows, n] = a[rows, k] · W + bias`, then `then` on each 32-wide piece of a row; `a`
+/// padded with zero rows to a whole tile.
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
-unsafe fn rows_of(a: &[u16], rows: usize, w: &PackedBf16, o: &mut [f32]) {
+unsafe fn rows_of(
+    a: &[u16],
+    rows: usize,
+    w: &PackedBf16,
+    bias: &[f32],
+    o: &mut [f32],
+    then: &impl Fn(&mut [f32]),
+) {
+    const W: usize = 2 * N_TILE;
     let (k, n) = (w.k, w.n);
     asm!("ldtilecfg [{}]", in(reg) CONFIG.0.as_ptr(), options(nostack, readonly));
     let (sa, so) = (k * 2, n * 4);
     let mut r = 0;
     while r < rows {
-        let two = rows - r >= 2 * N_TILE;
-        let whole = rows - r >= N_TILE;
-        for c0 in (0..n).step_by(2 * N_TILE) {
+        let take = match rows - r {
+            left if left >= 2 * N_TILE => 2 * N_TILE,
+            left => left.min(N_TILE),
+        };
+        for c0 in (0..n).step_by(W) {
             let b = w
                 .tiles
                 .as_slice()
                 .as_ptr()
                 .add(c0 / N_TILE * (k / K_TILE) * TILE_VALUES);
-            let a = a.as_ptr().add(r * k);
-            if whole {
-                block(a, sa, b, k, o.as_mut_ptr().add(r * n + c0), so, two);
+            let (a, bias) = (a.as_ptr().add(r * k), bias.as_ptr().add(c0));
+            if take >= N_TILE {
+                let c = o.as_mut_ptr().add(r * n + c0);
+                block(a, sa, b, k, bias, c, so, take == 2 * N_TILE);
+                for i in r..r + take {
+                    then(&mut o[i * n + c0..][..W]);
+                }
             } else {
                 // The last rows: their sums go through a whole tile on the stack.
-                let mut c = [0f32; N_TILE * 2 * N_TILE];
-                let left = rows - r;
-                for i in 0..left {
-                    let src = &o[(r + i) * n + c0..][..2 * N_TILE];
-                    c[i * 2 * N_TILE..][..2 * N_TILE].copy_from_slice(src);
-                }
-                block(a, sa, b, k, c.as_mut_ptr(), 2 * N_TILE * 4, false);
-                for i in 0..left {
-                    let dst = &mut o[(r + i) * n + c0..][..2 * N_TILE];
-                    dst.copy_from_slice(&c[i * 2 * N_TILE..][..2 * N_TILE]);
+                let mut c = [0f32; N_TILE * W];
+                block(a, sa, b, k, bias, c.as_mut_ptr(), W * 4, false);
+                for (i, sums) in (r..r + take).zip(c.chunks_exact(W)) {
+                    let dst = &mut o[i * n + c0..][..W];
+                    dst.copy_from_slice(sums);
+                    then(dst);
                 }
             }
         }
-        r += match two {
-            true => 2 * N_TILE,
-            false => N_TILE,
-        };
+        r += take;
     }
     asm!("tilerelease", options(nostack, nomem));
 }
 
 #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
-unsafe fn rows_of(_: &[u16], _: usize, _: &PackedBf16, _: &mut [f32]) {
+unsafe fn rows_of(
+    _: &[u16],
+    _: usize,
+    _: &PackedBf16,
+    _: &[f32],
+    _: &mut [f32],
+    _: &impl Fn(&mut [f32]),
+) {
     unreachable!("AMX is never available on this target")
 }
 
-/// 16 or (`two`) 32 rows × 32 outputs: `c += a · b`, `a` with row stride `sa` bytes, `c` with
-/// `sc`, `b` the packed tiles of 32 outputs (the second 16 at `k / 32` tiles on).
+/// 16 or (`two`) 32 rows × 32 outputs: `c = a · b + bias`, `a` with row stride `sa` bytes,
+/// `c` with `sc`, `b` the packed tiles of 32 outputs (the second 16 at `k / 32` tiles on).
+/// The sums start as the bias: a tile load with row stride 0 repeats it down the rows.
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
 #[inline(always)]
+#[allow(clippy::too_many_arguments)] // the operands of one block, as pointers and strides
 unsafe fn block(
     a: *const u16,
     sa: usize,
     b: *const u16,
     k: usize,
+    bias: *const f32,
     c: *mut f32,
     sc: usize,
     two: bool,
@@ -262,17 +287,13 @@ unsafe fn block(
     let (c1, c2) = (c.add(N_TILE), c.add(N_TILE * sc / 4));
     let c3 = c2.add(N_TILE);
     asm!(
-        "tileloadd tmm0, [{c0} + {s}]",
-        "tileloadd tmm1, [{c1} + {s}]",
-        c0 = in(reg) c, c1 = in(reg) c1, s = in(reg) sc, options(nostack, readonly)
+        "tileloadd tmm0, [{b0} + {z}]",
+        "tileloadd tmm1, [{b1} + {z}]",
+        "tileloadd tmm2, [{b0} + {z}]",
+        "tileloadd tmm3, [{b1} + {z}]",
+        b0 = in(reg) bias, b1 = in(reg) bias.add(N_TILE), z = in(reg) 0usize,
+        options(nostack, readonly)
     );
-    if two {
-        asm!(
-            "tileloadd tmm2, [{c2} + {s}]",
-            "tileloadd tmm3, [{c3} + {s}]",
-            c2 = in(reg) c2, c3 = in(reg) c3, s = in(reg) sc, options(nostack, readonly)
-        );
-    }
     for i in 0..k / K_TILE {
         let (a0, w0, w1) = (
             a.add(i * K_TILE),
@@ -315,7 +336,8 @@ unsafe fn block(
 mod tests {
     use super::*;
 
-    /// Against a plain f64 product of the BF16-rounded operands, for row counts that take
+    /// Against a plain f64 product of the BF16-rounded operands plus the bias, then doubled
+    /// (the epilogue: every output once), for row counts that take
     /// each path (pairs of strips, a single strip, a tail, several threads), and checks a
     /// row's result does not depend on the rows beside it.
     #[test]
@@ -329,18 +351,21 @@ mod tests {
             .map(|i| ((i * 7 % 29) as f32 - 14.0) / 9.0)
             .collect();
         let p = PackedBf16::pack(&w, k, n).unwrap();
+        let bias: Vec<f32> = (0..n).map(|c| c as f32 / 8.0).collect();
         let round = |v: f32| half::bf16::from_f32(v).to_f32() as f64;
         let mut first_row = None;
         for t in [1, 5, 16, 17, 32, 45, 70, 300] {
             let x: Vec<f32> = (0..t * k).map(|i| ((i % 17) as f32 - 8.0) / 7.0).collect();
-            let mut out = vec![0.5f32; t * n];
-            matmul(&x, t, &p, &mut out, 2, &mut Acts::default());
+            let mut out = vec![f32::NAN; t * n];
+            let double = |v: &mut [f32]| v.iter_mut().for_each(|x| *x *= 2.0);
+            matmul(&x, t, &p, &bias, &mut out, 2, &mut Acts::default(), double);
             for r in 0..t {
                 for c in 0..n {
-                    let want: f64 = 0.5
-                        + (0..k)
-                            .map(|i| round(x[r * k + i]) * round(w[i * n + c]))
-                            .sum::<f64>();
+                    let want: f64 = 2.0
+                        * (bias[c] as f64
+                            + (0..k)
+                                .map(|i| round(x[r * k + i]) * round(w[i * n + c]))
+                                .sum::<f64>());
                     let got = out[r * n + c] as f64;
                     assert!(
                         (got - want).abs() < 1e-3,

@@ -129,17 +129,37 @@ impl Linear {
         Ok(Self { w, ..self })
     }
 
-    /// `out[t, outputs] = x[t, inputs] · W + b`.
-    fn forward(&self, x: &[f32], t: usize, out: &mut [f32], threads: usize, acts: &mut amx::Acts) {
+    /// `out[t, outputs] = then(x[t, inputs] · W + b)`, `then` elementwise (an activation).
+    fn forward(
+        &self,
+        (x, t): (&[f32], usize),
+        out: &mut [f32],
+        threads: usize,
+        acts: &mut amx::Acts,
+        then: impl Fn(&mut [f32]) + Sync + Send,
+    ) {
         let (k, n) = (self.inputs, self.outputs);
         debug_assert_eq!(x.len(), t * k);
+        if let Weights::Amx(p) = &self.w {
+            return amx::matmul(x, t, p, &self.b, out, threads, acts, then);
+        }
         for row in out.chunks_exact_mut(n) {
             row.copy_from_slice(&self.b);
         }
+        self.f32_product(x, t, out, threads);
+        match threads > 1 && t >= 64 {
+            true => out.par_chunks_mut(n * 16).for_each(then),
+            false => then(out),
+        }
+    }
+
+    /// `out += x · W` on the f32 weights (or their BF16 copy for a few rows).
+    fn f32_product(&self, x: &[f32], t: usize, out: &mut [f32], threads: usize) {
+        let (k, n) = (self.inputs, self.outputs);
         let w_t = match &self.w {
-            Weights::Amx(p) => return amx::matmul(x, t, p, out, threads, acts),
             Weights::F32 { few: Some(w16), .. } if few::matmul(x, t, w16, n, out) => return,
             Weights::F32 { w_t, .. } => w_t,
+            Weights::Amx(_) => unreachable!("forward takes the tiles"),
         };
         // Small batches (a query) gain nothing from threads but their start-up.
         let parallelism = match t * k * n >= 1 << 22 && threads > 1 {
@@ -274,16 +294,18 @@ impl Encoder {
         self.embed(seqs, &mut x);
         for l in &self.layers {
             let qkv = sized(&mut s.qkv, t * 3 * d);
-            l.qkv.forward(&x, t, qkv, self.threads, &mut s.acts);
+            let none = |_: &mut [f32]| {};
+            l.qkv.forward((&x, t), qkv, self.threads, &mut s.acts, none);
             let ctx = sized(&mut s.ctx, t * d);
             self.attend(seqs, qkv, ctx);
-            l.out.forward(ctx, t, &mut tmp, self.threads, &mut s.acts);
+            l.out
+                .forward((ctx, t), &mut tmp, self.threads, &mut s.acts, none);
             self.add_norm(&mut tmp, &x, &l.attn_norm);
             std::mem::swap(&mut x, &mut tmp);
             let h = sized(&mut s.h, t * inter);
-            l.up.forward(&x, t, h, self.threads, &mut s.acts);
-            self.rows(h, inter, math::gelu);
-            l.down.forward(h, t, &mut tmp, self.threads, &mut s.acts);
+            l.up.forward((&x, t), h, self.threads, &mut s.acts, math::gelu);
+            l.down
+                .forward((h, t), &mut tmp, self.threads, &mut s.acts, none);
             self.add_norm(&mut tmp, &x, &l.out_norm);
             std::mem::swap(&mut x, &mut tmp);
         }
@@ -326,15 +348,6 @@ impl Encoder {
         match self.threads > 1 && seqs.len() > 1 {
             true => parts.into_par_iter().for_each(one),
             false => parts.into_iter().for_each(one),
-        }
-    }
-
-    /// `f` on every `width`-wide row of `m`, in parallel when there are many.
-    fn rows(&self, m: &mut [f32], width: usize, f: impl Fn(&mut [f32]) + Sync) {
-        let rows = m.len() / width;
-        match self.threads > 1 && rows >= 64 {
-            true => m.par_chunks_mut(width * 16).for_each(&f),
-            false => f(m),
         }
     }
 

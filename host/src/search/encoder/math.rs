@@ -29,6 +29,66 @@ pub fn exp(x: f32) -> f32 {
     p * scale
 }
 
+/// `x ← e^(x − max)` over `xs`, returning the sum: softmax less its division, which attention
+/// leaves to its outputs. AVX-512 throughout (LLVM vectorizes `exp` 8 lanes wide here), and
+/// `vscalefps` multiplies by 2^n without building the exponent's bits.
+#[cfg(all(target_arch = "x86_64", target_feature = "avx512f"))]
+pub fn exp_in_place(xs: &mut [f32]) -> f32 {
+    use std::arch::x86_64::*;
+    let (n, p) = (xs.len(), xs.as_mut_ptr());
+    let full = n - n % 16;
+    let mask = ((1u32 << (n % 16)) - 1) as __mmask16;
+    // SAFETY: full vectors stay below `full ≤ n`; the tail is masked to the `n % 16` values
+    // left (masked-off lanes are neither read nor written); the cfg guarantees AVX-512.
+    unsafe {
+        let mut m = _mm512_set1_ps(f32::NEG_INFINITY);
+        for i in (0..full).step_by(16) {
+            m = _mm512_max_ps(m, _mm512_loadu_ps(p.add(i)));
+        }
+        m = _mm512_mask_max_ps(m, mask, m, _mm512_maskz_loadu_ps(mask, p.add(full)));
+        let max = _mm512_set1_ps(_mm512_reduce_max_ps(m));
+        let mut sum = _mm512_setzero_ps();
+        for i in (0..full).step_by(16) {
+            let e = exp16(_mm512_sub_ps(_mm512_loadu_ps(p.add(i)), max));
+            _mm512_storeu_ps(p.add(i), e);
+            sum = _mm512_add_ps(sum, e);
+        }
+        let e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(mask, p.add(full)), max));
+        _mm512_mask_storeu_ps(p.add(full), mask, e);
+        sum = _mm512_mask_add_ps(sum, mask, sum, e);
+        _mm512_reduce_add_ps(sum)
+    }
+}
+
+/// `exp` on 16 lanes: the same reduction and polynomial.
+#[cfg(all(target_arch = "x86_64", target_feature = "avx512f"))]
+#[inline(always)]
+unsafe fn exp16(x: std::arch::x86_64::__m512) -> std::arch::x86_64::__m512 {
+    use std::arch::x86_64::*;
+    let x = _mm512_min_ps(
+        _mm512_max_ps(x, _mm512_set1_ps(-87.3)),
+        _mm512_set1_ps(88.7),
+    );
+    let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+        _mm512_mul_ps(x, _mm512_set1_ps(std::f32::consts::LOG2_E)),
+    );
+    let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693_145_75), x);
+    let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428_606_8e-6), r);
+    let mut p = _mm512_set1_ps(1.0 / 5040.0);
+    for c in [
+        1.0 / 720.0,
+        1.0 / 120.0,
+        1.0 / 24.0,
+        1.0 / 6.0,
+        0.5,
+        1.0,
+        1.0,
+    ] {
+        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
+    }
+    _mm512_scalef_ps(p, n)
+}
+
 /// erf(x) by Abramowitz & Stegun 7.1.26 (absolute error ≤ 1.5e-7).
 #[inline(always)]
 pub fn erf(x: f32) -> f32 {
@@ -68,7 +128,7 @@ pub fn add_norm(row: &mut [f32], residual: &[f32], w: &[f32], b: &[f32], eps: f3
 /// Softmax of `xs` in place. The max and the sum are kept per lane of 16 and combined at the
 /// end: a running scalar max or sum is a chain the compiler may not reorder, so it would stay
 /// scalar.
-fn softmax(xs: &mut [f32]) {
+pub(super) fn softmax(xs: &mut [f32]) {
     let mut lanes = [f32::NEG_INFINITY; 16];
     let chunks = xs.chunks_exact(16);
     let tail = chunks
@@ -99,75 +159,6 @@ fn softmax(xs: &mut [f32]) {
     }
 }
 
-/// Multi-head self-attention of one sequence of `len` tokens, every token seeing every other
-/// (an encoder has no mask but padding, and packed sequences have none). `qkv` holds each
-/// token's query, key and value rows (`3 · dim` wide); `ctx` gets each token's `dim` outputs.
-/// Both products of each head are GEMMs straight on the strided rows, so no head is copied.
-pub fn attention(qkv: &[f32], len: usize, heads: usize, ctx: &mut [f32]) {
-    let dim = ctx.len() / len;
-    let hd = dim / heads;
-    let scale = 1.0 / (hd as f32).sqrt();
-    let row = (3 * dim) as isize;
-    assert_eq!(qkv.len(), len * 3 * dim, "qkv shape");
-    let mut scores = vec![0f32; len * len];
-    for h in 0..heads {
-        let (qo, ko, vo) = (h * hd, dim + h * hd, 2 * dim + h * hd);
-        // SAFETY (both calls): the pointers cover their matrices at the strides given. Q and K
-        // are `len × hd` windows of `qkv` (row stride `3·dim`), read K transposed; `scores` is
-        // `len × len`; V is a `len × hd` window of `qkv`; the head's `len × hd` window of `ctx`
-        // has row stride `dim`. Every index stays below `len` rows of its buffer.
-        unsafe {
-            gemm::gemm(
-                len,
-                len,
-                hd,
-                scores.as_mut_ptr(),
-                1,
-                len as isize,
-                false,
-                qkv.as_ptr().add(qo),
-                1,
-                row,
-                qkv.as_ptr().add(ko),
-                row,
-                1,
-                0.0,
-                scale,
-                false,
-                false,
-                false,
-                gemm::Parallelism::None,
-            );
-        }
-        for r in scores.chunks_exact_mut(len) {
-            softmax(r);
-        }
-        unsafe {
-            gemm::gemm(
-                len,
-                hd,
-                len,
-                ctx.as_mut_ptr().add(h * hd),
-                1,
-                dim as isize,
-                false,
-                scores.as_ptr(),
-                1,
-                len as isize,
-                qkv.as_ptr().add(vo),
-                1,
-                row,
-                0.0,
-                1.0,
-                false,
-                false,
-                false,
-                gemm::Parallelism::None,
-            );
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -191,6 +182,28 @@ mod tests {
         assert!(exp(-200.0) < 1e-37 && exp(0.0) == 1.0);
     }
 
+    #[cfg(all(target_arch = "x86_64", target_feature = "avx512f"))]
+    #[test]
+    fn exp_in_place_is_softmax_less_its_division() {
+        for n in [1, 15, 16, 17, 71] {
+            let xs: Vec<f32> = (0..n)
+                .map(|i| ((i * 13 % 31) as f32 - 15.0) / 2.0)
+                .collect();
+            let mut ys = xs.clone();
+            let sum = exp_in_place(&mut ys);
+            let max = xs.iter().copied().fold(f32::MIN, f32::max) as f64;
+            let want: Vec<f64> = xs.iter().map(|&x| (x as f64 - max).exp()).collect();
+            for (y, w) in ys.iter().zip(&want) {
+                assert!(
+                    (*y as f64 - w).abs() <= 5e-7 * w.max(1e-30),
+                    "n={n}: {y} vs {w}"
+                );
+            }
+            let total: f64 = want.iter().sum();
+            assert!((sum as f64 - total).abs() < 1e-5 * total, "n={n}");
+        }
+    }
+
     /// erf by its series (|x| < 3) or continued fraction, in f64: the reference.
     fn libm_erf(x: f64) -> f64 {
         let a = x.abs();
@@ -210,25 +223,5 @@ mod tests {
             1.0 - (-a * a).exp() / (a + f) / std::f64::consts::PI.sqrt()
         };
         v.copysign(x)
-    }
-
-    #[test]
-    fn attention_weighs_values_by_softmaxed_scores() {
-        // One head of width 2, two tokens: token 0's query matches token 1's key.
-        let qkv = [
-            0.0, 4.0, /* k */ 1.0, 0.0, /* v */ 1.0, 0.0, //
-            0.0, 0.0, /* k */ 0.0, 4.0, /* v */ 0.0, 1.0,
-        ];
-        let mut ctx = [0f32; 4];
-        attention(&qkv, 2, 1, &mut ctx);
-        let p = 1.0 / (1.0 + (-16.0f32 / 2f32.sqrt()).exp());
-        assert!(
-            (ctx[1] - p).abs() < 1e-6 && (ctx[0] - (1.0 - p)).abs() < 1e-6,
-            "{ctx:?}"
-        );
-        assert!(
-            (ctx[2] - 0.5).abs() < 1e-6 && (ctx[3] - 0.5).abs() < 1e-6,
-            "{ctx:?}"
-        );
     }
 }

@@ -5,6 +5,7 @@
 //! a `Scratch` the caller keeps, sized by the batch's tokens, so memory is bounded by the
 //! batcher's token budget however many requests arrive.
 
+mod attention;
 pub mod batcher;
 mod few;
 mod math;
@@ -342,7 +343,7 @@ impl Encoder {
         }
         let one = |(qkv, len, out): (&[f32], usize, &mut [f32])| {
             if len > 0 {
-                math::attention(qkv, len, self.heads, out)
+                attention::attention(qkv, len, self.heads, out)
             }
         };
         match self.threads > 1 && seqs.len() > 1 {

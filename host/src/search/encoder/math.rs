@@ -104,9 +104,46 @@ pub fn erf(x: f32) -> f32 {
 
 /// GELU with the exact (erf) form BERT uses, in place.
 pub fn gelu(xs: &mut [f32]) {
+    #[cfg(all(target_arch = "x86_64", target_feature = "avx512f"))]
+    let xs = {
+        use std::arch::x86_64::*;
+        let mut chunks = xs.chunks_exact_mut(16);
+        for c in &mut chunks {
+            // SAFETY: each chunk is 16 values; the cfg guarantees AVX-512.
+            unsafe { _mm512_storeu_ps(c.as_mut_ptr(), gelu16(_mm512_loadu_ps(c.as_ptr()))) };
+        }
+        chunks.into_remainder()
+    };
     for x in xs {
         *x = 0.5 * *x * (1.0 + erf(*x * std::f32::consts::FRAC_1_SQRT_2));
     }
+}
+
+/// `gelu` on 16 lanes (LLVM vectorizes the scalar form only 8 wide here, and GELU runs on
+/// every MLP activation): `erf` as in `erf`, its division by a reciprocal estimate refined
+/// by one Newton step (relative error ~1e-8 against the estimate's 2^-14).
+#[cfg(all(target_arch = "x86_64", target_feature = "avx512f"))]
+#[inline(always)]
+unsafe fn gelu16(x: std::arch::x86_64::__m512) -> std::arch::x86_64::__m512 {
+    use std::arch::x86_64::*;
+    let z = _mm512_mul_ps(x, _mm512_set1_ps(std::f32::consts::FRAC_1_SQRT_2));
+    let a = _mm512_abs_ps(z);
+    let d = _mm512_fmadd_ps(_mm512_set1_ps(0.327_591_1), a, _mm512_set1_ps(1.0));
+    let e = _mm512_rcp14_ps(d);
+    let t = _mm512_mul_ps(e, _mm512_fnmadd_ps(d, e, _mm512_set1_ps(2.0)));
+    let mut y = _mm512_set1_ps(1.061_405_4);
+    for c in [-1.453_152_1, 1.421_413_8, -0.284_496_74, 0.254_829_6] {
+        y = _mm512_fmadd_ps(y, t, _mm512_set1_ps(c));
+    }
+    let ex = exp16(_mm512_mul_ps(_mm512_sub_ps(_mm512_setzero_ps(), a), a));
+    // erf(|z|) = 1 - y·t·e^(-z²), given z's sign back; gelu = x · (1 + erf) / 2.
+    let erf_abs = _mm512_fnmadd_ps(_mm512_mul_ps(y, t), ex, _mm512_set1_ps(1.0));
+    let sign = _mm512_and_ps(z, _mm512_set1_ps(-0.0));
+    let erf = _mm512_or_ps(erf_abs, sign);
+    _mm512_mul_ps(
+        _mm512_mul_ps(x, _mm512_set1_ps(0.5)),
+        _mm512_add_ps(erf, _mm512_set1_ps(1.0)),
+    )
 }
 
 /// `row = norm(row + residual) · w + b` (`residual` may be empty), as BERT's LayerNorm.
@@ -180,6 +217,20 @@ mod tests {
         assert!(worst.0 < 5e-7, "exp: {}", worst.0);
         assert!(worst.1 < 1e-6, "erf: {}", worst.1);
         assert!(exp(-200.0) < 1e-37 && exp(0.0) == 1.0);
+    }
+
+    #[test]
+    fn gelu_matches_its_definition() {
+        let xs: Vec<f32> = (-800..800).map(|i| i as f32 / 100.0).collect();
+        let mut ys = xs.clone();
+        gelu(&mut ys);
+        for (x, y) in xs.iter().zip(&ys) {
+            let want = 0.5 * *x as f64 * (1.0 + libm_erf(*x as f64 / 2f64.sqrt()));
+            assert!(
+                (*y as f64 - want).abs() < 2e-6 * want.abs().max(1.0),
+                "{x}: {y} vs {want}"
+            );
+        }
     }
 
     #[cfg(all(target_arch = "x86_64", target_feature = "avx512f"))]

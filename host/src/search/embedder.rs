@@ -10,7 +10,7 @@ use std::sync::Arc;
 use candle_core::{DType, Device, Tensor};
 use serde::Deserialize;
 
-use super::encoder::batcher::Batcher;
+use super::encoder::batcher::{Batcher, Ticket};
 use super::encoder::{Encoder, Kernel, Layer, Linear, Norm};
 use crate::config::EmbeddingPrecision;
 
@@ -175,6 +175,12 @@ impl Embedder {
 
     /// Unit-length embeddings of already tokenized inputs, in order.
     pub fn embed(&self, inputs: &[Vec<u32>]) -> Result<Vec<Vec<f32>>, EmbedError> {
+        self.start(inputs)?.wait()
+    }
+
+    /// `embed`, started: the inputs are checked and queued, and the caller collects the
+    /// vectors with `Started::wait` after doing other work.
+    pub fn start(&self, inputs: &[Vec<u32>]) -> Result<Started, EmbedError> {
         for (index, ids) in inputs.iter().enumerate() {
             if ids.len() > self.max_tokens {
                 return Err(EmbedError::TooLong {
@@ -192,8 +198,18 @@ impl Embedder {
             }
         }
         self.batcher
-            .embed(inputs.to_vec())
+            .submit(inputs.to_vec())
+            .map(Started)
             .map_err(EmbedError::Encoder)
+    }
+}
+
+/// Embeddings on their way (`Embedder::start`).
+pub struct Started(Ticket);
+
+impl Started {
+    pub fn wait(self) -> Result<Vec<Vec<f32>>, EmbedError> {
+        self.0.wait().map_err(EmbedError::Encoder)
     }
 }
 

@@ -68,6 +68,17 @@ impl Collection {
         allowed: Option<&Arc<HashSet<u64>>>,
     ) -> Result<(Vec<(u64, f32)>, Vec<(u64, f32)>), SearchError> {
         let depth = q.candidates.max(q.top_k);
+        // The query's embedding runs on the encoder thread while BM25 runs here.
+        let embedding = match q.mode {
+            Mode::Bm25 => None,
+            _ => {
+                let ids = match q.tokens {
+                    Some(t) => t.to_vec(),
+                    None => self.query_tokens(q.text)?,
+                };
+                Some(self.embedder.start(&[ids]).map_err(SearchError::embed)?)
+            }
+        };
         let bm25 = match q.mode {
             Mode::Vector => Vec::new(),
             _ => self
@@ -75,14 +86,10 @@ impl Collection {
                 .search(q.text, depth, allowed)
                 .map_err(|e| internal("BM25 search")(&e))?,
         };
-        let vector = match q.mode {
-            Mode::Bm25 => Vec::new(),
-            _ => {
-                let ids = match q.tokens {
-                    Some(t) => t.to_vec(),
-                    None => self.query_tokens(q.text)?,
-                };
-                let v = self.embedder.embed(&[ids]).map_err(SearchError::embed)?;
+        let vector = match embedding {
+            None => Vec::new(),
+            Some(started) => {
+                let v = started.wait().map_err(SearchError::embed)?;
                 self.vectors.search(&v[0], depth, allowed)
             }
         };

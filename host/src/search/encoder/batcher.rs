@@ -42,15 +42,28 @@ impl Batcher {
         }
     }
 
-    /// The embeddings of `seqs`, in order; blocks until they are computed.
-    pub fn embed(&self, seqs: Vec<Vec<u32>>) -> Reply {
-        if seqs.is_empty() {
-            return Ok(Vec::new());
-        }
+    /// Queues `seqs` for embedding and returns at once; `Ticket::wait` gives their vectors,
+    /// so the caller can do other work (a BM25 search) while the encoder runs.
+    pub fn submit(&self, seqs: Vec<Vec<u32>>) -> Result<Ticket, String> {
         let (reply, rx) = mpsc::sync_channel(1);
+        if seqs.is_empty() {
+            reply.send(Ok(Vec::new())).expect("the receiver is here");
+            return Ok(Ticket(rx));
+        }
         let sent = self.tx.lock().send(Job { seqs, reply });
         sent.map_err(|_| "the encoder thread has stopped".to_string())?;
-        rx.recv()
+        Ok(Ticket(rx))
+    }
+}
+
+/// Embeddings on their way.
+pub struct Ticket(mpsc::Receiver<Reply>);
+
+impl Ticket {
+    /// The vectors, in order; blocks until they are computed.
+    pub fn wait(self) -> Reply {
+        self.0
+            .recv()
             .map_err(|_| "the encoder thread has stopped".to_string())?
     }
 }

@@ -69,6 +69,9 @@ struct ChunkEntry {
 struct Catalog {
     docs: HashMap<Arc<str>, Vec<u64>>,
     chunks: HashMap<u64, ChunkEntry>,
+    /// Bumped by every write under the catalog's lock: what a cached filter result is valid
+    /// for (`searching::FilterCache`).
+    generation: u64,
 }
 
 /// Documents chunked and tokenized, not yet embedded or stored.
@@ -100,6 +103,8 @@ pub struct Collection {
     bm25: Bm25,
     vectors: Vectors,
     catalog: RwLock<Catalog>,
+    /// The chunks recent filters admitted.
+    filters: Mutex<searching::FilterCache>,
     writes: Mutex<()>,
     /// The store shared with other replicas, when there is one (`replica.rs`).
     pub(super) shared: std::sync::OnceLock<std::sync::Arc<dyn Replica>>,
@@ -221,6 +226,7 @@ impl Collection {
             vectors: Vectors::load(&dir.join(GRAPH), &vectors)
                 .unwrap_or_else(|| Vectors::build(vectors)),
             catalog: RwLock::new(catalog),
+            filters: Default::default(),
             writes: Mutex::new(()),
             shared: Default::default(),
             applied: Mutex::new(applied),
@@ -483,6 +489,7 @@ impl Collection {
             }
             cat.docs.insert(doc, w.added.clone());
         }
+        cat.generation += 1;
         drop(cat);
         self.vectors.update(&removed, added);
         self.changes

@@ -47,17 +47,23 @@ impl Collection {
     }
 
     /// The chunks a filter admits; None when there is no filter or it admits everything
-    /// (`{}` costs no scan).
+    /// (`{}` costs no scan). A filter repeated before the next write is answered from the
+    /// cache instead of testing every chunk's metadata again.
     fn allowed(&self, filter: Option<&Filter>) -> Option<Arc<HashSet<u64>>> {
         let f = filter.filter(|f| **f != Filter::And(Vec::new()))?;
         let cat = self.catalog.read();
-        Some(Arc::new(
+        if let Some(hit) = self.filters.lock().get(f, cat.generation) {
+            return Some(hit);
+        }
+        let ids: Arc<HashSet<u64>> = Arc::new(
             cat.chunks
                 .iter()
                 .filter(|(_, c)| f.matches(&c.metadata))
                 .map(|(id, _)| *id)
                 .collect(),
-        ))
+        );
+        self.filters.lock().put(f, cat.generation, ids.clone());
+        Some(ids)
     }
 
     /// BM25 and vector candidates (the one the mode does not use stays empty), each ranked.
@@ -131,5 +137,65 @@ impl Collection {
             })
             .take(q.top_k + 16)
             .collect()
+    }
+}
+
+/// The chunk sets of the last few filters, each valid for the catalog generation it was
+/// computed at. Most searches of an application repeat a handful of filters (a tenant's
+/// account, a product line); a collection's memory for them is bounded by `IDS`.
+#[derive(Default)]
+pub(super) struct FilterCache {
+    /// Most recently used last.
+    entries: Vec<(Filter, u64, Arc<HashSet<u64>>)>,
+}
+
+impl FilterCache {
+    const ENTRIES: usize = 16;
+    /// Most chunk ids held across entries (~16 bytes each in a set).
+    const IDS: usize = 1 << 20;
+
+    fn get(&mut self, f: &Filter, generation: u64) -> Option<Arc<HashSet<u64>>> {
+        self.entries.retain(|e| e.1 == generation);
+        let at = self.entries.iter().position(|e| e.0 == *f)?;
+        let e = self.entries.remove(at);
+        let ids = e.2.clone();
+        self.entries.push(e);
+        Some(ids)
+    }
+
+    fn put(&mut self, f: &Filter, generation: u64, ids: Arc<HashSet<u64>>) {
+        self.entries.retain(|e| e.1 == generation && e.0 != *f);
+        self.entries.push((f.clone(), generation, ids));
+        let mut held: usize = self.entries.iter().map(|e| e.2.len()).sum();
+        while self.entries.len() > Self::ENTRIES || (held > Self::IDS && self.entries.len() > 1) {
+            held -= self.entries.remove(0).2.len();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn exists(field: &str) -> Filter {
+        Filter::Exists {
+            field: field.into(),
+            exists: true,
+        }
+    }
+
+    #[test]
+    fn filter_results_are_reused_until_the_next_write() {
+        let mut c = FilterCache::default();
+        let ids = Arc::new(HashSet::from([1, 2, 3]));
+        c.put(&exists("a"), 7, ids.clone());
+        assert_eq!(c.get(&exists("a"), 7), Some(ids));
+        assert_eq!(c.get(&exists("b"), 7), None);
+        assert_eq!(c.get(&exists("a"), 8), None, "a write makes it stale");
+        for i in 0..40 {
+            c.put(&exists(&i.to_string()), 8, Arc::new(HashSet::from([i])));
+        }
+        assert_eq!(c.entries.len(), FilterCache::ENTRIES);
+        assert!(c.get(&exists("39"), 8).is_some() && c.get(&exists("0"), 8).is_none());
     }
 }

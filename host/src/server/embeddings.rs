@@ -41,5 +41,5 @@ pub async fn embeddings(
 }
 
 pub fn model_card(e: &Embedder, created: u64) -> Value {
-    json!({"id": e.name, "object": "model", "created": created, "owned_by": "gateway", "max_model_len": e.max_tokens, "dimensions": e.dim})
+    json!({"id": e.name, "object": "model", "created": created, "owned_by": "gateway", "max_model_len": e.max_tokens, "dimensions": e.dim, "kernel": e.kernel.name()})
 }

@@ -28,6 +28,15 @@ pub enum Kernel {
 }
 
 impl Kernel {
+    /// As the model card shows it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Amx => "amx-bf16",
+            Self::Mixed => "f32+bf16-queries",
+            Self::F32 => "f32",
+        }
+    }
+
     /// What `precision` means on this machine for a model of these widths; an error when
     /// `bf16` is asked of a CPU or OS without AMX, or of widths the tiles do not cover.
     pub fn choose(precision: EmbeddingPrecision, widths: &[usize]) -> Result<Self, String> {

@@ -17,7 +17,7 @@ const RULES: &[(&str, &[&str])] = &[
     ("metrics", &[]),
     ("engine", &["config", "metrics"]),
     ("plugins", &["common", "config"]),
-    ("search", &["common"]),
+    ("search", &["common", "config", "engine"]),
     ("tenancy", &["common", "config", "metrics", "search"]),
     ("structured", &["engine"]),
     ("plugin_tool", &["config", "plugins"]),

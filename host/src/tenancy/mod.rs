@@ -261,6 +261,13 @@ impl Tenancy {
         if text == self.policies.load().text {
             return;
         }
+        // An editor that saves in place truncates the file first; a slow write can leave it
+        // empty past the debounce. Installing that would drop every tenant and key until the
+        // content lands, so an empty file waits for the next change (a policy with no tenants
+        // is still written as, say, a comment).
+        if text.trim().is_empty() && !self.policies.load().text.trim().is_empty() {
+            return tracing::warn!(path = %path.display(), "the policy file is empty (a save in progress?); keeping the policy in force");
+        }
         match self.parse(&text) {
             Ok(p) => {
                 let old = self.text();

@@ -205,14 +205,16 @@ class Gateway:
                 sys.exit(f"the gateway did not start:\n{text[-3000:]}")
             time.sleep(0.1)
 
-    def request(self, method, path, body=None):
-        data = json.dumps(body) if body else None
+    def request(self, method, path, body=None, headers=None, ok=(200,)):
+        """The response body's bytes; exits unless its status is in `ok`."""
+        data = json.dumps(body) if body is not None else None
+        headers = {"content-type": "application/json", **(headers or {})}
         for retry in (False, True):
             conn = getattr(self.local, "conn", None)  # one keep-alive connection per client thread
             if conn is None:
                 conn = self.local.conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=600)
             try:
-                conn.request(method, path, body=data, headers={"content-type": "application/json"})
+                conn.request(method, path, body=data, headers=headers)
                 r = conn.getresponse()
                 break
             except (ConnectionError, http.client.RemoteDisconnected):
@@ -223,8 +225,8 @@ class Gateway:
                 if retry:
                     raise
         data = r.read()
-        if r.status != 200:
-            sys.exit(f"{path}: {r.status} {data[:300]!r}")
+        if r.status not in ok:
+            sys.exit(f"{method} {path}: {r.status} {data[:500]!r}")
         return data
 
     def embed(self, texts):

@@ -36,7 +36,6 @@ Usage: host/scripts/bench-search.py [--docs 50000] [--ingest-docs 10000] [--quer
 """
 import argparse
 from concurrent.futures import ThreadPoolExecutor
-import http.client
 import importlib.util
 import json
 import os
@@ -97,26 +96,8 @@ def make_queries(docs, n, seed):
 
 
 def call(gw, method, path, body=None, headers=None, ok=(200,)):
-    """gw.request with extra headers and other success statuses (201 for a create); the same
-    keep-alive connection per thread. Returns the parsed JSON body."""
-    data = json.dumps(body) if body is not None else None
-    hdrs = {"content-type": "application/json", **(headers or {})}
-    for retry in (False, True):
-        conn = getattr(gw.local, "conn", None)
-        if conn is None:
-            conn = gw.local.conn = http.client.HTTPConnection("127.0.0.1", gw.port, timeout=600)
-        try:
-            conn.request(method, path, body=data, headers=hdrs)
-            r = conn.getresponse()
-            break
-        except (ConnectionError, http.client.RemoteDisconnected):
-            conn.close()
-            gw.local.conn = None
-            if retry:
-                raise
-    raw = r.read()
-    if r.status not in ok:
-        sys.exit(f"{method} {path}: {r.status} {raw[:500]!r}")
+    """gw.request, its body parsed when it is JSON (else text)."""
+    raw = gw.request(method, path, body, headers, ok)
     return json.loads(raw) if raw[:1] in (b"{", b"[") else raw.decode()
 
 

@@ -99,7 +99,7 @@ impl PackedBf16 {
 }
 
 /// `v` rounded to BF16 (to nearest, ties to even), as its bits.
-fn bf16(v: f32) -> u16 {
+pub fn bf16(v: f32) -> u16 {
     half::bf16::from_f32(v).to_bits()
 }
 

@@ -12,11 +12,6 @@ use std::arch::x86_64::{
     _mm512_fmadd_ps, _mm512_loadu_ps, _mm512_set1_ps, _mm512_slli_epi32, _mm512_storeu_ps,
 };
 
-/// `v` rounded to BF16 (to nearest, ties to even), as its bits.
-pub fn bf16(v: f32) -> u16 {
-    half::bf16::from_f32(v).to_bits()
-}
-
 /// 16 BF16 values widened to f32.
 #[cfg(all(target_arch = "x86_64", target_feature = "avx512f"))]
 #[inline(always)]
@@ -89,6 +84,7 @@ unsafe fn stream(x: &[f32], t: usize, k: usize, w_t: &[u16], n: usize, out: &mut
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::quant::amx::bf16;
 
     #[test]
     fn few_rows_match_a_plain_product() {

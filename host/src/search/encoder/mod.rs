@@ -131,7 +131,7 @@ impl Linear {
                 format!("a {k}×{n} weight does not fit the tiles the config's widths chose")
             })?),
             Kernel::Mixed => Weights::F32 {
-                few: Some(w_t.iter().map(|&v| few::bf16(v)).collect()),
+                few: Some(w_t.iter().map(|&v| amx::bf16(v)).collect()),
                 w_t,
             },
             Kernel::F32 => Weights::F32 { w_t, few: None },

@@ -19,6 +19,13 @@ threads="$(nproc)"
 peer="$(host/scripts/build-llama-peer.sh)"
 cargo build --release --quiet --bin gateway
 gw=target/release/gateway
+# ggml's AMX and repacked weight buffers segfault on some CPUs with AMX (this machine's Sapphire
+# Rapids vCPUs): there llama.cpp runs without them, and the table says so.
+bench_repack=() server_repack=()
+if ! "$peer/llama-bench" -m "$model" -t 1 -p 8 -n 0 -r 1 >/dev/null 2>&1; then
+  bench_repack=(--repack 0) server_repack=(--no-repack)
+  echo "llama.cpp crashes with its repacked (AMX) weights on this CPU: it runs with --no-repack"
+fi
 
 # Prefill and decode alternate between the engines, a round each at a time: on a shared
 # machine the rate at which memory streams drifts by a third within minutes, and a ratio of
@@ -34,7 +41,7 @@ for _ in $(seq "$rounds"); do
   # The opt-in 8-bit decode activations (llama.cpp's own rounding), decode only.
   "$gw" bench -m "$model" --decode-activation-bits 8 --prompt-tokens 16 --gen-tokens 64 --repeat 1 \
     --single-stream-only 2>/dev/null >>/tmp/bench-vs-llama.gateway8
-  "$peer/llama-bench" -m "$model" -t "$threads" -p 512 -n 64 -r 1 -o md 2>/dev/null \
+  "$peer/llama-bench" -m "$model" -t "$threads" "${bench_repack[@]}" -p 512 -n 64 -r 1 -o md 2>/dev/null \
     >>/tmp/bench-vs-llama.llama
 done
 "$gw" bench -m "$model" --prompt-tokens 512 --gen-tokens 64 --concurrency 1 --repeat 3 --kv-seqs 2 \
@@ -44,7 +51,7 @@ echo "## servers over HTTP"
 port_gw=18180 port_ll=18181
 "$gw" serve -m "bench=$model" -l "127.0.0.1:$port_gw" --no-prefix-caching >/tmp/bench-vs-llama.gw.log 2>&1 &
 pid_gw=$!
-"$peer/llama-server" -m "$model" -t "$threads" --port "$port_ll" -np "$np" -c $((4096 * np)) \
+"$peer/llama-server" -m "$model" -t "$threads" "${server_repack[@]}" --port "$port_ll" -np "$np" -c $((4096 * np)) \
   >/tmp/bench-vs-llama.ll.log 2>&1 &
 pid_ll=$!
 trap 'kill $pid_gw $pid_ll 2>/dev/null || true' EXIT

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Builds llama.cpp's llama-bench and llama-server (the peer the benchmarks compare against) from
+# Builds llama.cpp's llama-bench, llama-server, llama-perplexity and llama-quantize (the peer the
+# benchmarks and the precision test compare against) from
 # the llama.cpp vendored in the llama-cpp-python sdist on PyPI, once, into a cache outside the
 # clone ($LLAMA_PEER_DIR, default ~/.cache/llama-peer). Prints the folder holding the binaries.
 # Needs cmake, ninja and a C++ compiler (Debian: cmake ninja-build g++); ~15 min on 2 cores.
@@ -7,7 +8,10 @@ set -euo pipefail
 version=0.3.36
 dir="${LLAMA_PEER_DIR:-$HOME/.cache/llama-peer}"
 bin="$dir/build-$version/bin"
-if [ -x "$bin/llama-bench" ] && [ -x "$bin/llama-server" ]; then
+tools=(llama-bench llama-server llama-cli llama-perplexity llama-quantize)
+built=1
+for t in "${tools[@]}"; do [ -x "$bin/$t" ] || built=0; done
+if [ "$built" = 1 ]; then
   echo "$bin"
   exit 0
 fi
@@ -28,5 +32,5 @@ fi
 cmake -S "$src" -B "$dir/build-$version" -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
   -DLLAMA_BUILD_SERVER=ON -DBUILD_SHARED_LIBS=OFF >&2
-cmake --build "$dir/build-$version" --target llama-bench llama-server llama-cli -j "$(nproc)" >&2
+cmake --build "$dir/build-$version" --target "${tools[@]}" -j "$(nproc)" >&2
 echo "$bin"

@@ -29,6 +29,9 @@ enum Command {
     Index(IndexArgs),
     /// Measure retrieval quality (nDCG@10, Recall@100, MRR@10 per mode) on a labelled set.
     EvalRetrieval(EvalArgs),
+    /// Measure a GGUF's kernels against full precision: perplexity, KL divergence, top-1
+    /// agreement (optionally against llama.cpp's `--kl-divergence-base` file too).
+    EvalKl(gateway::bench::kl::KlOptions),
     /// Scaffold, build, check or run a plugin without a server or a model.
     #[command(subcommand)]
     Plugin(gateway::plugin_tool::cli::PluginCommand),
@@ -283,6 +286,14 @@ fn main() -> anyhow::Result<()> {
                 chunk_tokens: a.chunk_tokens,
                 json: a.json,
             })
+        }
+        Command::EvalKl(o) => {
+            let report = gateway::bench::kl::run(&o)?;
+            match o.json {
+                true => println!("{}", serde_json::to_string_pretty(&report)?),
+                false => gateway::bench::kl::print(&report),
+            }
+            Ok(())
         }
         Command::Plugin(cmd) => gateway::plugin_tool::cli::run(cmd, &rt),
         Command::Keys(KeysCommand::New { tenant, id }) => {

@@ -9,6 +9,7 @@ use crate::config::{ComputeDevice, ModelConfig};
 use crate::engine::{Engine, Event, GenerationRequest, SamplingParams};
 use crate::metrics::Metrics;
 
+pub mod kl;
 mod structured;
 
 #[derive(Debug, Clone, clap::Args)]

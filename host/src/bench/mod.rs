@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::config::{ComputeDevice, ModelConfig};
+use crate::engine::profile::{Phase, Snapshot};
 use crate::engine::{Engine, Event, GenerationRequest, SamplingParams};
 use crate::metrics::Metrics;
 
@@ -112,6 +113,7 @@ pub async fn run(cfg: &ModelConfig, o: &BenchOptions) -> anyhow::Result<()> {
     }
     for &c in &o.concurrency {
         let mut agg = Vec::new();
+        let before = engine.profile();
         for _ in 0..o.repeat {
             let reqs = (0..c)
                 .map(|i| request(prompt(&engine, 16 + 9 * i, salt + i), o.gen_tokens))
@@ -125,10 +127,28 @@ pub async fn run(cfg: &ModelConfig, o: &BenchOptions) -> anyhow::Result<()> {
             "| aggregate output, concurrency {c} | {a:.1} tok/s ({:.2}x single stream) |",
             a / decode1
         );
+        breakdown_row(c, &engine.profile().since(&before));
     }
     speculation_rows(&engine, &metrics, &cfg.name, o, &mut salt).await;
     structured::rows(&engine, &metrics, &cfg.name, o).await?;
     kv_row(&engine, &metrics, &cfg.name, o.kv_seqs, salt).await
+}
+
+/// Where the steps of a concurrency row spent their time, per step (prefill steps included:
+/// each request's prompt is short beside its output).
+fn breakdown_row(c: usize, p: &Snapshot) {
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    println!(
+        "| step breakdown, concurrency {c}: {:.2} rows/step | {:.2} ms/step: schedule {:.3}, weight products {:.2}, attention {:.2}, vocabulary product {:.2}, rest of forward {:.2}, sample+emit {:.3} |",
+        p.rows as f64 / p.steps.max(1) as f64,
+        ms(p.per_step(Phase::Schedule) + p.per_step(Phase::Forward) + p.per_step(Phase::Sample)),
+        ms(p.per_step(Phase::Schedule)),
+        ms(p.per_step(Phase::Projections)),
+        ms(p.per_step(Phase::Attention)),
+        ms(p.per_step(Phase::LmHead)),
+        ms(p.other_forward()),
+        ms(p.per_step(Phase::Sample)),
+    );
 }
 
 /// Prefill and single-stream decode rates (medians of `repeat` runs), printed as the table's

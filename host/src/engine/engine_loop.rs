@@ -15,6 +15,7 @@ use super::batch::BatchSeq;
 use super::block_manager::BlockManager;
 use super::constraint::Guide;
 use super::detokenizer::{IncrementalDecoder, StopMatcher, StopOutcome};
+use super::profile::{Phase, StepProfile};
 use super::runner::Runner;
 use super::sampler::Sampler;
 use super::scheduler::{Scheduled, Scheduler, SchedulerConfig, SeqId, Sequence};
@@ -57,6 +58,7 @@ pub(super) struct EngineLoop {
     waiting: Arc<AtomicUsize>,
     /// No sequence grows past this, whatever its request asked for.
     max_model_len: usize,
+    profile: Arc<StepProfile>,
     /// Draft tokens per step (0: no speculation) and the most running sequences it runs with.
     spec_tokens: usize,
     spec_max_seqs: usize,
@@ -74,6 +76,7 @@ impl EngineLoop {
         max_model_len: usize,
         metrics: Arc<Metrics>,
         waiting: Arc<AtomicUsize>,
+        profile: Arc<StepProfile>,
     ) -> Self {
         let e = &cfg.engine;
         let sched = Scheduler::new(
@@ -129,6 +132,7 @@ impl EngineLoop {
             metrics,
             waiting,
             max_model_len,
+            profile,
         };
         this.publish_gauges();
         this
@@ -216,6 +220,7 @@ impl EngineLoop {
     }
 
     fn step(&mut self) {
+        let t0 = Instant::now();
         self.propose_drafts();
         let step = self.sched.schedule();
         if !step.preempted.is_empty() {
@@ -238,6 +243,8 @@ impl EngineLoop {
         m.batch_tokens
             .with_label_values(&[model])
             .observe(num_tokens as f64);
+        self.profile.add(Phase::Schedule, t0);
+        self.profile.step(batch.len(), num_tokens);
         let started = Instant::now();
         let sampling: Vec<SeqId> = step
             .scheduled
@@ -254,6 +261,8 @@ impl EngineLoop {
             .collect();
         let grammar = &self.metrics.grammar;
         let result = forward_steering(&mut self.runner, &batch, steered, grammar, model);
+        self.profile.add(Phase::Forward, started);
+        let sampled = Instant::now();
         tracing::trace!(
             seqs = batch.len(),
             tokens = num_tokens,
@@ -280,6 +289,7 @@ impl EngineLoop {
                 self.on_rows(sc.id, rows);
             }
         }
+        self.profile.add(Phase::Sample, sampled);
     }
 
     /// First admission of a request: it leaves the submission queue, and its first chunk's

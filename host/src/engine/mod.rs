@@ -16,6 +16,7 @@ mod engine_loop;
 mod gpu;
 pub mod model;
 pub mod paged_attention;
+pub mod profile;
 pub mod quant;
 pub mod runner;
 pub mod sampler;
@@ -187,6 +188,7 @@ pub struct Engine {
     /// Requests submitted and not yet admitted (or cancelled); the engine thread decrements it.
     waiting: Arc<AtomicUsize>,
     max_waiting: usize,
+    profile: Arc<profile::StepProfile>,
 }
 
 /// Events of one request. Dropping it (client gone, stream closed) cancels the request and
@@ -224,7 +226,7 @@ impl Engine {
         let shape = loaded.model.shape.clone();
         let s = &shape;
         let LoadedModel {
-            model,
+            mut model,
             tokenizer,
             template,
             stop_ids,
@@ -235,6 +237,8 @@ impl Engine {
             0 => s.context_length,
             n => n.min(s.context_length),
         };
+        let profile = Arc::new(profile::StepProfile::default());
+        model.set_profile(profile.clone());
         let (runner, pool) = runner::Runner::new(model, e, window)?;
         let num_blocks = pool.num_blocks;
         let watermark_blocks = (num_blocks as f32 * e.watermark) as usize;
@@ -267,6 +271,7 @@ impl Engine {
             max_model_len,
             metrics,
             waiting.clone(),
+            profile.clone(),
         );
         std::thread::Builder::new()
             .name(format!("engine-{}", cfg.name))
@@ -283,7 +288,13 @@ impl Engine {
             next_id: AtomicU64::new(1),
             waiting,
             max_waiting: e.max_waiting,
+            profile,
         })
+    }
+
+    /// Where this engine's steps have spent their time since it started.
+    pub fn profile(&self) -> profile::Snapshot {
+        self.profile.snapshot()
     }
 
     /// Requests submitted and not yet admitted to the running batch.

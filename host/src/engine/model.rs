@@ -8,11 +8,13 @@
 
 pub use super::batch::BatchSeq;
 use std::sync::Arc;
+use std::time::Instant;
 
 use candle_core::quantized::{QMatMul, QTensor};
 use candle_core::{Device, Tensor};
 
 use super::cpu_ops::{geglu, rms_norm, rms_norm_in_place, swiglu};
+use super::profile::{Phase, StepProfile};
 use super::quant::{ActivationBits, QuantMatrix, PROMPT_KERNEL_MIN, PROMPT_SPAN_ROWS};
 use super::team::Team;
 
@@ -206,6 +208,8 @@ pub struct Model {
     team: Team,
     /// How the batch kernels round activations for k-quant weights.
     bits: ActivationBits,
+    /// Where this model's steps spend their time (shared with the engine that runs it).
+    profile: Arc<StepProfile>,
 }
 
 impl Model {
@@ -235,6 +239,7 @@ impl Model {
             rope_local,
             team: Team::new(0),
             bits: ActivationBits::default(),
+            profile: Arc::default(),
         }
     }
 
@@ -252,6 +257,18 @@ impl Model {
     /// weights (`engine.decode_activation_bits`).
     pub fn set_activation_bits(&mut self, bits: ActivationBits) {
         self.bits = bits;
+    }
+
+    /// Where this model's forward passes count their time.
+    pub fn set_profile(&mut self, profile: Arc<StepProfile>) {
+        self.profile = profile;
+    }
+
+    /// `layer`'s projection `w` of `x`, timed.
+    fn project(&self, w: &Linear, x: &[f32], prompt: &[bool]) -> Result<Vec<f32>, ModelError> {
+        self.profile.time(Phase::Projections, || {
+            w.forward(self.kernels(), x, prompt, &self.device)
+        })
     }
 
     /// What every projection runs with.
@@ -293,9 +310,7 @@ impl Model {
         let (qdim, kvdim, rows) = (nh * hd, nkv * hd, step.rows());
         let mut h = vec![0f32; x.len()];
         rms_norm(x, &layer.attn_norm, s.rms_eps, &mut h);
-        let mut qkv = layer
-            .qkv
-            .forward(self.kernels(), &h, &step.prompt, &self.device)?;
+        let mut qkv = self.project(&layer.qkv, &h, &step.prompt)?;
         let width = qdim + 2 * kvdim;
         if let Some(b) = &layer.qkv_bias {
             for r in qkv.chunks_mut(width) {
@@ -321,15 +336,15 @@ impl Model {
             self.rope(qr, step.positions[r], local);
             self.rope(kr, step.positions[r], local);
         }
+        let t = Instant::now();
         cache.write(li, &step.slots, &k, &v);
         let mut attn = vec![0f32; rows * qdim];
         let scale = 1.0 / (hd as f32).sqrt();
         let window = s.window(li);
         let seqs = &step.attn_seqs;
         cache.attention(&self.team, li, &q, seqs, nh, scale, window, &mut attn);
-        let mut o = layer
-            .o
-            .forward(self.kernels(), &attn, &step.prompt, &self.device)?;
+        self.profile.add(Phase::Attention, t);
+        let mut o = self.project(&layer.o, &attn, &step.prompt)?;
         if let Some(g) = &layer.gemma {
             rms_norm_in_place(&mut o, &g.post_attn, s.rms_eps);
         }
@@ -359,9 +374,7 @@ impl Model {
         let (s, rows) = (&self.shape, prompt.len());
         let mut h = vec![0f32; x.len()];
         rms_norm(x, &layer.ffn_norm, s.rms_eps, &mut h);
-        let gu = layer
-            .gate_up
-            .forward(self.kernels(), &h, prompt, &self.device)?;
+        let gu = self.project(&layer.gate_up, &h, prompt)?;
         let inter = s.intermediate;
         let mut act = vec![0f32; rows * inter];
         for (a, row) in act.chunks_mut(inter).zip(gu.chunks(2 * inter)) {
@@ -372,9 +385,7 @@ impl Model {
                 None => swiglu(a, u),
             }
         }
-        let mut d = layer
-            .down
-            .forward(self.kernels(), &act, prompt, &self.device)?;
+        let mut d = self.project(&layer.down, &act, prompt)?;
         if let Some(g) = &layer.gemma {
             rms_norm_in_place(&mut d, &g.post_ffn, s.rms_eps);
         }
@@ -401,9 +412,11 @@ impl Model {
         let n = last.len() / hidden;
         let mut normed = vec![0f32; last.len()];
         rms_norm(&last, &self.norm, self.shape.rms_eps, &mut normed);
-        let mut logits =
+        let mut logits = self.profile.time(Phase::LmHead, || {
+            let generated = vec![false; n];
             self.lm_head
-                .forward(self.kernels(), &normed, &vec![false; n], &self.device)?;
+                .forward(self.kernels(), &normed, &generated, &self.device)
+        })?;
         if let Some(cap) = self.shape.gemma.as_ref().and_then(|g| g.final_softcap) {
             logits.iter_mut().for_each(|l| *l = cap * (*l / cap).tanh());
         }

@@ -12,7 +12,7 @@
 
 use std::time::Instant;
 
-use gateway::engine::quant::{Bytes, Format, QuantMatrix};
+use gateway::engine::quant::{ActivationBits, Bytes, Format, QuantMatrix};
 use gateway::engine::team::{split, Team};
 
 /// Columns of every matrix (Qwen2.5-1.5B's hidden size).
@@ -80,6 +80,26 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 /// GB/s of one activation row through `mats`, each `reps` times, median of `rounds`.
 fn rate(team: &Team, mats: &[QuantMatrix], reps: usize, rounds: usize) -> f64 {
+    rate_as(
+        team,
+        mats,
+        reps,
+        rounds,
+        Row::Decode(ActivationBits::Sixteen),
+    )
+}
+
+/// The kernels one row takes.
+#[derive(Clone, Copy)]
+enum Row {
+    /// A generated token's, at these activation bits.
+    Decode(ActivationBits),
+    /// A prompt token's (a fully cached prompt's last row, recomputed for its logits).
+    Prompt,
+}
+
+/// `rate` for one row of kind `row`.
+fn rate_as(team: &Team, mats: &[QuantMatrix], reps: usize, rounds: usize, row: Row) -> f64 {
     let widest = mats.iter().map(QuantMatrix::cols).max().unwrap_or(0);
     let x: Vec<f32> = (0..widest)
         .map(|i| ((i * 37 % 101) as f32 - 50.0) / 50.0)
@@ -92,7 +112,13 @@ fn rate(team: &Team, mats: &[QuantMatrix], reps: usize, rounds: usize) -> f64 {
             let t = Instant::now();
             for _ in 0..reps {
                 for m in mats {
-                    m.matmul(team, &x[..m.cols()], 1, &mut out[..m.rows()]);
+                    let (x, out) = (&x[..m.cols()], &mut out[..m.rows()]);
+                    match row {
+                        Row::Decode(bits) => m.matmul_rows(team, x, &[false], bits, out),
+                        Row::Prompt => {
+                            m.matmul_rows(team, x, &[true], ActivationBits::Sixteen, out)
+                        }
+                    }
                 }
             }
             bytes as f64 / t.elapsed().as_secs_f64() / 1e9
@@ -182,13 +208,34 @@ fn main() {
         }
     }
     step.push(shaped(Format::Q6K, 151_936, 1536, &mut rng));
+    step_rows("Qwen2.5-1.5B", &all, &step, rounds);
+    // SmolLM2-135M's (Q4_1; its output matrix is the Q8_0 embedding table).
+    let mut step = Vec::new();
+    for _ in 0..30 {
+        for (rows, cols) in [(960, 576), (576, 576), (3072, 576), (576, 1536)] {
+            step.push(shaped(Format::Q4_1, rows, cols, &mut rng));
+        }
+    }
+    step.push(shaped(Format::Q8_0, 49_152, 576, &mut rng));
+    step_rows("SmolLM2-135M", &all, &step, rounds);
+}
+
+/// A model-shaped step's matrices for one generated row (16- and 8-bit activations) and for
+/// one prompt row (what recomputing a fully cached prompt's last token costs).
+fn step_rows(name: &str, team: &Team, step: &[QuantMatrix], rounds: usize) {
     let gb = step.iter().map(bytes_of).sum::<usize>() as f64 / 1e9;
-    let dram = rate(&all, &step, 1, rounds);
     println!(
-        "\nQwen2.5-1.5B-shaped decode step ({} matrices, {gb:.2} GB): {dram:.1} GB/s, {:.1} steps/s",
-        step.len(),
-        dram / gb
+        "\n{name}-shaped step ({} matrices, {gb:.3} GB), one row:",
+        step.len()
     );
+    for (label, row) in [
+        ("generated, 16-bit", Row::Decode(ActivationBits::Sixteen)),
+        ("generated, 8-bit", Row::Decode(ActivationBits::Eight)),
+        ("prompt (cached prompt's last row)", Row::Prompt),
+    ] {
+        let rate = rate_as(team, step, 1, rounds, row);
+        println!("| {label} | {rate:.1} GB/s | {:.2} ms |", gb / rate * 1e3);
+    }
 }
 
 /// What a call costs beyond its multiplies: a 64-row Q4_K matrix in L1/L2, one thread, so the

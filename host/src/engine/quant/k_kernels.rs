@@ -348,4 +348,10 @@ mod lanes;
 mod few;
 
 #[cfg(all(target_arch = "x86_64", target_feature = "avx512bw"))]
-pub(super) use few::{pass as few_pass, Few, FEW_ROWS};
+pub(super) use few::{pass as few_pass, pass_with, Few, FEW_ROWS};
+
+#[cfg(all(target_arch = "x86_64", target_feature = "avx512bw"))]
+mod across;
+
+#[cfg(all(target_arch = "x86_64", target_feature = "avx512bw"))]
+pub(super) use across::{rows as across_rows, ACROSS_ROWS};

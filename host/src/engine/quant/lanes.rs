@@ -80,6 +80,35 @@ pub(super) unsafe fn dot_acc(acc: __m512i, w: __m512i, x: __m512i) -> __m512i {
     }
 }
 
+/// Each of sixteen vectors' lanes added across, halves apart: lane `l` of the first result is
+/// the sum of lanes 0..8 of `v[l]`, of the second the sum of its lanes 8..16. Integer sums are
+/// exact in any order, so these are the sums a lane of `span_lanes` accumulates pair by pair.
+#[inline(always)]
+pub(super) unsafe fn reduce_halves(v: &[__m512i; LANES]) -> (__m512i, __m512i) {
+    // Within 128-bit chunks: lanes 0+2 and 1+3 of two vectors, side by side.
+    let a: [__m512i; 8] = std::array::from_fn(|p| {
+        let (x, y) = (v[2 * p], v[2 * p + 1]);
+        _mm512_add_epi32(_mm512_unpacklo_epi32(x, y), _mm512_unpackhi_epi32(x, y))
+    });
+    // Each chunk of b[q] holds its chunk's sum for vectors 4q..4q + 4.
+    let b: [__m512i; 4] = std::array::from_fn(|q| {
+        let (x, y) = (a[2 * q], a[2 * q + 1]);
+        _mm512_add_epi32(_mm512_unpacklo_epi64(x, y), _mm512_unpackhi_epi64(x, y))
+    });
+    // c[r]: vectors 8r..8r + 4, chunks 0+1 then 2+3; vectors 8r + 4..8r + 8, the same.
+    let c: [__m512i; 2] = std::array::from_fn(|r| {
+        let (x, y) = (b[2 * r], b[2 * r + 1]);
+        _mm512_add_epi32(
+            _mm512_shuffle_i32x4::<0b10_00_10_00>(x, y),
+            _mm512_shuffle_i32x4::<0b11_01_11_01>(x, y),
+        )
+    });
+    (
+        _mm512_shuffle_i32x4::<0b10_00_10_00>(c[0], c[1]),
+        _mm512_shuffle_i32x4::<0b11_01_11_01>(c[0], c[1]),
+    )
+}
+
 /// The f16 at `p` (a block's scale) as f32.
 #[inline(always)]
 pub(super) unsafe fn f16_at(p: *const u8) -> f32 {

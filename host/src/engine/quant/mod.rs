@@ -73,6 +73,8 @@ mod f32_kernels;
 mod k_kernels;
 #[cfg(all(target_arch = "x86_64", target_feature = "avx512bw"))]
 mod lanes;
+#[cfg(all(target_arch = "x86_64", target_feature = "avx512bw"))]
+mod prompt;
 mod rounding;
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -372,66 +374,6 @@ impl QuantMatrix {
             return self.prompt_rows(team, x, prompt, bits, out);
         }
         self.batch(team, x, prompt.len(), bits, out)
-    }
-
-    /// `matmul_rows` for a step with prompt rows.
-    #[cfg(all(target_arch = "x86_64", target_feature = "avx512bw"))]
-    fn prompt_rows(
-        &self,
-        team: &Team,
-        x: &[f32],
-        prompt: &[bool],
-        bits: ActivationBits,
-        out: &mut [f32],
-    ) {
-        let (m, n, k) = (prompt.len(), self.rows, self.cols);
-        assert_eq!(x.len(), m * k, "activation shape");
-        assert_eq!(out.len(), m * n, "output shape");
-        if prompt.iter().all(|&p| p) {
-            return self.prompt_pass(team, x, m, out);
-        }
-        // Each kind apart, gathered into contiguous rows and scattered back.
-        for kind in [true, false] {
-            let rows: Vec<usize> = (0..m).filter(|&i| prompt[i] == kind).collect();
-            let xs: Vec<f32> = rows
-                .iter()
-                .flat_map(|&i| &x[i * k..(i + 1) * k])
-                .copied()
-                .collect();
-            let mut o = vec![0f32; rows.len() * n];
-            match kind {
-                true => self.prompt_pass(team, &xs, rows.len(), &mut o),
-                false => self.batch(team, &xs, rows.len(), bits, &mut o),
-            }
-            for (&i, o) in rows.iter().zip(o.chunks_exact(n)) {
-                out[i * n..(i + 1) * n].copy_from_slice(o);
-            }
-        }
-    }
-
-    /// `m` prompt rows through the prompt kernels.
-    #[cfg(all(target_arch = "x86_64", target_feature = "avx512bw"))]
-    fn prompt_pass(&self, team: &Team, x: &[f32], m: usize, out: &mut [f32]) {
-        let k = self.cols;
-        let formats = self.formats();
-        // A short prompt, or a long one's tail after a prefix-cache hit, is not worth packing
-        // every weight row for: `few` gives the same bits without it (the 32-element formats'
-        // rows still pack).
-        if m <= k_kernels::FEW_ROWS && formats.iter().all(|f| f.is_k()) {
-            let a = KActs::new(team, x, m, k, ActivationBits::Sixteen);
-            return k_kernels::few_pass(self, team, &k_kernels::Few::new(&a, m), out);
-        }
-        let acts = Acts {
-            k: formats
-                .iter()
-                .any(|f| f.is_k())
-                .then(|| KActs::new(team, x, m, k, ActivationBits::Sixteen)),
-            q32: formats
-                .iter()
-                .any(|f| !f.is_k())
-                .then(|| lanes::q32::Acts32::new(team, x, m, k)),
-        };
-        self.prefill(team, x, &acts, m, out, true);
     }
 
     /// One pass over all weight rows for the `g` (≤ GROUP) activation rows `x`, into

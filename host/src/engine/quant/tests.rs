@@ -241,7 +241,8 @@ fn prompt_rows_do_not_depend_on_the_batch_nor_change_generated_rows() {
     let team = Team::new(2);
     // 40 rows of a 2048-wide matrix: tiles of two lane groups (the last one partial), two
     // column chunks, several groups per span. 72 prompt rows go through the lanes kernel;
-    // up to 64 through `few` (k-quants), which must give the same bits.
+    // up to 64 through `few` (k-quants) and one or two through `across` (every format), which
+    // must give the same bits.
     let (n, k) = (40, 2048);
     for dtype in ALL {
         let (q, _) = quantize(&weights(n, k, 6), n, k, dtype);
@@ -271,7 +272,7 @@ fn prompt_rows_do_not_depend_on_the_batch_nor_change_generated_rows() {
             all[33 * n..34 * n],
             "{dtype:?} row 33 of few"
         );
-        for m in [8, 13, 16, 17, 33, 48, 64, 65] {
+        for m in [1, 2, 3, 8, 13, 16, 17, 33, 48, 64, 65] {
             assert_eq!(
                 run(0..m, &vec![true; m])[..n],
                 all[..n],
@@ -342,8 +343,9 @@ fn stacks_of_mixed_formats_multiply_as_one_matrix() {
     assert_eq!((n, s.cols()), (59, k));
     assert_eq!(s.formats(), vec![Format::Q4K, Format::Q6K, Format::Q8_0]);
     // Tiles straddle the segments (rows 0..32 are Q4_K and Q6_K, 32..64 Q6_K and Q8_0); nine
-    // prompt rows go through the prompt kernels of all three formats.
-    for (m, prompt) in [(1, false), (3, false), (9, true)] {
+    // prompt rows go through the prompt kernels of all three formats, one or two through
+    // `across`, the same pass handing each piece to its format's kernel.
+    for (m, prompt) in [(1, false), (3, false), (9, true), (1, true), (2, true)] {
         let x: Vec<f32> = (0..m * k)
             .map(|i| ((i * 7 % 11) as f32 - 5.0) * 0.2)
             .collect();

@@ -104,10 +104,32 @@ impl Few {
 }
 
 /// The rows of `x` (prompt rows) times every weight row of `qm` (all k-quants), into `out`
-/// (`[x.m][rows]`): one pass over the weights, each thread streaming its share of the tiles as
-/// `QuantMatrix::pass` does, each writing its tiles' results straight into `out`.
+/// (`[x.m][rows]`).
 pub(in super::super) fn pass(qm: &QuantMatrix, team: &Team, x: &Few, out: &mut [f32]) {
-    let (n, m) = (qm.rows, x.m);
+    pass_with(qm, team, x.m, out, &|s, r0, nr, dst| match s.format {
+        Format::Q4K => rows::<Q4K>(s, r0, nr, x, dst),
+        Format::Q5K => rows::<Q5K>(s, r0, nr, x, dst),
+        Format::Q6K => rows::<Q6K>(s, r0, nr, x, dst),
+        other => unreachable!("{other:?} is not a k-quant"),
+    });
+}
+
+/// Writes rows `r0..r0 + nr` of a segment times the pass's activation rows into
+/// `dst[row * m + j]`.
+pub(in super::super) type PieceKernel<'a> = dyn Fn(&Segment, usize, usize, &mut [f32]) + Sync + 'a;
+
+/// `m` activation rows times every weight row of `qm`, into `out` (`[m][rows]`), where
+/// `kernel(segment, r0, nr, dst)` writes a piece of a tile into `dst[row * m + j]`: one pass
+/// over the weights, each thread streaming its share of the tiles as `QuantMatrix::pass`
+/// does, each writing its tiles' results straight into `out`.
+pub(in super::super) fn pass_with(
+    qm: &QuantMatrix,
+    team: &Team,
+    m: usize,
+    out: &mut [f32],
+    kernel: &PieceKernel<'_>,
+) {
+    let n = qm.rows;
     assert_eq!(out.len(), m * n, "output shape");
     let tiles = n.div_ceil(TILE);
     let shares = Shares::new(tiles, team.threads());
@@ -117,13 +139,7 @@ pub(in super::super) fn pass(qm: &QuantMatrix, team: &Team, x: &Few, out: &mut [
         while let Some(t) = shares.next(p) {
             let (start, end) = (t * TILE, n.min((t + 1) * TILE));
             for (s, r0, nr, at) in qm.pieces(start..end) {
-                let dst = &mut d[at * m..(at + nr) * m];
-                match s.format {
-                    Format::Q4K => rows::<Q4K>(s, r0, nr, x, dst),
-                    Format::Q5K => rows::<Q5K>(s, r0, nr, x, dst),
-                    Format::Q6K => rows::<Q6K>(s, r0, nr, x, dst),
-                    other => unreachable!("{other:?} is not a k-quant"),
-                }
+                kernel(s, r0, nr, &mut d[at * m..(at + nr) * m]);
             }
             // Activation row by activation row, so the writes run along `out`'s rows.
             for i in 0..m {

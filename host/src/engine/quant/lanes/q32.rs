@@ -14,7 +14,7 @@ use std::arch::x86_64::*;
 use super::super::aligned::Aligned;
 use super::super::rounding::{quantize_block, round_rows};
 use super::super::{ActivationBits, Format, Segment};
-use super::{dot_acc, f16_at, transpose, LaneFormat, LaneKernel, LANES};
+use super::{dot_acc, f16_at, reduce_halves, transpose, LaneFormat, LaneKernel, LANES};
 use crate::engine::team::Team;
 
 /// Elements per block.
@@ -193,4 +193,89 @@ fn span_lanes<const F: u8, const G: usize>(
     };
     // SAFETY: asserted above: blocks < nb of rows < i0 + G, each row k wide.
     unsafe { super::span_lanes::<Q32<F>, G>(span, s, (r0, nr), &x, dst) }
+}
+
+/// Rows `r0..r0 + nr` of `s` times the `m` (1 or 2) rows of `a`, into `dst[row * m + j]`, with
+/// the bits of `tile` (the lanes kernel) and no packing, for a prompt of a row or two (a fully
+/// cached prompt's recomputed last token): each weight row's block meets the activation block
+/// in one `vpdpwssd`, sixteen rows' lanes are added across (`reduce_halves`: exact integers,
+/// so the lanes kernel's per-block sums), and the float steps are the lanes kernel's.
+pub(in crate::engine::quant) fn across(
+    s: &Segment,
+    r0: usize,
+    nr: usize,
+    a: &Acts32,
+    m: usize,
+    dst: &mut [f32],
+) {
+    let (k, nb) = (a.k, a.k / BLOCK);
+    assert!(
+        (1..=2).contains(&m)
+            && s.cols == k
+            && s.bytes().len() >= (r0 + nr) * s.row_bytes()
+            && a.q.as_slice().len() >= m * k
+            && dst.len() >= nr * m,
+        "across rows: shapes"
+    );
+    for g0 in (r0..r0 + nr).step_by(LANES) {
+        let n = (r0 + nr - g0).min(LANES);
+        let rows: [*const u8; LANES] =
+            std::array::from_fn(|l| s.bytes()[(g0 + l.min(n - 1)) * s.row_bytes()..].as_ptr());
+        // SAFETY: asserted above: every block of the sixteen rows and of the m activation
+        // rows is in bounds.
+        let sums = unsafe {
+            match s.format {
+                Format::Q4_0 => across_group::<Q4_0>(&rows, a, m, nb),
+                Format::Q4_1 => across_group::<Q4_1>(&rows, a, m, nb),
+                Format::Q5_0 => across_group::<Q5_0>(&rows, a, m, nb),
+                Format::Q5_1 => across_group::<Q5_1>(&rows, a, m, nb),
+                Format::Q8_0 => across_group::<Q8_0>(&rows, a, m, nb),
+                other => unreachable!("{other:?} is a k-quant"),
+            }
+        };
+        for l in 0..n {
+            for j in 0..m {
+                dst[(g0 - r0 + l) * m + j] = sums[j][l];
+            }
+        }
+    }
+}
+
+/// Sixteen weight rows times activation rows `0..m` (≤ 2): lane `l` of row `j`'s sums is
+/// weight row `l`'s result.
+#[inline(always)]
+unsafe fn across_group<const F: u8>(
+    rows: &[*const u8; LANES],
+    a: &Acts32,
+    m: usize,
+    nb: usize,
+) -> [[f32; LANES]; 2] {
+    let bb = <Q32<F> as LaneFormat>::BLOCK_BYTES;
+    let mut sums = [_mm512_setzero_ps(); 2];
+    for b in 0..nb {
+        let mut w = [_mm512_setzero_si512(); LANES];
+        let (mut d, mut mn) = ([0f32; LANES], [0f32; LANES]);
+        for l in 0..LANES {
+            let blk = rows[l].add(b * bb);
+            // Sixteen rows' blocks ahead, 1 KiB on (every block of a row is in one line or two).
+            _mm_prefetch::<_MM_HINT_T0>(blk.wrapping_add(1024).cast());
+            (w[l], d[l], mn[l]) = prep::<F>(blk);
+        }
+        let (dv, mv) = (_mm512_loadu_ps(d.as_ptr()), _mm512_loadu_ps(mn.as_ptr()));
+        for (j, sum) in sums.iter_mut().enumerate().take(m) {
+            let x = _mm512_loadu_si512(a.q.as_slice()[j * a.k + b * BLOCK..].as_ptr().cast());
+            let p = std::array::from_fn(|l| dot_acc(_mm512_setzero_si512(), w[l], x));
+            let (lo, hi) = reduce_halves(&p);
+            let scale = _mm512_mul_ps(dv, _mm512_set1_ps(a.scale[j * nb + b]));
+            *sum = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(lo, hi)), scale, *sum);
+            if affine(F) {
+                *sum = _mm512_fmadd_ps(mv, _mm512_set1_ps(a.sums[j * nb + b]), *sum);
+            }
+        }
+    }
+    let mut out = [[0f32; LANES]; 2];
+    for (o, s) in out.iter_mut().zip(sums) {
+        _mm512_storeu_ps(o.as_mut_ptr(), s);
+    }
+    out
 }

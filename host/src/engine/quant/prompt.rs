@@ -1,0 +1,96 @@
+//! Prompt rows (`QuantMatrix::matmul_rows` for a step that has some): the prompt kernels, whose
+//! results differ from the batch kernels' in the last bits, so every prompt row takes them
+//! however many a step has.
+
+use super::k_kernels::{self, KActs};
+use super::{lanes, ActivationBits, Acts, QuantMatrix};
+use crate::engine::team::Team;
+
+impl QuantMatrix {
+    /// `matmul_rows` for a step with prompt rows.
+    pub(super) fn prompt_rows(
+        &self,
+        team: &Team,
+        x: &[f32],
+        prompt: &[bool],
+        bits: ActivationBits,
+        out: &mut [f32],
+    ) {
+        let (m, n, k) = (prompt.len(), self.rows, self.cols);
+        assert_eq!(x.len(), m * k, "activation shape");
+        assert_eq!(out.len(), m * n, "output shape");
+        if prompt.iter().all(|&p| p) {
+            return self.prompt_pass(team, x, m, out);
+        }
+        // Each kind apart, gathered into contiguous rows and scattered back.
+        for kind in [true, false] {
+            let rows: Vec<usize> = (0..m).filter(|&i| prompt[i] == kind).collect();
+            let xs: Vec<f32> = rows
+                .iter()
+                .flat_map(|&i| &x[i * k..(i + 1) * k])
+                .copied()
+                .collect();
+            let mut o = vec![0f32; rows.len() * n];
+            match kind {
+                true => self.prompt_pass(team, &xs, rows.len(), &mut o),
+                false => self.batch(team, &xs, rows.len(), bits, &mut o),
+            }
+            for (&i, o) in rows.iter().zip(o.chunks_exact(n)) {
+                out[i * n..(i + 1) * n].copy_from_slice(o);
+            }
+        }
+    }
+
+    /// `m` prompt rows through the prompt kernels.
+    fn prompt_pass(&self, team: &Team, x: &[f32], m: usize, out: &mut [f32]) {
+        if m <= k_kernels::ACROSS_ROWS {
+            return self.across_pass(team, x, m, out);
+        }
+        let k = self.cols;
+        let formats = self.formats();
+        // A short prompt, or a long one's tail after a prefix-cache hit, is not worth packing
+        // every weight row for: `few` gives the same bits without it (the 32-element formats'
+        // rows still pack).
+        if m <= k_kernels::FEW_ROWS && formats.iter().all(|f| f.is_k()) {
+            let a = KActs::new(team, x, m, k, ActivationBits::Sixteen);
+            return k_kernels::few_pass(self, team, &k_kernels::Few::new(&a, m), out);
+        }
+        let acts = Acts {
+            k: formats
+                .iter()
+                .any(|f| f.is_k())
+                .then(|| KActs::new(team, x, m, k, ActivationBits::Sixteen)),
+            q32: formats
+                .iter()
+                .any(|f| !f.is_k())
+                .then(|| lanes::q32::Acts32::new(team, x, m, k)),
+        };
+        self.prefill(team, x, &acts, m, out, true);
+    }
+
+    /// One or two prompt rows (most often a fully cached prompt's last token, recomputed for
+    /// its logits) with the prompt kernels' bits and none of their set-up: no tile is packed
+    /// and no activation lane is idle (`k_kernels::across`, `lanes::q32::across`).
+    fn across_pass(&self, team: &Team, x: &[f32], m: usize, out: &mut [f32]) {
+        let (k, formats) = (self.cols, self.formats());
+        let ka = formats
+            .iter()
+            .any(|f| f.is_k())
+            .then(|| KActs::new(team, x, m, k, ActivationBits::Sixteen));
+        let qa = formats
+            .iter()
+            .any(|f| !f.is_k())
+            .then(|| lanes::q32::Acts32::new(team, x, m, k));
+        k_kernels::pass_with(
+            self,
+            team,
+            m,
+            out,
+            &|s, r0, nr, dst| match (s.format.is_k(), &ka, &qa) {
+                (true, Some(a), _) => k_kernels::across_rows(s, r0, nr, a, m, dst),
+                (false, _, Some(a)) => lanes::q32::across(s, r0, nr, a, m, dst),
+                _ => unreachable!("activations were prepared for every format"),
+            },
+        );
+    }
+}

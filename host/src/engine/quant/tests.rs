@@ -441,11 +441,64 @@ fn activation_blocks_round_as_the_plain_loops_do() {
                 "block {n}, max {max}"
             );
         }
+        let (want_q, want_scale) = plain(x, 127.0);
         let mut u = [0f32; 16];
-        k_kernels::sub_block_sums(x, &mut u);
+        k_kernels::sub_block_sums(&want_q, want_scale, &mut u);
         for j in 0..8 {
-            let want: f32 = x[32 * j..32 * j + 32].iter().sum();
+            let sum: i32 = want_q[32 * j..32 * j + 32]
+                .iter()
+                .map(|&v| i32::from(v))
+                .sum();
+            let want = sum as f32 * want_scale;
             assert_eq!(u[j].to_bits(), want.to_bits(), "block {n}, sub-block {j}");
+        }
+    }
+}
+
+/// The k-quant kernels multiply the weights by the activations rounded per 256-element block,
+/// mins included: their results are the float products of the rounded rows, to float
+/// rounding, at 8 bits as at 16 (outliers make the rounding coarse, so a half-rounded product
+/// would stand out).
+#[test]
+fn k_quants_meet_the_rounded_activations_whole() {
+    let team = Team::new(2);
+    let (n, k) = (64, 1536);
+    for dtype in [GgmlDType::Q4K, GgmlDType::Q5K, GgmlDType::Q6K] {
+        let (q, deq) = quantize(&weights(n, k, 3), n, k, dtype);
+        let qm = QuantMatrix::from_qtensor(&q).unwrap();
+        for (m, bits, max) in [
+            (1, Eight, 127.0),
+            (3, Eight, 127.0),
+            (12, Eight, 127.0),
+            (1, Sixteen, 32767.0),
+        ] {
+            let x: Vec<f32> = (0..m * k)
+                .map(|i| match i % 97 {
+                    5 => 20.0,
+                    _ => ((i * 13 % 31) as f32 - 15.0) * 0.07,
+                })
+                .collect();
+            let mut rounded = x.clone();
+            for b in rounded.chunks_mut(256) {
+                let amax = b.iter().fold(0f32, |a, v| a.max(v.abs()));
+                for v in b.iter_mut() {
+                    *v = (*v * (max / amax)).round_ties_even() * (amax / max);
+                }
+            }
+            let want = reference(&rounded, &deq, m, n, k);
+            let mut out = vec![0f32; m * n];
+            qm.matmul_rows(&team, &x, &vec![false; m], bits, &mut out);
+            for (i, (&got, &want)) in out.iter().zip(&want).enumerate() {
+                let tol = tolerance(
+                    None,
+                    &rounded[i / n * k..(i / n + 1) * k],
+                    &deq[i % n * k..(i % n + 1) * k],
+                );
+                assert!(
+                    (got as f64 - want).abs() <= tol,
+                    "{dtype:?} m={m} {bits:?} #{i}: {got} vs {want}"
+                );
+            }
         }
     }
 }

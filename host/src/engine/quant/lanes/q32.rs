@@ -6,8 +6,9 @@
 //! integers (`x ≈ s·x16`, error ≤ amax / 65534 per element, 256× finer than llama.cpp's
 //! 8 bits). A weight block is `w = d·q + m` with small integers `q` (`m = 0`, or `−8d` /
 //! `−16d` folded into `q` for Q4_0 / Q5_0), so per block
-//! `w·x = d·s·Σ q·x16 + m·Σ x`: the first sum exact in i32, the second the float sum of the
-//! unrounded activations.
+//! `w·x = d·s·Σ q·x16 + m·s·Σ x16`: both sums exact in i32, so the block meets its
+//! activations rounded whole (the min's term on unrounded sums would meet the rounding error
+//! with `d·q`, `q` in 0..15, instead of the centred weights).
 
 use std::arch::x86_64::*;
 
@@ -28,7 +29,8 @@ pub(in crate::engine::quant) struct Acts32 {
     q: Aligned<i16, 32>,
     /// `[m][k / 32]`: each block's scale (`x ≈ q · scale`).
     scale: Vec<f32>,
-    /// `[m][k / 32]`: each block's float sum, for the formats with a min.
+    /// `[m][k / 32]`: each block's sum (of the rounded values, times the scale), for the
+    /// formats with a min.
     sums: Vec<f32>,
 }
 
@@ -36,8 +38,9 @@ impl Acts32 {
     /// Rounds the `m` rows of `x` (`[m][k]`, `k` a multiple of 32), rows split across the team.
     pub(in crate::engine::quant) fn new(team: &Team, x: &[f32], m: usize, k: usize) -> Self {
         let (q, scale, sums) = round_rows::<BLOCK, 1>(team, x, m, k, |xb, q, u| {
-            u[0] = xb.iter().sum();
-            quantize_block(xb, q, ActivationBits::Sixteen.max())
+            let scale = quantize_block(xb, q, ActivationBits::Sixteen.max());
+            u[0] = q.iter().map(|&v| i32::from(v)).sum::<i32>() as f32 * scale;
+            scale
         });
         Self { k, q, scale, sums }
     }

@@ -9,12 +9,13 @@
 //! outputs 16-wide multiply-adds of each value row, every loaded key or value serving four
 //! rows in registers. Softmax's division by the sum is left to the outputs, one per lane.
 
-#[cfg(all(target_arch = "x86_64", target_feature = "avx512f"))]
 use super::math;
 
 /// Query rows sharing each loaded key and value row.
+#[cfg(all(target_arch = "x86_64", target_feature = "avx512f"))]
 const ROWS: usize = 4;
 /// Keys per score vector, and head-width lanes per output vector.
+#[cfg(all(target_arch = "x86_64", target_feature = "avx512f"))]
 const LANES: usize = 16;
 
 /// Attention of one sequence: `qkv` holds each token's query, key and value rows (`3 · dim`

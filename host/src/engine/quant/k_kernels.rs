@@ -363,4 +363,4 @@ pub(super) use few::{pass as few_pass, pass_with, Few, FEW_ROWS};
 mod across;
 
 #[cfg(all(target_arch = "x86_64", target_feature = "avx512bw"))]
-pub(super) use across::{rows as across_rows, ACROSS_ROWS};
+pub(super) use across::rows as across_rows;

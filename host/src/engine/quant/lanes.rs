@@ -80,6 +80,36 @@ pub(super) unsafe fn dot_acc(acc: __m512i, w: __m512i, x: __m512i) -> __m512i {
     }
 }
 
+/// Most prompt rows the `across` kernels (`k_kernels::across`, `q32::across`) take. Each row
+/// costs a `vpdpwssd` per 32 weights and the segment reductions; past two rows `few`, whose
+/// broadcasts serve sixteen rows, costs less.
+pub(super) const ACROSS_ROWS: usize = 2;
+
+/// Rows `r0..r0 + nr` of `s` sixteen at a time for an `across` kernel: `group(rows)` gets the
+/// sixteen rows' bytes (the last group repeating its last row, as the lanes kernel packs it;
+/// those lanes are never written out) and returns `[j][l]`, activation row `j` against weight
+/// row `l`, which lands in `dst[row * m + j]`.
+pub(super) fn across_groups(
+    s: &Segment,
+    (r0, nr): (usize, usize),
+    m: usize,
+    dst: &mut [f32],
+    group: impl Fn(&[*const u8; LANES]) -> [[f32; LANES]; ACROSS_ROWS],
+) {
+    assert!(m <= ACROSS_ROWS && dst.len() >= nr * m);
+    for g0 in (r0..r0 + nr).step_by(LANES) {
+        let n = (r0 + nr - g0).min(LANES);
+        let rows: [*const u8; LANES] =
+            std::array::from_fn(|l| s.bytes()[(g0 + l.min(n - 1)) * s.row_bytes()..].as_ptr());
+        let sums = group(&rows);
+        for l in 0..n {
+            for j in 0..m {
+                dst[(g0 - r0 + l) * m + j] = sums[j][l];
+            }
+        }
+    }
+}
+
 /// Each of sixteen vectors' lanes added across, halves apart: lane `l` of the first result is
 /// the sum of lanes 0..8 of `v[l]`, of the second the sum of its lanes 8..16. Integer sums are
 /// exact in any order, so these are the sums a lane of `span_lanes` accumulates pair by pair.

@@ -43,7 +43,7 @@ impl QuantMatrix {
 
     /// `m` prompt rows through the prompt kernels.
     fn prompt_pass(&self, team: &Team, x: &[f32], m: usize, out: &mut [f32]) {
-        if m <= k_kernels::ACROSS_ROWS {
+        if m <= lanes::ACROSS_ROWS {
             return self.across_pass(team, x, m, out);
         }
         let k = self.cols;

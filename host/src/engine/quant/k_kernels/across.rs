@@ -13,15 +13,12 @@
 
 use std::arch::x86_64::*;
 
-use super::super::lanes::{dot_acc, reduce_halves, LANES};
-use super::super::Segment;
+use super::super::lanes::{across_groups, dot_acc, reduce_halves, ACROSS_ROWS, LANES};
+use super::super::{Format, Segment};
 use super::avx512::prep;
 use super::lanes::segment_pairs;
 use super::{KActs, Q4K, Q5K, Q6K, QK, SUMS};
 
-/// Most prompt rows taken here. Each row costs a `vpdpwssd` per 32 weights and the segment
-/// reductions; past two rows `few`, whose broadcasts serve sixteen rows, costs less.
-pub(in super::super) const ACROSS_ROWS: usize = 2;
 /// How far ahead of the super-block being multiplied each row's weights are prefetched.
 const PREFETCH: usize = 1024;
 
@@ -46,44 +43,29 @@ pub(in super::super) fn rows(
             && dst.len() >= nr * m,
         "across rows: shapes"
     );
-    for g0 in (r0..r0 + nr).step_by(LANES) {
-        let n = (r0 + nr - g0).min(LANES);
-        // The last group repeats its last row, as the lanes kernel packs it; those lanes are
-        // never written out.
-        let rows: [*const u8; LANES] =
-            std::array::from_fn(|l| s.bytes()[(g0 + l.min(n - 1)) * s.row_bytes()..].as_ptr());
-        let mut sums = [[0f32; LANES]; ACROSS_ROWS];
-        // SAFETY: asserted above: every super-block of the sixteen rows and of the m
-        // activation rows is in bounds.
-        unsafe {
-            let v = match s.format {
-                super::super::Format::Q4K => group::<Q4K>(&rows, a, m, nb),
-                super::super::Format::Q5K => group::<Q5K>(&rows, a, m, nb),
-                super::super::Format::Q6K => group::<Q6K>(&rows, a, m, nb),
-                other => unreachable!("{other:?} is not a k-quant"),
-            };
-            for (sum, v) in sums.iter_mut().zip(v).take(m) {
-                _mm512_storeu_ps(sum.as_mut_ptr(), v);
-            }
+    let bb = s.format.block_bytes();
+    // SAFETY: asserted above: every super-block of the sixteen rows and of the m activation
+    // rows is in bounds.
+    across_groups(s, (r0, nr), m, dst, |rows| unsafe {
+        match s.format {
+            Format::Q4K => group::<Q4K>(rows, bb, a, m, nb),
+            Format::Q5K => group::<Q5K>(rows, bb, a, m, nb),
+            Format::Q6K => group::<Q6K>(rows, bb, a, m, nb),
+            other => unreachable!("{other:?} is not a k-quant"),
         }
-        for l in 0..n {
-            for j in 0..m {
-                dst[(g0 - r0 + l) * m + j] = sums[j][l];
-            }
-        }
-    }
+    });
 }
 
-/// Sixteen weight rows (`rows[l]`: row `l`'s bytes) times activation rows `0..m` of `a`:
-/// one float vector per activation row, lane `l` for weight row `l`.
+/// Sixteen weight rows (`rows[l]`: row `l`'s bytes, super-blocks of `bb` bytes) times
+/// activation rows `0..m` of `a`: lane `l` of row `j`'s sums is weight row `l`'s result.
 #[inline(always)]
 unsafe fn group<const F: u8>(
     rows: &[*const u8; LANES],
+    bb: usize,
     a: &KActs,
     m: usize,
     nb: usize,
-) -> [__m512; ACROSS_ROWS] {
-    let bb = [144, 176, 210][F as usize];
+) -> [[f32; LANES]; ACROSS_ROWS] {
     let seg = segment_pairs(F);
     let mut sums = [_mm512_setzero_ps(); ACROSS_ROWS];
     for b in 0..nb {
@@ -151,5 +133,9 @@ unsafe fn group<const F: u8>(
             }
         }
     }
-    sums
+    let mut out = [[0f32; LANES]; ACROSS_ROWS];
+    for (o, s) in out.iter_mut().zip(sums) {
+        _mm512_storeu_ps(o.as_mut_ptr(), s);
+    }
+    out
 }

@@ -15,7 +15,10 @@ use std::arch::x86_64::*;
 use super::super::aligned::Aligned;
 use super::super::rounding::{quantize_block, round_rows};
 use super::super::{ActivationBits, Format, Segment};
-use super::{dot_acc, f16_at, reduce_halves, transpose, LaneFormat, LaneKernel, LANES};
+use super::{
+    across_groups, dot_acc, f16_at, reduce_halves, transpose, LaneFormat, LaneKernel, ACROSS_ROWS,
+    LANES,
+};
 use crate::engine::team::Team;
 
 /// Elements per block.
@@ -198,7 +201,7 @@ fn span_lanes<const F: u8, const G: usize>(
     unsafe { super::span_lanes::<Q32<F>, G>(span, s, (r0, nr), &x, dst) }
 }
 
-/// Rows `r0..r0 + nr` of `s` times the `m` (1 or 2) rows of `a`, into `dst[row * m + j]`, with
+/// Rows `r0..r0 + nr` of `s` times the `m` (≤ ACROSS_ROWS) rows of `a`, into `dst[row * m + j]`, with
 /// the bits of `tile` (the lanes kernel) and no packing, for a prompt of a row or two (a fully
 /// cached prompt's recomputed last token): each weight row's block meets the activation block
 /// in one `vpdpwssd`, sixteen rows' lanes are added across (`reduce_halves`: exact integers,
@@ -213,48 +216,38 @@ pub(in crate::engine::quant) fn across(
 ) {
     let (k, nb) = (a.k, a.k / BLOCK);
     assert!(
-        (1..=2).contains(&m)
+        (1..=ACROSS_ROWS).contains(&m)
             && s.cols == k
             && s.bytes().len() >= (r0 + nr) * s.row_bytes()
             && a.q.as_slice().len() >= m * k
             && dst.len() >= nr * m,
         "across rows: shapes"
     );
-    for g0 in (r0..r0 + nr).step_by(LANES) {
-        let n = (r0 + nr - g0).min(LANES);
-        let rows: [*const u8; LANES] =
-            std::array::from_fn(|l| s.bytes()[(g0 + l.min(n - 1)) * s.row_bytes()..].as_ptr());
-        // SAFETY: asserted above: every block of the sixteen rows and of the m activation
-        // rows is in bounds.
-        let sums = unsafe {
-            match s.format {
-                Format::Q4_0 => across_group::<Q4_0>(&rows, a, m, nb),
-                Format::Q4_1 => across_group::<Q4_1>(&rows, a, m, nb),
-                Format::Q5_0 => across_group::<Q5_0>(&rows, a, m, nb),
-                Format::Q5_1 => across_group::<Q5_1>(&rows, a, m, nb),
-                Format::Q8_0 => across_group::<Q8_0>(&rows, a, m, nb),
-                other => unreachable!("{other:?} is a k-quant"),
-            }
-        };
-        for l in 0..n {
-            for j in 0..m {
-                dst[(g0 - r0 + l) * m + j] = sums[j][l];
-            }
+    // SAFETY: asserted above: every block of the sixteen rows and of the m activation rows
+    // is in bounds.
+    across_groups(s, (r0, nr), m, dst, |rows| unsafe {
+        match s.format {
+            Format::Q4_0 => across_group::<Q4_0>(rows, a, m, nb),
+            Format::Q4_1 => across_group::<Q4_1>(rows, a, m, nb),
+            Format::Q5_0 => across_group::<Q5_0>(rows, a, m, nb),
+            Format::Q5_1 => across_group::<Q5_1>(rows, a, m, nb),
+            Format::Q8_0 => across_group::<Q8_0>(rows, a, m, nb),
+            other => unreachable!("{other:?} is a k-quant"),
         }
-    }
+    });
 }
 
-/// Sixteen weight rows times activation rows `0..m` (≤ 2): lane `l` of row `j`'s sums is
-/// weight row `l`'s result.
+/// Sixteen weight rows times activation rows `0..m`: lane `l` of row `j`'s sums is weight
+/// row `l`'s result.
 #[inline(always)]
 unsafe fn across_group<const F: u8>(
     rows: &[*const u8; LANES],
     a: &Acts32,
     m: usize,
     nb: usize,
-) -> [[f32; LANES]; 2] {
+) -> [[f32; LANES]; ACROSS_ROWS] {
     let bb = <Q32<F> as LaneFormat>::BLOCK_BYTES;
-    let mut sums = [_mm512_setzero_ps(); 2];
+    let mut sums = [_mm512_setzero_ps(); ACROSS_ROWS];
     for b in 0..nb {
         let mut w = [_mm512_setzero_si512(); LANES];
         let (mut d, mut mn) = ([0f32; LANES], [0f32; LANES]);
@@ -276,7 +269,7 @@ unsafe fn across_group<const F: u8>(
             }
         }
     }
-    let mut out = [[0f32; LANES]; 2];
+    let mut out = [[0f32; LANES]; ACROSS_ROWS];
     for (o, s) in out.iter_mut().zip(sums) {
         _mm512_storeu_ps(o.as_mut_ptr(), s);
     }

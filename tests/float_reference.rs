@@ -5,8 +5,7 @@
 //! Greedy continuations must be equal, except where the float reference itself has two
 //! candidates within 0.05 logits (a near-tie any rounding may flip); those are reported.
 
-use candle_core::{Device, Tensor};
-use gateway::engine::model::{BatchSeq, Linear, Model};
+use gateway::engine::model::{BatchSeq, Model};
 use gateway::engine::paged_attention::KvCache;
 use gateway::engine::weights;
 
@@ -39,11 +38,6 @@ fn greedy(model: &Model, prompt: &[u32], n: usize) -> Vec<(u32, Vec<f32>)> {
     out
 }
 
-fn dense(l: &Linear) -> Linear {
-    let (rows, cols, w) = l.to_f32().unwrap();
-    Linear::Dense(Tensor::from_vec(w, (rows, cols), &Device::Cpu).unwrap())
-}
-
 /// The gap between the best and second-best logit.
 fn margin(logits: &[f32]) -> f32 {
     let mut top = [f32::NEG_INFINITY; 2];
@@ -64,14 +58,11 @@ fn check(file: &str, prompts: &[&str], n: usize) {
         "{path} is missing: run host/scripts/fetch-real-models.sh"
     );
     let served = weights::load(path.as_ref()).unwrap();
-    let mut float = weights::load(path.as_ref()).unwrap();
-    for layer in &mut float.model.layers {
-        layer.qkv = dense(&layer.qkv);
-        layer.o = dense(&layer.o);
-        layer.gate_up = dense(&layer.gate_up);
-        layer.down = dense(&layer.down);
-    }
-    float.model.lm_head = dense(&float.model.lm_head);
+    let float = weights::load(path.as_ref())
+        .unwrap()
+        .model
+        .into_dense_f32()
+        .unwrap();
     for prompt in prompts {
         let mut ids = served
             .tokenizer
@@ -83,7 +74,7 @@ fn check(file: &str, prompts: &[&str], n: usize) {
             ids.insert(0, served.bos.unwrap());
         }
         let a = greedy(&served.model, &ids, n);
-        let b = greedy(&float.model, &ids, n);
+        let b = greedy(&float, &ids, n);
         match a.iter().zip(&b).position(|(x, y)| x.0 != y.0) {
             None => {
                 eprintln!("{file} {prompt:?}: {n}/{n} greedy tokens equal to the float reference")

@@ -16,13 +16,11 @@
 use std::io::Read;
 use std::path::PathBuf;
 
-use anyhow::{bail, Context};
-use candle_core::{Device, Tensor};
-
-use crate::engine::model::{BatchSeq, Linear, Model};
+use crate::engine::model::{BatchSeq, Model};
 use crate::engine::paged_attention::KvCache;
 use crate::engine::quant::ActivationBits;
 use crate::engine::weights;
+use anyhow::{bail, Context};
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct KlOptions {
@@ -97,25 +95,6 @@ pub struct Figures {
     pub top1_agreement: f64,
 }
 
-impl Tally {
-    fn figures(&self) -> Figures {
-        let n = self.kl.len().max(1);
-        let mut kl = self.kl.clone();
-        kl.sort_by(f32::total_cmp);
-        let at = |f: f64| kl.get(((kl.len().max(1) - 1) as f64 * f) as usize).copied();
-        Figures {
-            tokens: self.kl.len(),
-            ppl: (self.nll / n as f64).exp(),
-            ppl_reference: (self.nll_ref / n as f64).exp(),
-            kl_mean: kl.iter().map(|&v| f64::from(v)).sum::<f64>() / n as f64,
-            kl_median: at(0.5).unwrap_or(0.0).into(),
-            kl_p99: at(0.99).unwrap_or(0.0).into(),
-            kl_max: kl.last().copied().unwrap_or(0.0).into(),
-            top1_agreement: self.same_top as f64 / n as f64,
-        }
-    }
-}
-
 /// The results: each setting against our f32 path, and (with a llama.cpp base) our f32 path
 /// and each setting against llama.cpp's.
 #[derive(Debug, serde::Serialize)]
@@ -136,19 +115,17 @@ pub struct SettingReport {
 
 /// A reference distribution as natural-log probabilities over the vocabulary.
 enum Reference<'a> {
-    Logits(&'a [f32]),
+    /// Logits and their log-sum-exp (`ln p_i = l_i − lse`), computed once per row for every
+    /// setting measured against it.
+    Logits { logits: &'a [f32], lse: f32 },
     /// llama.cpp's compression: `ln p_i = scale · q_i + min`, terms under −16 left out.
-    Llama {
-        scale: f32,
-        min: f32,
-        q: &'a [u16],
-    },
+    Llama { scale: f32, min: f32, q: &'a [u16] },
 }
 
 impl Reference<'_> {
-    fn log_prob(&self, i: usize, lse: f32) -> f32 {
+    fn log_prob(&self, i: usize) -> f32 {
         match self {
-            Reference::Logits(l) => l[i] - lse,
+            Reference::Logits { logits, lse } => logits[i] - lse,
             Reference::Llama { scale, min, q } => scale * f32::from(q[i]) + min,
         }
     }
@@ -174,13 +151,9 @@ impl Tally {
     /// token that follows.
     fn add(&mut self, logits: &[f32], reference: &Reference, next: usize) {
         let (lse, top) = log_sum_exp(logits);
-        let ref_lse = match reference {
-            Reference::Logits(l) => log_sum_exp(l).0,
-            Reference::Llama { .. } => 0.0,
-        };
         let (mut kl, mut ref_top, mut ref_best) = (0f64, 0, f32::NEG_INFINITY);
         for (i, &l) in logits.iter().enumerate() {
-            let lp_ref = reference.log_prob(i, ref_lse);
+            let lp_ref = reference.log_prob(i);
             if lp_ref > ref_best {
                 (ref_best, ref_top) = (lp_ref, i);
             }
@@ -189,9 +162,26 @@ impl Tally {
             }
         }
         self.nll += f64::from(lse - logits[next]);
-        self.nll_ref -= f64::from(reference.log_prob(next, ref_lse));
+        self.nll_ref -= f64::from(reference.log_prob(next));
         self.kl.push(kl as f32);
         self.same_top += usize::from(top == ref_top);
+    }
+
+    fn figures(&self) -> Figures {
+        let n = self.kl.len().max(1);
+        let mut kl = self.kl.clone();
+        kl.sort_by(f32::total_cmp);
+        let at = |f: f64| kl.get(((kl.len().max(1) - 1) as f64 * f) as usize).copied();
+        Figures {
+            tokens: self.kl.len(),
+            ppl: (self.nll / n as f64).exp(),
+            ppl_reference: (self.nll_ref / n as f64).exp(),
+            kl_mean: kl.iter().map(|&v| f64::from(v)).sum::<f64>() / n as f64,
+            kl_median: at(0.5).unwrap_or(0.0).into(),
+            kl_p99: at(0.99).unwrap_or(0.0).into(),
+            kl_max: kl.last().copied().unwrap_or(0.0).into(),
+            top1_agreement: self.same_top as f64 / n as f64,
+        }
     }
 }
 
@@ -244,28 +234,6 @@ impl LlamaBase {
             .map(|b| u16::from_le_bytes([b[0], b[1]]))
             .collect())
     }
-}
-
-fn dense(l: &Linear) -> anyhow::Result<Linear> {
-    let (rows, cols, w) = l.to_f32()?;
-    Ok(Linear::Dense(Tensor::from_vec(
-        w,
-        (rows, cols),
-        &Device::Cpu,
-    )?))
-}
-
-/// The model with every projection dequantized to dense f32 (the embedding table is a lookup
-/// of dequantized rows either way).
-fn to_f32(mut model: Model) -> anyhow::Result<Model> {
-    for layer in &mut model.layers {
-        layer.qkv = dense(&layer.qkv)?;
-        layer.o = dense(&layer.o)?;
-        layer.gate_up = dense(&layer.gate_up)?;
-        layer.down = dense(&layer.down)?;
-    }
-    model.lm_head = dense(&model.lm_head)?;
-    Ok(model)
 }
 
 /// The logits of rows `ctx/2 ..= ctx − 2` of one chunk (each predicting the next token), run
@@ -327,7 +295,7 @@ pub fn run(o: &KlOptions) -> anyhow::Result<Report> {
     }
     let mut quant = loaded.model;
     quant.set_threads(o.threads);
-    let mut reference = to_f32(weights::load(&o.model)?.model)?;
+    let mut reference = weights::load(&o.model)?.model.into_dense_f32()?;
     reference.set_threads(o.threads);
     let bos = loaded.add_bos.then_some(loaded.bos).flatten();
 
@@ -355,6 +323,7 @@ pub fn run(o: &KlOptions) -> anyhow::Result<Report> {
             })
         };
         let float = chunk_logits(&reference, &chunk, false)?;
+        let float_lse: Vec<f32> = float.iter().map(|l| log_sum_exp(l).0).collect();
         for (r, logits) in float.iter().enumerate() {
             if let Some(l) = llama_row(r) {
                 f32_vs_llama.add(logits, &l, next[r] as usize);
@@ -365,7 +334,11 @@ pub fn run(o: &KlOptions) -> anyhow::Result<Report> {
             quant.set_activation_bits(bits);
             let rows = chunk_logits(&quant, &chunk, prompt)?;
             for (r, logits) in rows.iter().enumerate() {
-                vs_f32[i].add(logits, &Reference::Logits(&float[r]), next[r] as usize);
+                let f32_row = Reference::Logits {
+                    logits: &float[r],
+                    lse: float_lse[r],
+                };
+                vs_f32[i].add(logits, &f32_row, next[r] as usize);
                 if let Some(l) = llama_row(r) {
                     vs_llama[i].add(logits, &l, next[r] as usize);
                 }

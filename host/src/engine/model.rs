@@ -248,6 +248,28 @@ impl Model {
         (&self.rope_cos, &self.rope_sin)
     }
 
+    /// This model with every projection dequantized to dense f32 and multiplied in f32 (the
+    /// embedding table is a lookup of dequantized rows either way): the full-precision
+    /// reference its kernels are measured against.
+    pub fn into_dense_f32(mut self) -> Result<Self, ModelError> {
+        let dense = |l: &Linear| -> Result<Linear, ModelError> {
+            let (rows, cols, w) = l.to_f32()?;
+            Ok(Linear::Dense(Tensor::from_vec(
+                w,
+                (rows, cols),
+                &Device::Cpu,
+            )?))
+        };
+        for layer in &mut self.layers {
+            layer.qkv = dense(&layer.qkv)?;
+            layer.o = dense(&layer.o)?;
+            layer.gate_up = dense(&layer.gate_up)?;
+            layer.down = dense(&layer.down)?;
+        }
+        self.lm_head = dense(&self.lm_head)?;
+        Ok(self)
+    }
+
     /// Compute threads for this model's kernels (0 = one per core).
     pub fn set_threads(&mut self, threads: usize) {
         self.team = Team::new(threads);

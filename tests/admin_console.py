@@ -7,6 +7,7 @@ to be in force.
 Usage: python3 tests/admin_console.py <base_url> <admin_token> <viewer_token> <model>
        <plugin.wasm> <plugin kind>
 (kind may be `auto` or `` to let the gateway detect it from the component)."""
+import faulthandler
 import hashlib
 import json
 import os
@@ -224,12 +225,17 @@ def scenario(page, problems):
 
 
 def main():
+    # A hang anywhere (Playwright's driver, Chromium, the gateway) ends the run with every
+    # thread's stack on stderr, so the caller can say where instead of waiting for CI's limit.
+    faulthandler.dump_traceback_later(float(os.environ.get("SCENARIO_DEADLINE_S", "150")), exit=True)
     # Left over from an earlier run against the same gateway: gone, so the diff adds the name.
     http("DELETE", f"/admin/plugins/{TENANT}/{PLUGIN}", admin_token)
     http("DELETE", f"/admin/tenants/{TENANT}", admin_token)
     problems = []
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=["--no-sandbox"], headless=True)
+        browser = p.chromium.launch(
+            executable_path="/usr/bin/chromium", args=["--no-sandbox"], headless=True, timeout=60_000
+        )
         page = browser.new_page()
         page.set_default_timeout(WAIT_MS)
         expect.set_options(timeout=WAIT_MS)

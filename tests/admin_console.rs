@@ -413,9 +413,44 @@ fn the_console_works_in_a_real_browser() {
     // One listener: the scenario calls the API and the console at one address.
     let g = start_with("");
     let wasm = component("noop");
+    let mut run = browser_scenario(&g, &wasm);
+    if run.hung {
+        // A hang (not a failed assertion) has been seen once on a fresh CI machine, with no
+        // output to say where: the scenario dumps its Python stack before the deadline, printed
+        // here, and gets one more try. A second hang fails the test.
+        eprintln!(
+            "the browser scenario hung; its stacks:\n{}\n{}",
+            run.out, run.err
+        );
+        run = browser_scenario(&g, &wasm);
+    }
+    assert!(
+        run.ok && run.out.contains("admin console scenario: ok"),
+        "the browser scenario failed{} (host/scripts/test.sh installs Playwright and Chromium):\n{}\n{}",
+        if run.hung { " by hanging" } else { "" },
+        run.out,
+        run.err
+    );
+    for line in run.out.lines().filter(|l| l.contains(" ms: ")) {
+        println!("{line}");
+    }
+    std::fs::remove_dir_all(&g.dir).ok();
+}
+
+struct BrowserRun {
+    ok: bool,
+    hung: bool,
+    out: String,
+    err: String,
+}
+
+/// Runs tests/admin_console.py under coreutils `timeout`, which signals the whole process
+/// group (Playwright's driver and Chromium too), so nothing outlives the deadline or holds the
+/// output pipes open. The scenario takes seconds; its own stack dump comes at 150 s.
+fn browser_scenario(g: &Gateway, wasm: &std::path::Path) -> BrowserRun {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/admin_console.py");
-    let run = std::process::Command::new("python3")
-        .arg(script)
+    let run = std::process::Command::new("timeout")
+        .args(["-k", "10", "180", "python3", script])
         .args([
             &g.admin,
             TOKEN,
@@ -424,16 +459,16 @@ fn the_console_works_in_a_real_browser() {
             wasm.to_str().unwrap(),
             "reranker",
         ])
+        .env("SCENARIO_DEADLINE_S", "150")
         .output()
-        .expect("python3 runs");
-    let out = String::from_utf8_lossy(&run.stdout).into_owned();
-    let err = String::from_utf8_lossy(&run.stderr);
-    assert!(
-        run.status.success() && out.contains("admin console scenario: ok"),
-        "the browser scenario failed (host/scripts/test.sh installs Playwright and Chromium):\n{out}\n{err}"
-    );
-    for line in out.lines().filter(|l| l.contains(" ms: ")) {
-        println!("{line}");
+        .expect("timeout and python3 run");
+    let err = String::from_utf8_lossy(&run.stderr).into_owned();
+    BrowserRun {
+        ok: run.status.success(),
+        // 124/137: `timeout` fired; the dump alone means the scenario's own deadline did.
+        hung: matches!(run.status.code(), Some(124) | Some(137) | None)
+            || err.contains("Timeout (0:"),
+        out: String::from_utf8_lossy(&run.stdout).into_owned(),
+        err,
     }
-    std::fs::remove_dir_all(&g.dir).ok();
 }

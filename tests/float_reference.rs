@@ -1,12 +1,15 @@
 //! Our quantized kernels against a float reference on the real models: the same GGUF loaded
-//! twice, once as served (k-quants × 16-bit activations; Q4_1/Q5_0/Q8_0 × f32 activations,
-//! or 16-bit ones for prompt rows on AVX-512) and once with every projection dequantized to
-//! dense f32 and multiplied by candle's f32 matmul.
+//! twice, once with the float-faithful kernels (k-quants × 16-bit activations, prompt rows
+//! too: `prompt_precision = "int16"`; Q4_1/Q5_0/Q8_0 × f32 activations, or 16-bit ones for
+//! prompt rows on AVX-512) and once with every projection dequantized to dense f32 and
+//! multiplied by candle's f32 matmul. (The default prompt kernels, BF16 tiles where the CPU
+//! has AMX, are held to llama.cpp's KL divergence instead: `tests/kl_divergence.rs`.)
 //! Greedy continuations must be equal, except where the float reference itself has two
 //! candidates within 0.05 logits (a near-tie any rounding may flip); those are reported.
 
 use gateway::engine::model::{BatchSeq, Model};
 use gateway::engine::paged_attention::KvCache;
+use gateway::engine::quant::PromptPrecision;
 use gateway::engine::weights;
 
 /// Greedy `n` tokens with an incremental KV cache; returns each step's logits too.
@@ -57,7 +60,8 @@ fn check(file: &str, prompts: &[&str], n: usize) {
         std::path::Path::new(&path).exists(),
         "{path} is missing: run host/scripts/fetch-real-models.sh"
     );
-    let served = weights::load(path.as_ref()).unwrap();
+    let mut served = weights::load(path.as_ref()).unwrap();
+    served.model.set_prompt_precision(PromptPrecision::Int16);
     let float = weights::load(path.as_ref())
         .unwrap()
         .model

@@ -7,12 +7,14 @@
 //! says whether the arithmetic or the memory holds it back.
 //!
 //! `cargo bench --bench kernels [-- ROUNDS] [PART...]` (default 9 rounds, medians; every part
-//! unless some are named: a format (`Q4_K`, `Q6_K`, …), `calls`, `step`). Weights are
+//! unless some are named: a format (`Q4_K`, `Q6_K`, …), `calls`, `prompt`, `step`). Weights are
 //! random blocks with small, finite scales: the kernels' speed does not depend on the values.
 
 use std::time::Instant;
 
-use gateway::engine::quant::{ActivationBits, Bytes, Format, QuantMatrix};
+use gateway::engine::quant::{
+    ActivationBits, Bytes, Format, PromptPrecision, QuantMatrix, Rounding,
+};
 use gateway::engine::team::{split, Team};
 
 /// Columns of every matrix (Qwen2.5-1.5B's hidden size).
@@ -196,6 +198,9 @@ fn main() {
     if wanted("calls") {
         calls(&one, &mut rng, rounds);
     }
+    if wanted("prompt") {
+        prompt_rows(&all, &mut rng, rounds.min(5));
+    }
     if !wanted("step") {
         return;
     }
@@ -248,5 +253,42 @@ fn calls(one: &Team, rng: &mut Rng, rounds: usize) {
         let gbs = rate(one, &m, 2000, rounds);
         let us = bytes_of(&m[0]) as f64 / gbs / 1e3;
         println!("| k = {cols} | {us:.1} | {gbs:.1} GB/s |");
+    }
+}
+
+/// Prompt rows through a Qwen2.5-1.5B-shaped layer (Q4_K), in the 16-bit integer prompt
+/// kernels and on BF16 AMX tiles where this CPU has them: a prefill's rows (512), a short
+/// prompt's or a prefix-cache hit's tail (64, 8) and a fully cached prompt's last row (1).
+fn prompt_rows(team: &Team, rng: &mut Rng, rounds: usize) {
+    let layer: Vec<_> = [(2048, 1536), (1536, 1536), (17920, 1536), (1536, 8960)]
+        .into_iter()
+        .map(|(rows, cols)| shaped(Format::Q4K, rows, cols, rng))
+        .collect();
+    println!("\nprompt rows through a Qwen2.5-1.5B-shaped layer (Q4_K), ms per layer:");
+    println!("| rows | 16-bit integer | BF16 tiles | speed-up |");
+    println!("|---:|---:|---:|---:|");
+    for m in [512, 64, 8, 1] {
+        let time = |prompt: PromptPrecision| {
+            let rounding = Rounding {
+                decode: ActivationBits::Sixteen,
+                prompt,
+            };
+            let mut bufs: Vec<_> = layer
+                .iter()
+                .map(|w| (vec![0.5f32; m * w.cols()], vec![0f32; m * w.rows()]))
+                .collect();
+            let runs = (0..rounds)
+                .map(|_| {
+                    let t = Instant::now();
+                    for (w, (x, out)) in layer.iter().zip(&mut bufs) {
+                        w.matmul_rows(team, x, &vec![true; m], rounding, out);
+                    }
+                    t.elapsed().as_secs_f64() * 1e3
+                })
+                .collect();
+            median(runs)
+        };
+        let (int16, tiles) = (time(PromptPrecision::Int16), time(PromptPrecision::Auto));
+        println!("| {m} | {int16:.2} | {tiles:.2} | {:.2}x |", int16 / tiles);
     }
 }

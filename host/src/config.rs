@@ -255,8 +255,22 @@ pub struct EngineConfig {
     /// Bits the CPU batch kernels (decode, drafts, small batches) round activations to before
     /// they meet k-quant weights: 16 (default; greedy output as the dense-f32 reference's) or
     /// 8 (llama.cpp's Q8_K: faster decode, greedy output parts from the f32 reference's at
-    /// closer calls). Prompt kernels always take 16.
+    /// closer calls). Prompt rows take `prompt_precision`.
     pub decode_activation_bits: u8,
+    /// How prompt rows meet k-quant weights on the CPU.
+    pub prompt_precision: PromptPrecision,
+}
+
+/// How prompt rows (prefill) meet k-quant weights on the CPU: `auto` takes BF16 AMX tiles
+/// where the CPU and OS offer them (2–4× the prefill speed; KL divergence from the f32
+/// reference below llama.cpp's on the same file) and 16-bit integers elsewhere; `int16` keeps
+/// 16-bit integer activations everywhere (greedy output as the dense-f32 reference's).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum PromptPrecision {
+    #[default]
+    Auto,
+    Int16,
 }
 
 /// Where a model's engine computes.
@@ -434,6 +448,7 @@ impl Default for EngineConfig {
             speculative_tokens: 4,
             speculative_max_seqs: 2,
             decode_activation_bits: 16,
+            prompt_precision: PromptPrecision::default(),
         }
     }
 }

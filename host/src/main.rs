@@ -137,6 +137,10 @@ struct EngineArgs {
     /// greedy output as the f32 reference's) or 8 (faster decode, as llama.cpp).
     #[arg(long)]
     decode_activation_bits: Option<u8>,
+    /// How the CPU prompt kernels (prefill) meet k-quant weights: auto (BF16 AMX tiles where
+    /// the CPU has them, else 16-bit integers) or int16 (greedy output as the f32 reference's).
+    #[arg(long, value_enum)]
+    prompt_precision: Option<gateway::config::PromptPrecision>,
     /// Where models run: cpu, cuda or cuda:N (CUDA needs a build with --features cuda).
     #[arg(long)]
     device: Option<gateway::config::ComputeDevice>,
@@ -229,6 +233,7 @@ impl EngineArgs {
             e.decode_activation_bits = self
                 .decode_activation_bits
                 .unwrap_or(e.decode_activation_bits);
+            e.prompt_precision = self.prompt_precision.unwrap_or(e.prompt_precision);
             e.device = self.device.unwrap_or(e.device);
             e.dtype = self.dtype.unwrap_or(e.dtype);
             e.gpu_memory_utilization = self

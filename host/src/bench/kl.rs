@@ -18,7 +18,7 @@ use std::path::PathBuf;
 
 use crate::engine::model::{BatchSeq, Model};
 use crate::engine::paged_attention::KvCache;
-use crate::engine::quant::ActivationBits;
+use crate::engine::quant::{ActivationBits, PromptPrecision, Rounding};
 use crate::engine::weights;
 use anyhow::{bail, Context};
 
@@ -40,10 +40,15 @@ pub struct KlOptions {
     /// Score at most this many chunks.
     #[arg(long)]
     pub chunks: Option<usize>,
-    /// Kernel settings to measure: `prompt` (the prompt kernels, which prefill uses),
-    /// `decode16` and `decode8` (the kernels of generated tokens with 16- or 8-bit
-    /// activations for the k-quants).
-    #[arg(long, value_delimiter = ',', default_value = "prompt,decode16,decode8")]
+    /// Kernel settings to measure: `prompt` (the default prompt kernels, which prefill uses:
+    /// BF16 AMX tiles where the CPU has them), `prompt16` (the 16-bit integer prompt kernels,
+    /// `--prompt-precision int16`), `decode16` and `decode8` (the kernels of generated tokens
+    /// with 16- or 8-bit activations for the k-quants).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "prompt,prompt16,decode16,decode8"
+    )]
     pub kernels: Vec<Setting>,
     /// Compute threads (0 = one per core).
     #[arg(long, default_value_t = 0)]
@@ -58,17 +63,23 @@ pub struct KlOptions {
 #[serde(rename_all = "lowercase")]
 pub enum Setting {
     Prompt,
+    Prompt16,
     Decode16,
     Decode8,
 }
 
 impl Setting {
-    /// Every row a prompt row (`prompt`) or a generated one, and the k-quant activation bits.
-    fn kernels(self) -> (bool, ActivationBits) {
+    /// Every row a prompt row (`prompt`, `prompt16`) or a generated one, and the rounding.
+    fn kernels(self) -> (bool, Rounding) {
+        let rounding = |decode, prompt| Rounding { decode, prompt };
         match self {
-            Setting::Prompt => (true, ActivationBits::Sixteen),
-            Setting::Decode16 => (false, ActivationBits::Sixteen),
-            Setting::Decode8 => (false, ActivationBits::Eight),
+            Setting::Prompt => (true, Rounding::default()),
+            Setting::Prompt16 => (
+                true,
+                rounding(ActivationBits::Sixteen, PromptPrecision::Int16),
+            ),
+            Setting::Decode16 => (false, ActivationBits::Sixteen.into()),
+            Setting::Decode8 => (false, ActivationBits::Eight.into()),
         }
     }
 }
@@ -330,8 +341,9 @@ pub fn run(o: &KlOptions) -> anyhow::Result<Report> {
             }
         }
         for (i, setting) in o.kernels.iter().enumerate() {
-            let (prompt, bits) = setting.kernels();
-            quant.set_activation_bits(bits);
+            let (prompt, rounding) = setting.kernels();
+            quant.set_activation_bits(rounding.decode);
+            quant.set_prompt_precision(rounding.prompt);
             let rows = chunk_logits(&quant, &chunk, prompt)?;
             for (r, logits) in rows.iter().enumerate() {
                 let f32_row = Reference::Logits {

@@ -127,7 +127,10 @@ pub async fn run(cfg: &ModelConfig, o: &BenchOptions) -> anyhow::Result<()> {
             "| aggregate output, concurrency {c} | {a:.1} tok/s ({:.2}x single stream) |",
             a / decode1
         );
-        breakdown_row(c, &engine.profile().since(&before));
+        breakdown_row(
+            &format!("concurrency {c}"),
+            &engine.profile().since(&before),
+        );
     }
     speculation_rows(&engine, &metrics, &cfg.name, o, &mut salt).await;
     structured::rows(&engine, &metrics, &cfg.name, o).await?;
@@ -136,10 +139,10 @@ pub async fn run(cfg: &ModelConfig, o: &BenchOptions) -> anyhow::Result<()> {
 
 /// Where the steps of a concurrency row spent their time, per step (prefill steps included:
 /// each request's prompt is short beside its output).
-fn breakdown_row(c: usize, p: &Snapshot) {
+fn breakdown_row(what: &str, p: &Snapshot) {
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
     println!(
-        "| step breakdown, concurrency {c}: {:.2} rows/step | {:.2} ms/step: schedule {:.3}, weight products {:.2}, attention {:.2}, vocabulary product {:.2}, rest of forward {:.2}, sample+emit {:.3} |",
+        "| step breakdown, {what}: {:.2} rows/step | {:.2} ms/step: schedule {:.3}, weight products {:.2}, attention {:.2}, vocabulary product {:.2}, rest of forward {:.2}, sample+emit {:.3} |",
         p.rows as f64 / p.steps.max(1) as f64,
         ms(p.per_step(Phase::Schedule) + p.per_step(Phase::Forward) + p.per_step(Phase::Sample)),
         ms(p.per_step(Phase::Schedule)),
@@ -156,14 +159,17 @@ fn breakdown_row(c: usize, p: &Snapshot) {
 async fn single_stream_rows(engine: &Engine, o: &BenchOptions, salt: &mut usize) -> f64 {
     let mut prefill = Vec::new();
     let mut decode = Vec::new();
+    let mut prefill_steps = Snapshot::default();
     for _ in 0..o.repeat {
         let t0 = Instant::now();
+        let before = engine.profile();
         let r = run_one(
             engine,
             request(prompt(engine, o.prompt_tokens, *salt), 1),
             t0,
         )
         .await;
+        prefill_steps = engine.profile().since(&before);
         *salt += 1;
         prefill.push(o.prompt_tokens as f64 / r.first.as_secs_f64());
         let t0 = Instant::now();
@@ -180,6 +186,7 @@ async fn single_stream_rows(engine: &Engine, o: &BenchOptions, salt: &mut usize)
         o.prompt_tokens,
         median(prefill)
     );
+    breakdown_row("prefill (last run)", &prefill_steps);
     println!("| decode, single stream | {decode1:.1} tok/s |");
     decode1
 }

@@ -15,7 +15,9 @@ use candle_core::{Device, Tensor};
 
 use super::cpu_ops::{geglu, rms_norm, rms_norm_in_place, swiglu};
 use super::profile::{Phase, StepProfile};
-use super::quant::{ActivationBits, QuantMatrix, PROMPT_KERNEL_MIN, PROMPT_SPAN_ROWS};
+use super::quant::{
+    ActivationBits, PromptPrecision, QuantMatrix, Rounding, PROMPT_KERNEL_MIN, PROMPT_SPAN_ROWS,
+};
 use super::team::Team;
 
 use super::paged_attention::{AttnSeq, KvCache};
@@ -92,7 +94,7 @@ impl Linear {
     /// `QuantMatrix::matmul_rows`); returns `[rows, out]`.
     fn forward(
         &self,
-        (team, bits): (&Team, ActivationBits),
+        (team, rounding): (&Team, Rounding),
         x: &[f32],
         prompt: &[bool],
         dev: &Device,
@@ -100,7 +102,7 @@ impl Linear {
         let rows = prompt.len();
         if let Linear::Native(w) = self {
             let mut out = vec![0f32; rows * w.rows()];
-            w.matmul_rows(team, x, prompt, bits, &mut out);
+            w.matmul_rows(team, x, prompt, rounding, &mut out);
             return Ok(out);
         }
         let xt = Tensor::from_slice(x, (rows, x.len() / rows), dev)?;
@@ -206,8 +208,8 @@ pub struct Model {
     rope_local: Option<(Vec<f32>, Vec<f32>)>,
     /// Threads that run this model's kernels.
     team: Team,
-    /// How the batch kernels round activations for k-quant weights.
-    bits: ActivationBits,
+    /// How the kernels round activations for k-quant weights.
+    rounding: Rounding,
     /// Where this model's steps spend their time (shared with the engine that runs it).
     profile: Arc<StepProfile>,
 }
@@ -238,7 +240,7 @@ impl Model {
             rope_sin,
             rope_local,
             team: Team::new(0),
-            bits: ActivationBits::default(),
+            rounding: Rounding::default(),
             profile: Arc::default(),
         }
     }
@@ -278,7 +280,12 @@ impl Model {
     /// How the batch kernels (decode, drafts, small batches) round activations for k-quant
     /// weights (`engine.decode_activation_bits`).
     pub fn set_activation_bits(&mut self, bits: ActivationBits) {
-        self.bits = bits;
+        self.rounding.decode = bits;
+    }
+
+    /// How prompt rows meet k-quant weights (`engine.prompt_precision`).
+    pub fn set_prompt_precision(&mut self, precision: PromptPrecision) {
+        self.rounding.prompt = precision;
     }
 
     /// Where this model's forward passes count their time.
@@ -294,8 +301,8 @@ impl Model {
     }
 
     /// What every projection runs with.
-    fn kernels(&self) -> (&Team, ActivationBits) {
-        (&self.team, self.bits)
+    fn kernels(&self) -> (&Team, Rounding) {
+        (&self.team, self.rounding)
     }
 
     /// Runs one step. Writes every row's K/V into `cache` and returns one logits row per

@@ -10,7 +10,7 @@ use super::batch::BatchSeq;
 pub use super::batch::Pool;
 use super::model::Model;
 use super::paged_attention::KvCache;
-use super::quant::ActivationBits;
+use super::quant::{ActivationBits, PromptPrecision};
 use super::ModelError;
 
 // One runner per engine, built once and never moved on a hot path: variant sizes do not matter.
@@ -39,6 +39,10 @@ impl Runner {
                 model.set_activation_bits(match e.decode_activation_bits {
                     8 => ActivationBits::Eight,
                     _ => ActivationBits::Sixteen,
+                });
+                model.set_prompt_precision(match e.prompt_precision {
+                    crate::config::PromptPrecision::Auto => PromptPrecision::Auto,
+                    crate::config::PromptPrecision::Int16 => PromptPrecision::Int16,
                 });
                 let s = &model.shape;
                 let block_bytes =

@@ -21,10 +21,10 @@ use rayon::prelude::*;
 use super::aligned::Aligned;
 
 /// Inputs per tile (32 BF16 values make a 64-byte tile row) and outputs per tile.
-const K_TILE: usize = 32;
-const N_TILE: usize = 16;
+pub(super) const K_TILE: usize = 32;
+pub(super) const N_TILE: usize = 16;
 /// BF16 values in one packed weight tile (16 rows of 64 bytes).
-const TILE_VALUES: usize = 512;
+pub(super) const TILE_VALUES: usize = 512;
 
 /// Whether this process may use AMX-BF16: the CPU has it and the OS granted the tile state.
 pub fn available() -> bool {
@@ -111,7 +111,8 @@ pub struct Acts {
 }
 
 impl Acts {
-    fn rows(&mut self, x: &[f32], t: usize, k: usize) -> &[u16] {
+    /// The `t` rows of `x` (`[t][k]`) rounded to BF16, padded with zero rows to a whole tile.
+    pub(super) fn rows(&mut self, x: &[f32], t: usize, k: usize) -> &[u16] {
         let len = t.div_ceil(N_TILE) * N_TILE * k;
         if self.buf.as_ref().is_none_or(|b| b.as_slice().len() < len) {
             self.buf = Some(Aligned::zeroed(len));
@@ -187,6 +188,19 @@ pub fn matmul<F: Fn(&mut [f32]) + Sync>(
         1 => run((0, out)),
         _ => out.par_chunks_mut(per * n).enumerate().for_each(run),
     }
+}
+
+/// Runs `f` with this thread's tiles configured for `block` (eight of 16 rows × 64 bytes),
+/// and releases them after.
+///
+/// # Safety
+/// `available()` must have been checked.
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+pub(super) unsafe fn with_tiles<T>(f: impl FnOnce() -> T) -> T {
+    asm!("ldtilecfg [{}]", in(reg) CONFIG.0.as_ptr(), options(nostack, readonly));
+    let out = f();
+    asm!("tilerelease", options(nostack, nomem));
+    out
 }
 
 /// Tile configuration (palette 1): eight tiles of 16 rows × 64 bytes.
@@ -273,7 +287,7 @@ unsafe fn rows_of(
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
 #[inline(always)]
 #[allow(clippy::too_many_arguments)] // the operands of one block, as pointers and strides
-unsafe fn block(
+pub(super) unsafe fn block(
     a: *const u16,
     sa: usize,
     b: *const u16,

@@ -362,5 +362,10 @@ pub(super) use few::{pass as few_pass, pass_with, Few, FEW_ROWS};
 #[cfg(all(target_arch = "x86_64", target_feature = "avx512bw"))]
 mod across;
 
+#[cfg(all(target_arch = "x86_64", target_feature = "avx512bf16"))]
+mod bf16;
+#[cfg(all(target_arch = "x86_64", target_feature = "avx512bf16"))]
+pub(super) use bf16::{block as bf16_block, chunk_order};
+
 #[cfg(all(target_arch = "x86_64", target_feature = "avx512bw"))]
 pub(super) use across::rows as across_rows;

@@ -76,6 +76,12 @@ mod lanes;
 #[cfg(all(target_arch = "x86_64", target_feature = "avx512bw"))]
 mod prompt;
 mod rounding;
+#[cfg(all(
+    target_arch = "x86_64",
+    target_feature = "avx512bf16",
+    target_os = "linux"
+))]
+mod tiles;
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -207,6 +213,34 @@ impl ActivationBits {
         match self {
             ActivationBits::Sixteen => 32767.0,
             ActivationBits::Eight => 127.0,
+        }
+    }
+}
+
+/// How prompt rows meet k-quant weights (`engine.prompt_precision`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum PromptPrecision {
+    /// BF16 on AMX tiles where the CPU has them (`tiles`), else `Int16`.
+    #[default]
+    Auto,
+    /// 16-bit integer activations (`lanes`, `few`, `across`): greedy output as the dense-f32
+    /// reference's.
+    Int16,
+}
+
+/// How a model's kernels round: the batch kernels' activations and the prompt rows'.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Rounding {
+    pub decode: ActivationBits,
+    pub prompt: PromptPrecision,
+}
+
+/// Batch kernels at `bits`, prompt rows in 16-bit integers.
+impl From<ActivationBits> for Rounding {
+    fn from(decode: ActivationBits) -> Self {
+        Rounding {
+            decode,
+            prompt: PromptPrecision::Int16,
         }
     }
 }
@@ -360,20 +394,22 @@ impl QuantMatrix {
     /// whatever runs beside it: a seeded request samples the same tokens whether its prompt
     /// was prefilled alone, beside other prompts or in chunks. (Prompt rows took the batch
     /// kernels below eight to a step, which made a seed's output depend on the traffic.)
-    /// `bits`: how the batch kernels round activations for k-quant weights.
+    /// `rounding`: how the batch kernels round activations for k-quant weights, and whether
+    /// prompt rows may take BF16 AMX tiles (`tiles`; also batch-invariant).
     pub fn matmul_rows(
         &self,
         team: &Team,
         x: &[f32],
         prompt: &[bool],
-        bits: ActivationBits,
+        rounding: impl Into<Rounding>,
         out: &mut [f32],
     ) {
+        let rounding = rounding.into();
         #[cfg(all(target_arch = "x86_64", target_feature = "avx512bw"))]
         if prompt.contains(&true) {
-            return self.prompt_rows(team, x, prompt, bits, out);
+            return self.prompt_rows(team, x, prompt, rounding, out);
         }
-        self.batch(team, x, prompt.len(), bits, out)
+        self.batch(team, x, prompt.len(), rounding.decode, out)
     }
 
     /// One pass over all weight rows for the `g` (≤ GROUP) activation rows `x`, into

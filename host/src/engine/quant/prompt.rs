@@ -3,7 +3,7 @@
 //! however many a step has.
 
 use super::k_kernels::{self, KActs};
-use super::{lanes, ActivationBits, Acts, QuantMatrix};
+use super::{lanes, ActivationBits, Acts, PromptPrecision, QuantMatrix, Rounding};
 use crate::engine::team::Team;
 
 impl QuantMatrix {
@@ -13,14 +13,15 @@ impl QuantMatrix {
         team: &Team,
         x: &[f32],
         prompt: &[bool],
-        bits: ActivationBits,
+        rounding: Rounding,
         out: &mut [f32],
     ) {
         let (m, n, k) = (prompt.len(), self.rows, self.cols);
         assert_eq!(x.len(), m * k, "activation shape");
         assert_eq!(out.len(), m * n, "output shape");
+        let tiles = rounding.prompt == PromptPrecision::Auto && self.takes_tiles();
         if prompt.iter().all(|&p| p) {
-            return self.prompt_pass(team, x, m, out);
+            return self.prompt_pass(team, x, m, tiles, out);
         }
         // Each kind apart, gathered into contiguous rows and scattered back.
         for kind in [true, false] {
@@ -32,8 +33,8 @@ impl QuantMatrix {
                 .collect();
             let mut o = vec![0f32; rows.len() * n];
             match kind {
-                true => self.prompt_pass(team, &xs, rows.len(), &mut o),
-                false => self.batch(team, &xs, rows.len(), bits, &mut o),
+                true => self.prompt_pass(team, &xs, rows.len(), tiles, &mut o),
+                false => self.batch(team, &xs, rows.len(), rounding.decode, &mut o),
             }
             for (&i, o) in rows.iter().zip(o.chunks_exact(n)) {
                 out[i * n..(i + 1) * n].copy_from_slice(o);
@@ -41,8 +42,22 @@ impl QuantMatrix {
         }
     }
 
-    /// `m` prompt rows through the prompt kernels.
-    fn prompt_pass(&self, team: &Team, x: &[f32], m: usize, out: &mut [f32]) {
+    /// Whether prompt rows may take BF16 AMX tiles here (`tiles`).
+    fn takes_tiles(&self) -> bool {
+        #[cfg(all(target_feature = "avx512bf16", target_os = "linux"))]
+        return self.tiles_fit();
+        #[cfg(not(all(target_feature = "avx512bf16", target_os = "linux")))]
+        false
+    }
+
+    /// `m` prompt rows through the prompt kernels: AMX tiles (`tiles`: every row, however
+    /// many, so a row's bits never depend on its step) or 16-bit integer kernels.
+    fn prompt_pass(&self, team: &Team, x: &[f32], m: usize, tiles: bool, out: &mut [f32]) {
+        #[cfg(all(target_feature = "avx512bf16", target_os = "linux"))]
+        if tiles {
+            return self.tiles(team, x, m, out);
+        }
+        let _ = tiles;
         if m <= lanes::ACROSS_ROWS {
             return self.across_pass(team, x, m, out);
         }

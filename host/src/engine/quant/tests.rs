@@ -14,7 +14,7 @@ const ALL: [GgmlDType; 8] = [
 ];
 
 /// Weights with varied magnitudes per row and per sub-block, so scales and mins all differ.
-fn weights(n: usize, k: usize, seed: usize) -> Vec<f32> {
+pub(super) fn weights(n: usize, k: usize, seed: usize) -> Vec<f32> {
     (0..n * k)
         .map(|i| {
             let (r, c) = (i / k, i % k);
@@ -24,7 +24,7 @@ fn weights(n: usize, k: usize, seed: usize) -> Vec<f32> {
         .collect()
 }
 
-fn quantize(w: &[f32], n: usize, k: usize, dtype: GgmlDType) -> (QTensor, Vec<f32>) {
+pub(super) fn quantize(w: &[f32], n: usize, k: usize, dtype: GgmlDType) -> (QTensor, Vec<f32>) {
     let dev = Device::Cpu;
     let t = Tensor::from_vec(w.to_vec(), (n, k), &dev).unwrap();
     let q = QTensor::quantize(&t, dtype).unwrap();
@@ -33,7 +33,7 @@ fn quantize(w: &[f32], n: usize, k: usize, dtype: GgmlDType) -> (QTensor, Vec<f3
 }
 
 /// `x · wᵀ` in f64 over the dequantized weights: the float reference.
-fn reference(x: &[f32], deq: &[f32], m: usize, n: usize, k: usize) -> Vec<f64> {
+pub(super) fn reference(x: &[f32], deq: &[f32], m: usize, n: usize, k: usize) -> Vec<f64> {
     let mut out = vec![0f64; m * n];
     for i in 0..m {
         for r in 0..n {

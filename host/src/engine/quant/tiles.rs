@@ -1,0 +1,365 @@
+//! Prompt rows on AMX tiles (`engine.prompt_precision = "auto"` on CPUs with AMX-BF16): each
+//! 32-row weight unit is dequantized to BF16 once per call and meets every prompt row of the
+//! call in `tdpbf16ps` (8,192 multiply-adds an instruction, where the 16-bit integer kernels'
+//! `vpdpwssd` does 32).
+//!
+//! The weights are the tile unit's left operand, sixteen weight rows to a tile, so a tile row
+//! is 32 of one weight row's values as dequantized: no weight is transposed. The activations
+//! are the right operand, transposed once per call (tile row `r` holds pair `r` of sixteen
+//! activation rows), and the 16 × 16 sums come out transposed and are turned back on the way
+//! to the output. With one row (a fully cached prompt's last token, recomputed) the unit does
+//! sixteen times the multiplies it needs, which cost less than dequantizing the weights.
+//!
+//! Precision: activations and weights are rounded to BF16 (8 significant bits each, relative
+//! to each value, not to a block's largest); products and sums are f32. On the real models
+//! this is measured by KL divergence from the f32 reference (`gateway eval-kl`, setting
+//! `prompt`), as llama.cpp's 8-bit activations are.
+//!
+//! A row's result depends only on that row: the tile unit sums each output over the inputs in
+//! the same order whatever the other rows are, so prompt rows stay batch-invariant however
+//! many a step has.
+
+use std::arch::asm;
+use std::arch::x86_64::*;
+
+use super::aligned::Aligned;
+use super::amx::{self, K_TILE, N_TILE, TILE_VALUES};
+use super::k_kernels::{bf16_block, chunk_order};
+use super::lanes::transpose;
+use super::QuantMatrix;
+use crate::engine::team::{Shares, Team};
+
+/// Weight rows per work unit: two tiles of sixteen.
+const ROWS: usize = 2 * N_TILE;
+/// Elements per k-quant super-block.
+const QK: usize = 256;
+
+/// A pointer to the output that threads write disjoint columns of.
+struct Out(*mut f32);
+// SAFETY: each weight unit's outputs (columns of `out`) are written only by the thread that
+// took the unit.
+unsafe impl Sync for Out {}
+
+thread_local! {
+    /// This thread's dequantized unit: `[ROWS][k]` BF16.
+    static UNIT: std::cell::RefCell<Option<Aligned<u16, 32>>> = const { std::cell::RefCell::new(None) };
+}
+
+impl QuantMatrix {
+    /// Whether `tiles` can take this matrix: AMX-BF16 granted, every segment a k-quant.
+    pub(super) fn tiles_fit(&self) -> bool {
+        self.cols.is_multiple_of(QK)
+            && self.segments.iter().all(|s| s.format.is_k())
+            && amx::available()
+    }
+
+    /// `out[m, rows] = x[m, cols] · selfᵀ` on AMX tiles (`tiles_fit` must hold).
+    pub(super) fn tiles(&self, team: &Team, x: &[f32], m: usize, out: &mut [f32]) {
+        let (n, k) = (self.rows, self.cols);
+        assert!(
+            self.tiles_fit() && x.len() == m * k && out.len() == m * n && m > 0,
+            "tiles: shapes"
+        );
+        let acts = act_tiles(x, m, k);
+        let units = n.div_ceil(ROWS);
+        let shares = Shares::new(units, team.threads());
+        let dst = Out(out.as_mut_ptr());
+        team.run(&|p, _| {
+            let dst = &dst;
+            UNIT.with_borrow_mut(|unit| {
+                if unit.as_ref().is_none_or(|u| u.as_slice().len() < ROWS * k) {
+                    *unit = Some(Aligned::zeroed(ROWS * k));
+                }
+                let unit = &mut unit.as_mut().expect("sized above").as_mut_slice()[..ROWS * k];
+                // SAFETY: `tiles_fit` checked `amx::available()`.
+                unsafe {
+                    amx::with_tiles(|| {
+                        while let Some(u) = shares.next(p) {
+                            let (r0, nr) = (u * ROWS, (n - u * ROWS).min(ROWS));
+                            self.dequantize_unit(r0, nr, unit);
+                            // SAFETY: `acts` holds m rows' tiles, `unit` ROWS rows of k;
+                            // columns r0..r0 + nr of `out` are this unit's.
+                            unit_times_acts(unit, k, &acts, m, (dst.0, n), (r0, nr));
+                        }
+                    })
+                }
+            })
+        });
+    }
+
+    /// Weight rows `r0..r0 + nr` (≤ ROWS) into `unit` (`[ROWS][k]` BF16, chunks in
+    /// `chunk_order`); rows past `nr` zero.
+    fn dequantize_unit(&self, r0: usize, nr: usize, unit: &mut [u16]) {
+        let k = self.cols;
+        unit[nr * k..].fill(0);
+        for l in 0..nr {
+            let s = self.segment(r0 + l);
+            let (bb, row) = (
+                s.format.block_bytes(),
+                &s.bytes()[(r0 + l - s.row0) * s.row_bytes()..],
+            );
+            let dst = &mut unit[l * k..(l + 1) * k];
+            assert!(row.len() >= k / QK * bb, "a whole row");
+            for (b, dst) in dst.chunks_exact_mut(QK).enumerate() {
+                // SAFETY: super-block b < k / 256 lies in `row` (asserted); AVX-512 BF16 is
+                // this module's cfg; `dst` is 256 values.
+                unsafe {
+                    let v = bf16_block(s.format, row.as_ptr().add(b * bb));
+                    for (c, v) in v.iter().enumerate() {
+                        _mm512_storeu_si512(dst.as_mut_ptr().add(32 * c).cast(), *v);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The activations as the tiles' right operand: `[m / 16][k / 32]` tiles, tile row `r` holding
+/// for each of sixteen rows the BF16 pair `2r`, `2r + 1` of the chunk in `chunk_order` (rows
+/// past `m` zero).
+fn act_tiles(x: &[f32], m: usize, k: usize) -> Aligned<u16, 32> {
+    let (groups, chunks) = (m.div_ceil(N_TILE), k / K_TILE);
+    let mut t = Aligned::<u16, 32>::zeroed(groups * chunks * TILE_VALUES);
+    let order: [i32; 32] = std::array::from_fn(|q| chunk_order(q) as i32);
+    let dst = t.as_mut_slice();
+    for g in 0..groups {
+        for i in 0..chunks {
+            // SAFETY: plain AVX-512F/BF16 (this module's cfg); each row read is 32 values of
+            // row < m at chunk i < k / 32; the tile written is inside `dst`.
+            unsafe {
+                let (even, odd) = (
+                    _mm512_loadu_si512(order[..16].as_ptr().cast()),
+                    _mm512_loadu_si512(order[16..].as_ptr().cast()),
+                );
+                let rows: [__m512i; N_TILE] = std::array::from_fn(|j| {
+                    let r = g * N_TILE + j;
+                    if r >= m {
+                        return _mm512_setzero_si512();
+                    }
+                    let p = x.as_ptr().add(r * k + i * K_TILE);
+                    let (lo, hi) = (_mm512_loadu_ps(p), _mm512_loadu_ps(p.add(16)));
+                    let (e, o) = (
+                        _mm512_permutex2var_ps(lo, even, hi),
+                        _mm512_permutex2var_ps(lo, odd, hi),
+                    );
+                    std::mem::transmute::<__m512bh, __m512i>(_mm512_cvtne2ps_pbh(o, e))
+                });
+                let tile = transpose(rows);
+                let at = (g * chunks + i) * TILE_VALUES;
+                for (r, v) in tile.iter().enumerate() {
+                    _mm512_storeu_si512(dst.as_mut_ptr().add(at + 32 * r).cast(), *v);
+                }
+            }
+        }
+    }
+    t
+}
+
+/// The unit's rows times every activation row, two tiles of sixteen activation rows at a
+/// time, into columns `c0..c0 + nc` of `out` (`[m][n]`).
+///
+/// # Safety
+/// The tiles must be configured (`amx::with_tiles`); `unit` must be `[ROWS][k]` and `acts`
+/// `act_tiles` of `m` rows; `out` must have `m` rows of `n`.
+unsafe fn unit_times_acts(
+    unit: &[u16],
+    k: usize,
+    acts: &Aligned<u16, 32>,
+    m: usize,
+    (out, n): (*mut f32, usize),
+    (c0, nc): (usize, usize),
+) {
+    let groups = m.div_ceil(N_TILE);
+    let mut g = 0;
+    while g < groups {
+        let two = g + 1 < groups;
+        let mut c = [[0f32; TILE_VALUES / 2]; 4];
+        block(unit.as_ptr(), k, acts.as_slice().as_ptr(), g, two, &mut c);
+        // c[h + 2s]: weight rows 16h.. against activation rows of group g + s.
+        for s in 0..1 + usize::from(two) {
+            let rows = (m - (g + s) * N_TILE).min(N_TILE);
+            for h in 0..2 {
+                let cols = nc.saturating_sub(h * N_TILE).min(N_TILE);
+                if cols == 0 {
+                    continue;
+                }
+                let sums: [__m512i; N_TILE] = std::array::from_fn(|r| {
+                    _mm512_loadu_si512(c[h + 2 * s][16 * r..].as_ptr().cast())
+                });
+                let t = transpose(sums);
+                for (j, v) in t.iter().enumerate().take(rows) {
+                    let dst = out.add(((g + s) * N_TILE + j) * n + c0 + h * N_TILE);
+                    if cols == N_TILE {
+                        _mm512_storeu_si512(dst.cast(), *v);
+                    } else {
+                        let mut lane = [0f32; N_TILE];
+                        _mm512_storeu_si512(lane.as_mut_ptr().cast(), *v);
+                        std::ptr::copy_nonoverlapping(lane.as_ptr(), dst, cols);
+                    }
+                }
+            }
+        }
+        g += 1 + usize::from(two);
+    }
+}
+
+/// `c[h + 2s] = unit rows 16h..16h + 16 · activation group g + s` (s = 1 only with `two`),
+/// over all of k, each `[weight row][activation row]`.
+#[inline(always)]
+unsafe fn block(
+    unit: *const u16,
+    k: usize,
+    acts: *const u16,
+    g: usize,
+    two: bool,
+    c: &mut [[f32; TILE_VALUES / 2]; 4],
+) {
+    let chunks = k / K_TILE;
+    let (sw, w1) = (k * 2, unit.add(N_TILE * k));
+    asm!(
+        "tilezero tmm0",
+        "tilezero tmm1",
+        "tilezero tmm2",
+        "tilezero tmm3",
+        options(nostack, nomem)
+    );
+    for i in 0..chunks {
+        let x0 = acts.add((g * chunks + i) * TILE_VALUES);
+        asm!(
+            "tileloadd tmm4, [{w0} + {sw}]",
+            "tileloadd tmm5, [{w1} + {sw}]",
+            "tileloadd tmm6, [{x0} + {sx}]",
+            "tdpbf16ps tmm0, tmm4, tmm6",
+            "tdpbf16ps tmm1, tmm5, tmm6",
+            w0 = in(reg) unit.add(i * K_TILE), w1 = in(reg) w1.add(i * K_TILE),
+            x0 = in(reg) x0, sw = in(reg) sw, sx = in(reg) 64usize,
+            options(nostack, readonly)
+        );
+        if two {
+            asm!(
+                "tileloadd tmm7, [{x1} + {sx}]",
+                "tdpbf16ps tmm2, tmm4, tmm7",
+                "tdpbf16ps tmm3, tmm5, tmm7",
+                x1 = in(reg) x0.add(chunks * TILE_VALUES), sx = in(reg) 64usize,
+                options(nostack, readonly)
+            );
+        }
+    }
+    asm!(
+        "tilestored [{c0} + {s}], tmm0",
+        "tilestored [{c1} + {s}], tmm1",
+        c0 = in(reg) c[0].as_mut_ptr(), c1 = in(reg) c[1].as_mut_ptr(), s = in(reg) 64usize,
+        options(nostack)
+    );
+    if two {
+        asm!(
+            "tilestored [{c2} + {s}], tmm2",
+            "tilestored [{c3} + {s}], tmm3",
+            c2 = in(reg) c[2].as_mut_ptr(), c3 = in(reg) c[3].as_mut_ptr(), s = in(reg) 64usize,
+            options(nostack)
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::{quantize, reference, weights};
+    use super::super::{amx, ActivationBits, PromptPrecision, QuantMatrix, Rounding};
+    use crate::engine::team::Team;
+    use candle_core::quantized::GgmlDType;
+
+    /// Against an f64 product of the dequantized weights, within what rounding both operands
+    /// to BF16 allows; and a row's bits the same in a step of any size, alone, beside
+    /// generated rows, and in a stack of all three k-quants whose units straddle the
+    /// segments (81 rows: two whole units and a partial one).
+    #[test]
+    fn tiles_are_bf16_products_and_batch_invariant() {
+        if !amx::available() {
+            eprintln!("SKIPPED: this CPU or OS gives no AMX-BF16 tiles");
+            return;
+        }
+        let team = Team::new(2);
+        let k = 512;
+        let mut deq = Vec::new();
+        let mut parts = Vec::new();
+        for (i, (dtype, n)) in [
+            (GgmlDType::Q4K, 40),
+            (GgmlDType::Q6K, 17),
+            (GgmlDType::Q5K, 24),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let (q, d) = quantize(&weights(n, k, 20 + i), n, k, dtype);
+            deq.extend(d);
+            parts.push(QuantMatrix::from_qtensor(&q).unwrap());
+        }
+        let s = QuantMatrix::stack(parts).unwrap();
+        let (n, m) = (s.rows(), 37);
+        assert!(s.tiles_fit());
+        // Magnitudes over four decades, as activations with outliers have.
+        let x: Vec<f32> = (0..m * k)
+            .map(|i| ((i * 13 % 31) as f32 - 15.0) * 10f32.powi((i % 5) as i32 - 2))
+            .collect();
+        let tiles = Rounding {
+            decode: ActivationBits::Sixteen,
+            prompt: PromptPrecision::Auto,
+        };
+        let run = |rows: std::ops::Range<usize>, prompt: &[bool]| {
+            let mut out = vec![0f32; rows.len() * n];
+            s.matmul_rows(
+                &team,
+                &x[rows.start * k..rows.end * k],
+                prompt,
+                tiles,
+                &mut out,
+            );
+            out
+        };
+        let all = run(0..m, &[true; 37]);
+        let want = reference(&x, &deq, m, n, k);
+        let (mut err2, mut mass2) = (0f64, 0f64);
+        for (i, (&g, &w)) in all.iter().zip(&want).enumerate() {
+            let (row, col) = (i / n, i % n);
+            let mass: f64 = (0..k)
+                .map(|c| (x[row * k + c] as f64 * deq[col * k + c] as f64).abs())
+                .sum();
+            // Each product of two BF16 roundings is within 2⁻⁸ of itself.
+            assert!(
+                (g as f64 - w).abs() <= mass / 128.0 + 1e-6,
+                "#{i}: {g} vs {w}"
+            );
+            (err2, mass2) = (err2 + (g as f64 - w).powi(2), mass2 + mass * mass);
+        }
+        // Rounding errors of opposite signs mostly cancel: far inside the bound on the whole.
+        let typical = (err2 / mass2).sqrt();
+        assert!(typical < 1e-3, "rms error / rms mass {typical}");
+        for rows in [1, 2, 15, 16, 17, 32, 33] {
+            assert_eq!(
+                run(0..rows, &vec![true; rows]),
+                all[..rows * n],
+                "{rows} rows"
+            );
+        }
+        assert_eq!(run(20..21, &[true]), all[20 * n..21 * n], "row 20 alone");
+        let mixed = run(19..23, &[false, true, false, true]);
+        assert_eq!(
+            mixed[n..2 * n],
+            all[20 * n..21 * n],
+            "row 20 beside generated rows"
+        );
+        assert_eq!(
+            mixed[3 * n..],
+            all[22 * n..23 * n],
+            "row 22 beside generated rows"
+        );
+        // A NaN spoils its own row only.
+        let mut bad = x[..3 * k].to_vec();
+        bad[k + 7] = f32::NAN;
+        let mut out = vec![0f32; 3 * n];
+        s.matmul_rows(&team, &bad, &[true; 3], tiles, &mut out);
+        assert!(out[n..2 * n].iter().all(|v| v.is_nan()));
+        assert_eq!(out[..n], all[..n]);
+        assert_eq!(out[2 * n..], all[2 * n..3 * n]);
+    }
+}

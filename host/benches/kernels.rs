@@ -97,7 +97,7 @@ enum Row {
     /// A generated token's, at these activation bits.
     Decode(ActivationBits),
     /// A prompt token's (a fully cached prompt's last row, recomputed for its logits).
-    Prompt,
+    Prompt(PromptPrecision),
 }
 
 /// `rate` for one row of kind `row`.
@@ -117,8 +117,9 @@ fn rate_as(team: &Team, mats: &[QuantMatrix], reps: usize, rounds: usize, row: R
                     let (x, out) = (&x[..m.cols()], &mut out[..m.rows()]);
                     match row {
                         Row::Decode(bits) => m.matmul_rows(team, x, &[false], bits, out),
-                        Row::Prompt => {
-                            m.matmul_rows(team, x, &[true], ActivationBits::Sixteen, out)
+                        Row::Prompt(prompt) => {
+                            let decode = ActivationBits::Sixteen;
+                            m.matmul_rows(team, x, &[true], Rounding { decode, prompt }, out)
                         }
                     }
                 }
@@ -236,7 +237,14 @@ fn step_rows(name: &str, team: &Team, step: &[QuantMatrix], rounds: usize) {
     for (label, row) in [
         ("generated, 16-bit", Row::Decode(ActivationBits::Sixteen)),
         ("generated, 8-bit", Row::Decode(ActivationBits::Eight)),
-        ("prompt (cached prompt's last row)", Row::Prompt),
+        (
+            "prompt (cached prompt's last row), 16-bit integer",
+            Row::Prompt(PromptPrecision::Int16),
+        ),
+        (
+            "prompt (cached prompt's last row), default (BF16 tiles with AMX)",
+            Row::Prompt(PromptPrecision::Auto),
+        ),
     ] {
         let rate = rate_as(team, step, 1, rounds, row);
         println!("| {label} | {rate:.1} GB/s | {:.2} ms |", gb / rate * 1e3);

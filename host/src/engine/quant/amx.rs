@@ -111,8 +111,7 @@ pub struct Acts {
 }
 
 impl Acts {
-    /// The `t` rows of `x` (`[t][k]`) rounded to BF16, padded with zero rows to a whole tile.
-    pub(super) fn rows(&mut self, x: &[f32], t: usize, k: usize) -> &[u16] {
+    fn rows(&mut self, x: &[f32], t: usize, k: usize) -> &[u16] {
         let len = t.div_ceil(N_TILE) * N_TILE * k;
         if self.buf.as_ref().is_none_or(|b| b.as_slice().len() < len) {
             self.buf = Some(Aligned::zeroed(len));
@@ -287,7 +286,7 @@ unsafe fn rows_of(
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
 #[inline(always)]
 #[allow(clippy::too_many_arguments)] // the operands of one block, as pointers and strides
-pub(super) unsafe fn block(
+unsafe fn block(
     a: *const u16,
     sa: usize,
     b: *const u16,

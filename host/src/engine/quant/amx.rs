@@ -194,7 +194,11 @@ pub fn matmul<F: Fn(&mut [f32]) + Sync>(
 ///
 /// # Safety
 /// `available()` must have been checked.
-#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+#[cfg(all(
+    target_arch = "x86_64",
+    target_os = "linux",
+    target_feature = "avx512bf16"
+))]
 pub(super) unsafe fn with_tiles<T>(f: impl FnOnce() -> T) -> T {
     asm!("ldtilecfg [{}]", in(reg) CONFIG.0.as_ptr(), options(nostack, readonly));
     let out = f();

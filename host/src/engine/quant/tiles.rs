@@ -27,7 +27,7 @@ use super::amx::{self, K_TILE, N_TILE, TILE_VALUES};
 use super::k_kernels::{bf16_block, chunk_order};
 use super::lanes::transpose;
 use super::QuantMatrix;
-use crate::engine::team::{Shares, Team};
+use crate::engine::team::{split, split_mut, Shares, Team};
 
 /// Weight rows per work unit: two tiles of sixteen.
 const ROWS: usize = 2 * N_TILE;
@@ -60,7 +60,7 @@ impl QuantMatrix {
             self.tiles_fit() && x.len() == m * k && out.len() == m * n && m > 0,
             "tiles: shapes"
         );
-        let acts = act_tiles(x, m, k);
+        let acts = act_tiles(team, x, m, k);
         let units = n.div_ceil(ROWS);
         let shares = Shares::new(units, team.threads());
         let dst = Out(out.as_mut_ptr());
@@ -116,43 +116,54 @@ impl QuantMatrix {
 
 /// The activations as the tiles' right operand: `[m / 16][k / 32]` tiles, tile row `r` holding
 /// for each of sixteen rows the BF16 pair `2r`, `2r + 1` of the chunk in `chunk_order` (rows
-/// past `m` zero).
-fn act_tiles(x: &[f32], m: usize, k: usize) -> Aligned<u16, 32> {
-    let (groups, chunks) = (m.div_ceil(N_TILE), k / K_TILE);
-    let mut t = Aligned::<u16, 32>::zeroed(groups * chunks * TILE_VALUES);
+/// past `m` zero). Groups of sixteen rows split over the team.
+fn act_tiles(team: &Team, x: &[f32], m: usize, k: usize) -> Aligned<u16, 32> {
+    let (groups, per) = (m.div_ceil(N_TILE), k / K_TILE * TILE_VALUES);
+    let mut t = Aligned::<u16, 32>::zeroed(groups * per);
+    let parts = team.threads().min(groups);
+    let ranges: Vec<_> = (0..parts).map(|p| split(groups, 1, p, parts)).collect();
+    let dst = split_mut(t.as_mut_slice(), ranges.iter().map(|r| r.len() * per));
+    team.run(&|p, _| {
+        if let (Some(range), Some(dst)) = (ranges.get(p), dst.get(p)) {
+            let mut dst = dst.lock().unwrap_or_else(|e| e.into_inner());
+            for (g, dst) in range.clone().zip(dst.chunks_exact_mut(per)) {
+                group_tiles(x, m, k, g, dst);
+            }
+        }
+    });
+    t
+}
+
+/// Activation group `g`'s tiles (`act_tiles`) into `dst`.
+fn group_tiles(x: &[f32], m: usize, k: usize, g: usize, dst: &mut [u16]) {
     let order: [i32; 32] = std::array::from_fn(|q| chunk_order(q) as i32);
-    let dst = t.as_mut_slice();
-    for g in 0..groups {
-        for i in 0..chunks {
-            // SAFETY: plain AVX-512F/BF16 (this module's cfg); each row read is 32 values of
-            // row < m at chunk i < k / 32; the tile written is inside `dst`.
-            unsafe {
-                let (even, odd) = (
-                    _mm512_loadu_si512(order[..16].as_ptr().cast()),
-                    _mm512_loadu_si512(order[16..].as_ptr().cast()),
-                );
-                let rows: [__m512i; N_TILE] = std::array::from_fn(|j| {
-                    let r = g * N_TILE + j;
-                    if r >= m {
-                        return _mm512_setzero_si512();
-                    }
-                    let p = x.as_ptr().add(r * k + i * K_TILE);
-                    let (lo, hi) = (_mm512_loadu_ps(p), _mm512_loadu_ps(p.add(16)));
-                    let (e, o) = (
-                        _mm512_permutex2var_ps(lo, even, hi),
-                        _mm512_permutex2var_ps(lo, odd, hi),
-                    );
-                    std::mem::transmute::<__m512bh, __m512i>(_mm512_cvtne2ps_pbh(o, e))
-                });
-                let tile = transpose(rows);
-                let at = (g * chunks + i) * TILE_VALUES;
-                for (r, v) in tile.iter().enumerate() {
-                    _mm512_storeu_si512(dst.as_mut_ptr().add(at + 32 * r).cast(), *v);
+    assert_eq!(dst.len(), k / K_TILE * TILE_VALUES);
+    for (i, tile) in dst.chunks_exact_mut(TILE_VALUES).enumerate() {
+        // SAFETY: plain AVX-512F/BF16 (this module's cfg); each row read is 32 values of row
+        // < m at chunk i < k / 32; the tile written is `tile`, TILE_VALUES long.
+        unsafe {
+            let (even, odd) = (
+                _mm512_loadu_si512(order[..16].as_ptr().cast()),
+                _mm512_loadu_si512(order[16..].as_ptr().cast()),
+            );
+            let rows: [__m512i; N_TILE] = std::array::from_fn(|j| {
+                let r = g * N_TILE + j;
+                if r >= m {
+                    return _mm512_setzero_si512();
                 }
+                let p = x.as_ptr().add(r * k + i * K_TILE);
+                let (lo, hi) = (_mm512_loadu_ps(p), _mm512_loadu_ps(p.add(16)));
+                let (e, o) = (
+                    _mm512_permutex2var_ps(lo, even, hi),
+                    _mm512_permutex2var_ps(lo, odd, hi),
+                );
+                std::mem::transmute::<__m512bh, __m512i>(_mm512_cvtne2ps_pbh(o, e))
+            });
+            for (r, v) in transpose(rows).iter().enumerate() {
+                _mm512_storeu_si512(tile.as_mut_ptr().add(32 * r).cast(), *v);
             }
         }
     }
-    t
 }
 
 /// The unit's rows times every activation row, two tiles of sixteen activation rows at a

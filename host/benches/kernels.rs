@@ -285,11 +285,12 @@ fn prompt_rows(team: &Team, rng: &mut Rng, rounds: usize) {
                 .iter()
                 .map(|w| (vec![0.5f32; m * w.cols()], vec![0f32; m * w.rows()]))
                 .collect();
+            let prompt = vec![true; m];
             let runs = (0..rounds)
                 .map(|_| {
                     let t = Instant::now();
                     for (w, (x, out)) in layer.iter().zip(&mut bufs) {
-                        w.matmul_rows(team, x, &vec![true; m], rounding, out);
+                        w.matmul_rows(team, x, &prompt, rounding, out);
                     }
                     t.elapsed().as_secs_f64() * 1e3
                 })

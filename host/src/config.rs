@@ -264,7 +264,8 @@ pub struct EngineConfig {
 /// How prompt rows (prefill) meet k-quant weights on the CPU: `auto` takes BF16 AMX tiles
 /// where the CPU and OS offer them (2–4× the prefill speed; KL divergence from the f32
 /// reference below llama.cpp's on the same file) and 16-bit integers elsewhere; `int16` keeps
-/// 16-bit integer activations everywhere (greedy output as the dense-f32 reference's).
+/// 16-bit integer activations everywhere (greedy output as the dense-f32 reference's). The
+/// kernels take this enum as it is (`engine::quant::tiles`; `lanes`, `few`, `across`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum PromptPrecision {

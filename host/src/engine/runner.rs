@@ -10,7 +10,7 @@ use super::batch::BatchSeq;
 pub use super::batch::Pool;
 use super::model::Model;
 use super::paged_attention::KvCache;
-use super::quant::{ActivationBits, PromptPrecision};
+use super::quant::ActivationBits;
 use super::ModelError;
 
 // One runner per engine, built once and never moved on a hot path: variant sizes do not matter.
@@ -40,10 +40,7 @@ impl Runner {
                     8 => ActivationBits::Eight,
                     _ => ActivationBits::Sixteen,
                 });
-                model.set_prompt_precision(match e.prompt_precision {
-                    crate::config::PromptPrecision::Auto => PromptPrecision::Auto,
-                    crate::config::PromptPrecision::Int16 => PromptPrecision::Int16,
-                });
+                model.set_prompt_precision(e.prompt_precision);
                 let s = &model.shape;
                 let block_bytes =
                     KvCache::block_bytes(s.num_layers, e.block_size, s.num_kv_heads, s.head_dim);

@@ -248,6 +248,25 @@ impl Shares {
     }
 }
 
+/// An output whose elements the team's threads write apart (each its own disjoint set), with
+/// no per-thread copy to gather from.
+pub struct Scatter(*mut f32);
+
+// SAFETY: the threads sharing one write disjoint elements, and `Team::run` returns only when
+// all are done.
+unsafe impl Sync for Scatter {}
+
+impl Scatter {
+    pub fn new(out: &mut [f32]) -> Self {
+        Scatter(out.as_mut_ptr())
+    }
+
+    /// Element `i` (in bounds of the output: the caller's to ensure before writing).
+    pub fn at(&self, i: usize) -> *mut f32 {
+        self.0.wrapping_add(i)
+    }
+}
+
 /// Cuts `s` into consecutive pieces of the given lengths, each behind its own (uncontended)
 /// lock, so the parts of a job can each write their own piece.
 pub fn split_mut<T>(mut s: &mut [T], lens: impl Iterator<Item = usize>) -> Vec<Mutex<&mut [T]>> {

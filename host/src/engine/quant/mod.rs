@@ -88,6 +88,7 @@ use std::sync::Arc;
 
 use candle_core::quantized::{GgmlDType, QTensor};
 
+pub use crate::config::PromptPrecision;
 pub use blocks::{dequantize_block, Format};
 use k_kernels::KActs;
 
@@ -215,17 +216,6 @@ impl ActivationBits {
             ActivationBits::Eight => 127.0,
         }
     }
-}
-
-/// How prompt rows meet k-quant weights (`engine.prompt_precision`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum PromptPrecision {
-    /// BF16 on AMX tiles where the CPU has them (`tiles`), else `Int16`.
-    #[default]
-    Auto,
-    /// 16-bit integer activations (`lanes`, `few`, `across`): greedy output as the dense-f32
-    /// reference's.
-    Int16,
 }
 
 /// How a model's kernels round: the batch kernels' activations and the prompt rows'.

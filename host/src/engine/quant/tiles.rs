@@ -24,21 +24,13 @@ use std::arch::x86_64::*;
 
 use super::aligned::Aligned;
 use super::amx::{self, K_TILE, N_TILE, TILE_VALUES};
-use super::k_kernels::{bf16_block, chunk_order};
+use super::k_kernels::{bf16_block, chunk_order, QK};
 use super::lanes::transpose;
 use super::QuantMatrix;
-use crate::engine::team::{split, split_mut, Shares, Team};
+use crate::engine::team::{split, split_mut, Scatter, Shares, Team};
 
 /// Weight rows per work unit: two tiles of sixteen.
 const ROWS: usize = 2 * N_TILE;
-/// Elements per k-quant super-block.
-const QK: usize = 256;
-
-/// A pointer to the output that threads write disjoint columns of.
-struct Out(*mut f32);
-// SAFETY: each weight unit's outputs (columns of `out`) are written only by the thread that
-// took the unit.
-unsafe impl Sync for Out {}
 
 thread_local! {
     /// This thread's dequantized unit: `[ROWS][k]` BF16.
@@ -63,7 +55,9 @@ impl QuantMatrix {
         let acts = act_tiles(team, x, m, k);
         let units = n.div_ceil(ROWS);
         let shares = Shares::new(units, team.threads());
-        let dst = Out(out.as_mut_ptr());
+        // Each weight unit's outputs (columns of `out`) are written only by the thread that
+        // took the unit.
+        let dst = Scatter::new(out);
         team.run(&|p, _| {
             let dst = &dst;
             UNIT.with_borrow_mut(|unit| {
@@ -79,7 +73,7 @@ impl QuantMatrix {
                             self.dequantize_unit(r0, nr, unit);
                             // SAFETY: `acts` holds m rows' tiles, `unit` ROWS rows of k;
                             // columns r0..r0 + nr of `out` are this unit's.
-                            unit_times_acts(unit, k, &acts, m, (dst.0, n), (r0, nr));
+                            unit_times_acts(unit, k, &acts, m, (dst.at(0), n), (r0, nr));
                         }
                     })
                 }

@@ -22,7 +22,7 @@ use super::super::{Format, QuantMatrix, Segment, TILE};
 use super::avx512::prep;
 use super::lanes::segment_pairs;
 use super::{KActs, Q4K, Q5K, Q6K, QK, SUMS};
-use crate::engine::team::{Shares, Team};
+use crate::engine::team::{Scatter, Shares, Team};
 
 /// Most prompt rows taken here: four vectors of sixteen. At 64 rows the multiplies run at
 /// about 80% of peak, as the lanes kernel's do; passes of 64 rows over longer prompts were
@@ -133,7 +133,7 @@ pub(in super::super) fn pass_with(
     assert_eq!(out.len(), m * n, "output shape");
     let tiles = n.div_ceil(TILE);
     let shares = Shares::new(tiles, team.threads());
-    let out = Scatter(out.as_mut_ptr());
+    let out = Scatter::new(out);
     team.run(&|p, _| {
         let mut d = vec![0f32; TILE * m];
         while let Some(t) = shares.next(p) {
@@ -151,20 +151,6 @@ pub(in super::super) fn pass_with(
             }
         }
     });
-}
-
-/// An output whose elements the team's threads write apart (`pass`: each its tiles' rows of
-/// every activation row), with no transposed copy to gather from.
-struct Scatter(*mut f32);
-
-// SAFETY: the threads sharing one write disjoint elements, and `team.run` returns only when
-// all are done.
-unsafe impl Sync for Scatter {}
-
-impl Scatter {
-    fn at(&self, i: usize) -> *mut f32 {
-        self.0.wrapping_add(i)
-    }
 }
 
 /// Weight rows `r0..r0 + nr` of `s` (format `F`) times the rows of `x`, into

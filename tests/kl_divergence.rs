@@ -25,19 +25,26 @@ fn peer() -> Option<PathBuf> {
     Some(Path::new(&server).parent().unwrap().to_path_buf())
 }
 
-/// Debian's FAQ as plain text, downloaded once into the test's temporary folder.
+/// Debian's FAQ as plain text, downloaded once into the test's temporary folder. The tests of
+/// this file run in parallel: one lock lets a single test fetch it, and the package is unpacked
+/// in a folder of this process's own before the text is renamed into place, so a concurrent
+/// run never sees (or unpacks over) a half-written tree.
 fn faq_text() -> PathBuf {
+    static FETCH: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _once = FETCH.lock().unwrap_or_else(|e| e.into_inner());
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("kl-faq");
     let text = dir.join("debian-faq.en.txt");
     if text.exists() {
         return text;
     }
-    std::fs::create_dir_all(&dir).unwrap();
+    let work = dir.join(format!("fetch-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&work);
+    std::fs::create_dir_all(&work).unwrap();
     let run = |cmd: &mut Command| assert!(cmd.status().unwrap().success(), "{cmd:?} failed");
     run(Command::new("apt-get")
         .args(["download", "debian-faq"])
-        .current_dir(&dir));
-    let deb = std::fs::read_dir(&dir)
+        .current_dir(&work));
+    let deb = std::fs::read_dir(&work)
         .unwrap()
         .map(|e| e.unwrap().path())
         .find(|p| p.extension().is_some_and(|e| e == "deb"))
@@ -45,11 +52,14 @@ fn faq_text() -> PathBuf {
     run(Command::new("dpkg-deb")
         .arg("-x")
         .arg(&deb)
-        .arg(dir.join("pkg")));
-    let gz = dir.join("pkg/usr/share/doc/debian/FAQ/debian-faq.en.txt.gz");
+        .arg(work.join("pkg")));
+    let gz = work.join("pkg/usr/share/doc/debian/FAQ/debian-faq.en.txt.gz");
     let out = Command::new("gunzip").arg("-c").arg(gz).output().unwrap();
     assert!(out.status.success());
-    std::fs::write(&text, out.stdout).unwrap();
+    let part = work.join("debian-faq.en.txt");
+    std::fs::write(&part, out.stdout).unwrap();
+    std::fs::rename(&part, &text).unwrap();
+    let _ = std::fs::remove_dir_all(&work);
     text
 }
 

@@ -1,7 +1,9 @@
 //! Prompt rows on AMX tiles (`engine.prompt_precision = "auto"` on CPUs with AMX-BF16): each
 //! 32-row weight unit is dequantized to BF16 once per call and meets every prompt row of the
 //! call in `tdpbf16ps` (8,192 multiply-adds an instruction, where the 16-bit integer kernels'
-//! `vpdpwssd` does 32).
+//! `vpdpwssd` does 32). Every format takes them: the k-quants unpack through the batch
+//! kernels' `prep` (`k_kernels::bf16_block`), the 32-element formats through `q32`, both into
+//! the same order within each 32-value chunk.
 //!
 //! The weights are the tile unit's left operand, sixteen weight rows to a tile, so a tile row
 //! is 32 of one weight row's values as dequantized: no weight is transposed. The activations
@@ -24,10 +26,12 @@ use std::arch::x86_64::*;
 
 use super::aligned::Aligned;
 use super::amx::{self, K_TILE, N_TILE, TILE_VALUES};
-use super::k_kernels::{bf16_block, chunk_order, QK};
+use super::k_kernels::{bf16_block, chunk_order};
 use super::lanes::transpose;
 use super::QuantMatrix;
 use crate::engine::team::{split, split_mut, Scatter, Shares, Team};
+
+mod q32;
 
 /// Weight rows per work unit: two tiles of sixteen.
 const ROWS: usize = 2 * N_TILE;
@@ -38,11 +42,10 @@ thread_local! {
 }
 
 impl QuantMatrix {
-    /// Whether `tiles` can take this matrix: AMX-BF16 granted, every segment a k-quant.
+    /// Whether `tiles` can take this matrix: AMX-BF16 granted (every format unpacks to BF16,
+    /// and every row is whole 32-value chunks).
     pub(super) fn tiles_fit(&self) -> bool {
-        self.cols.is_multiple_of(QK)
-            && self.segments.iter().all(|s| s.format.is_k())
-            && amx::available()
+        self.cols.is_multiple_of(K_TILE) && amx::available()
     }
 
     /// `out[m, rows] = x[m, cols] · selfᵀ` on AMX tiles (`tiles_fit` must hold).
@@ -93,14 +96,20 @@ impl QuantMatrix {
                 &s.bytes()[(r0 + l - s.row0) * s.row_bytes()..],
             );
             let dst = &mut unit[l * k..(l + 1) * k];
-            assert!(row.len() >= k / QK * bb, "a whole row");
-            for (b, dst) in dst.chunks_exact_mut(QK).enumerate() {
-                // SAFETY: super-block b < k / 256 lies in `row` (asserted); AVX-512 BF16 is
-                // this module's cfg; `dst` is 256 values.
+            let be = s.format.block_elems();
+            assert!(row.len() >= k / be * bb, "a whole row");
+            for (b, dst) in dst.chunks_exact_mut(be).enumerate() {
+                // SAFETY: block b < k / be lies in `row` (asserted); AVX-512 BW and BF16 are
+                // this module's cfg; `dst` is one block's values, 32 per vector stored.
                 unsafe {
-                    let v = bf16_block(s.format, row.as_ptr().add(b * bb));
-                    for (c, v) in v.iter().enumerate() {
-                        _mm512_storeu_si512(dst.as_mut_ptr().add(32 * c).cast(), *v);
+                    let at = row.as_ptr().add(b * bb);
+                    if s.format.is_k() {
+                        let v = bf16_block(s.format, at);
+                        for (c, v) in v.iter().enumerate() {
+                            _mm512_storeu_si512(dst.as_mut_ptr().add(32 * c).cast(), *v);
+                        }
+                    } else {
+                        _mm512_storeu_si512(dst.as_mut_ptr().cast(), q32::block(s.format, at));
                     }
                 }
             }
@@ -267,104 +276,4 @@ unsafe fn block(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::super::tests::{quantize, reference, weights};
-    use super::super::{amx, ActivationBits, PromptPrecision, QuantMatrix, Rounding};
-    use crate::engine::team::Team;
-    use candle_core::quantized::GgmlDType;
-
-    /// Against an f64 product of the dequantized weights, within what rounding both operands
-    /// to BF16 allows; and a row's bits the same in a step of any size, alone, beside
-    /// generated rows, and in a stack of all three k-quants whose units straddle the
-    /// segments (81 rows: two whole units and a partial one).
-    #[test]
-    fn tiles_are_bf16_products_and_batch_invariant() {
-        if !amx::available() {
-            eprintln!("SKIPPED: this CPU or OS gives no AMX-BF16 tiles");
-            return;
-        }
-        let team = Team::new(2);
-        let k = 512;
-        let mut deq = Vec::new();
-        let mut parts = Vec::new();
-        for (i, (dtype, n)) in [
-            (GgmlDType::Q4K, 40),
-            (GgmlDType::Q6K, 17),
-            (GgmlDType::Q5K, 24),
-        ]
-        .into_iter()
-        .enumerate()
-        {
-            let (q, d) = quantize(&weights(n, k, 20 + i), n, k, dtype);
-            deq.extend(d);
-            parts.push(QuantMatrix::from_qtensor(&q).unwrap());
-        }
-        let s = QuantMatrix::stack(parts).unwrap();
-        let (n, m) = (s.rows(), 37);
-        assert!(s.tiles_fit());
-        // Magnitudes over four decades, as activations with outliers have.
-        let x: Vec<f32> = (0..m * k)
-            .map(|i| ((i * 13 % 31) as f32 - 15.0) * 10f32.powi((i % 5) as i32 - 2))
-            .collect();
-        let tiles = Rounding {
-            decode: ActivationBits::Sixteen,
-            prompt: PromptPrecision::Auto,
-        };
-        let run = |rows: std::ops::Range<usize>, prompt: &[bool]| {
-            let mut out = vec![0f32; rows.len() * n];
-            s.matmul_rows(
-                &team,
-                &x[rows.start * k..rows.end * k],
-                prompt,
-                tiles,
-                &mut out,
-            );
-            out
-        };
-        let all = run(0..m, &[true; 37]);
-        let want = reference(&x, &deq, m, n, k);
-        let (mut err2, mut mass2) = (0f64, 0f64);
-        for (i, (&g, &w)) in all.iter().zip(&want).enumerate() {
-            let (row, col) = (i / n, i % n);
-            let mass: f64 = (0..k)
-                .map(|c| (x[row * k + c] as f64 * deq[col * k + c] as f64).abs())
-                .sum();
-            // Each product of two BF16 roundings is within 2⁻⁸ of itself.
-            assert!(
-                (g as f64 - w).abs() <= mass / 128.0 + 1e-6,
-                "#{i}: {g} vs {w}"
-            );
-            (err2, mass2) = (err2 + (g as f64 - w).powi(2), mass2 + mass * mass);
-        }
-        // Rounding errors of opposite signs mostly cancel: far inside the bound on the whole.
-        let typical = (err2 / mass2).sqrt();
-        assert!(typical < 1e-3, "rms error / rms mass {typical}");
-        for rows in [1, 2, 15, 16, 17, 32, 33] {
-            assert_eq!(
-                run(0..rows, &vec![true; rows]),
-                all[..rows * n],
-                "{rows} rows"
-            );
-        }
-        assert_eq!(run(20..21, &[true]), all[20 * n..21 * n], "row 20 alone");
-        let mixed = run(19..23, &[false, true, false, true]);
-        assert_eq!(
-            mixed[n..2 * n],
-            all[20 * n..21 * n],
-            "row 20 beside generated rows"
-        );
-        assert_eq!(
-            mixed[3 * n..],
-            all[22 * n..23 * n],
-            "row 22 beside generated rows"
-        );
-        // A NaN spoils its own row only.
-        let mut bad = x[..3 * k].to_vec();
-        bad[k + 7] = f32::NAN;
-        let mut out = vec![0f32; 3 * n];
-        s.matmul_rows(&team, &bad, &[true; 3], tiles, &mut out);
-        assert!(out[n..2 * n].iter().all(|v| v.is_nan()));
-        assert_eq!(out[..n], all[..n]);
-        assert_eq!(out[2 * n..], all[2 * n..3 * n]);
-    }
-}
+mod tests;

@@ -257,11 +257,11 @@ pub struct EngineConfig {
     /// 8 (llama.cpp's Q8_K: faster decode, greedy output parts from the f32 reference's at
     /// closer calls). Prompt rows take `prompt_precision`.
     pub decode_activation_bits: u8,
-    /// How prompt rows meet k-quant weights on the CPU.
+    /// How prompt rows meet quantized weights on the CPU.
     pub prompt_precision: PromptPrecision,
 }
 
-/// How prompt rows (prefill) meet k-quant weights on the CPU: `auto` takes BF16 AMX tiles
+/// How prompt rows (prefill) meet quantized weights on the CPU: `auto` takes BF16 AMX tiles
 /// where the CPU and OS offer them (2–4× the prefill speed; KL divergence from the f32
 /// reference below llama.cpp's on the same file) and 16-bit integers elsewhere; `int16` keeps
 /// 16-bit integer activations everywhere (greedy output as the dense-f32 reference's). The

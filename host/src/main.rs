@@ -137,7 +137,7 @@ struct EngineArgs {
     /// greedy output as the f32 reference's) or 8 (faster decode, as llama.cpp).
     #[arg(long)]
     decode_activation_bits: Option<u8>,
-    /// How the CPU prompt kernels (prefill) meet k-quant weights: auto (BF16 AMX tiles where
+    /// How the CPU prompt kernels (prefill) meet quantized weights: auto (BF16 AMX tiles where
     /// the CPU has them, else 16-bit integers) or int16 (greedy output as the f32 reference's).
     #[arg(long, value_enum)]
     prompt_precision: Option<gateway::config::PromptPrecision>,

@@ -182,6 +182,7 @@ fn main() {
         ("Q8_0", Format::Q8_0),
         ("Q5_0", Format::Q5_0),
         ("Q4_0", Format::Q4_0),
+        ("Q4_1", Format::Q4_1),
     ];
     for (name, format) in formats.into_iter().filter(|(name, _)| wanted(name)) {
         let small = [matrix(format, L2_BYTES, &mut rng)];

@@ -75,6 +75,12 @@ mod k_kernels;
 mod lanes;
 #[cfg(all(target_arch = "x86_64", target_feature = "avx512bw"))]
 mod prompt;
+#[cfg(all(
+    target_arch = "x86_64",
+    target_feature = "avx512bw",
+    target_feature = "avx512vl"
+))]
+mod q32_batch;
 mod rounding;
 #[cfg(all(
     target_arch = "x86_64",
@@ -361,6 +367,12 @@ impl QuantMatrix {
                 .then(|| KActs::new(team, x, m, k, bits)),
             #[cfg(all(target_arch = "x86_64", target_feature = "avx512bw"))]
             q32: None,
+            #[cfg(all(
+                target_arch = "x86_64",
+                target_feature = "avx512bw",
+                target_feature = "avx512vl"
+            ))]
+            q16: self.batch_acts16(team, x, m),
         };
         if m == 1 {
             self.pass(team, x, &acts, 1, out);
@@ -512,6 +524,17 @@ impl QuantMatrix {
                 lanes::q32::tile(s, (r0, nr), a, (i0, g), d, span);
                 continue;
             }
+            #[cfg(all(
+                target_arch = "x86_64",
+                target_feature = "avx512bw",
+                target_feature = "avx512vl"
+            ))]
+            if let (false, Some(a)) = (matches!(walk, Walk::Prompt(_)), &acts.q16) {
+                if q32_batch::takes(s.format) {
+                    q32_batch::tile(s, (r0, nr), a, (i0, g), d, walk == Walk::Stream);
+                    continue;
+                }
+            }
             f32_kernels::tile(s, r0, nr, x, g, d, walk == Walk::Stream);
         }
     }
@@ -524,6 +547,14 @@ struct Acts {
     /// Rounded for the 32-element formats' prompt kernel, in a prompt pass over such rows.
     #[cfg(all(target_arch = "x86_64", target_feature = "avx512bw"))]
     q32: Option<lanes::q32::Acts32>,
+    /// Rounded for the batch kernel of Q4_0 / Q5_0 rows (`q32_batch`), in a
+    /// pass of generated rows over such rows.
+    #[cfg(all(
+        target_arch = "x86_64",
+        target_feature = "avx512bw",
+        target_feature = "avx512vl"
+    ))]
+    q16: Option<q32_batch::Acts16>,
 }
 
 /// Writes a prefill span's results (tile after tile, group after group, each `[tile

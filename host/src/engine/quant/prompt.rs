@@ -79,6 +79,8 @@ impl QuantMatrix {
                 .iter()
                 .any(|f| !f.is_k())
                 .then(|| lanes::q32::Acts32::new(team, x, m, k)),
+            #[cfg(target_feature = "avx512vl")]
+            q16: None,
         };
         self.prefill(team, x, &acts, m, out, true);
     }

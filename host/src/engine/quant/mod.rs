@@ -5,7 +5,9 @@
 //! small models that rounding is enough to flip greedy choices whose logits are close. Here:
 //! - 32-element formats (`f32_kernels`): weights are dequantized a block at a time into
 //!   registers and multiplied against unrounded f32 activations (~1e-6 of a float reference).
-//!   Prompt rows on AVX-512 round them to 16 bits per 32 elements instead (`lanes::q32`).
+//!   Prompt rows on AVX-512 round them to 16 bits per 32 elements instead (`lanes::q32`), or
+//!   take BF16 AMX tiles (`tiles`); generated rows of Q4_0 and Q5_0 on AVX-512 meet 16-bit
+//!   activations per 256 elements in integer multiply-adds (`q32_batch`).
 //! - k-quants (`k_kernels`): activations are rounded to 16-bit integers per 256 elements
 //!   (error ≤ 1/65534 of the block's largest value, 256× finer than llama.cpp's 8 bits), and
 //!   each 32-weight sub-block meets them in one integer multiply-add (`vpdpwssd`), with the
@@ -200,7 +202,8 @@ impl Segment {
 
 /// How finely the batch kernels (decode, drafts, small batches) round activations before they
 /// meet k-quant weights (Q4_K, Q5_K, Q6_K). Prompt rows in the prompt kernels always take 16
-/// bits, and the other formats' batch kernels take floats.
+/// bits; Q4_0 and Q5_0 batch rows on AVX-512 take 16 bits whatever this says, the other
+/// formats' batch kernels floats.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum ActivationBits {
     /// 16-bit integers per 256-element block: greedy output equals the dense-f32 reference's

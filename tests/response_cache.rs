@@ -416,6 +416,20 @@ fn replicas_share_hits_through_redis() {
     let q = chat("Name a planet.");
     let miss = send(&a, "a", "/v1/chat/completions", &q, &[]);
     assert_eq!(miss.cache, "miss");
+    // A replica writes to Redis on a task after its answer has gone out, so the entry lands a
+    // moment later: wait until b sees it there (asking b sooner would miss and store b's own).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let (_, held) = admin(&b, "GET", "/admin/cache?tenant=a", vec![]);
+        if held["data"][0]["entries"].as_u64() == Some(1) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "a's answer never reached Redis: {held}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
     let hit = send(&b, "a", "/v1/chat/completions", &q, &[]);
     assert_eq!(hit.cache, "hit", "stored by a, served by b");
     assert_eq!(miss.body, hit.body);

@@ -532,11 +532,9 @@ impl QuantMatrix {
                 target_feature = "avx512bw",
                 target_feature = "avx512vl"
             ))]
-            if let (false, Some(a)) = (matches!(walk, Walk::Prompt(_)), &acts.q16) {
-                if q32_batch::takes(s.format) {
-                    q32_batch::tile(s, (r0, nr), a, (i0, g), d, walk == Walk::Stream);
-                    continue;
-                }
+            if let (true, Some(a)) = (q32_batch::takes(s.format), &acts.q16) {
+                q32_batch::tile(s, (r0, nr), a, (i0, g), d, walk == Walk::Stream);
+                continue;
             }
             f32_kernels::tile(s, r0, nr, x, g, d, walk == Walk::Stream);
         }
@@ -550,8 +548,8 @@ struct Acts {
     /// Rounded for the 32-element formats' prompt kernel, in a prompt pass over such rows.
     #[cfg(all(target_arch = "x86_64", target_feature = "avx512bw"))]
     q32: Option<lanes::q32::Acts32>,
-    /// Rounded for the batch kernel of Q4_0 / Q5_0 rows (`q32_batch`), in a
-    /// pass of generated rows over such rows.
+    /// Rounded for the batch kernel of Q4_0 / Q5_0 rows (`q32_batch`), in a pass of generated
+    /// rows over such rows (never in a prompt pass).
     #[cfg(all(
         target_arch = "x86_64",
         target_feature = "avx512bw",

@@ -143,7 +143,9 @@ pub(super) fn tile(
 
 /// Weight rows `r0..r0 + nr` times activation rows `i0..i0 + G`, into `dst[row * G + j]`,
 /// R weight rows at a time.
-#[allow(clippy::type_complexity)]
+// Index loops over the R × G accumulators: the iterator form clippy prefers decoded 3% slower
+// (a Qwen2.5 Q5_0/Q8_0 mix, 14.5–15.0 against 15.1–15.5 tok/s, alternating runs).
+#[allow(clippy::type_complexity, clippy::needless_range_loop)]
 fn rows<const F: u8, const R: usize, const G: usize, const P: bool>(
     (w, r0, nr, a, i0, dst): (&Segment, usize, usize, &Acts16, usize, &mut [f32]),
 ) {
@@ -164,25 +166,26 @@ fn rows<const F: u8, const R: usize, const G: usize, const P: bool>(
                 let mut part = [[_mm512_setzero_ps(); G]; R];
                 for pair in grp * PAIRS..pairs.min((grp + 1) * PAIRS) {
                     let both = 2 * pair + 1 < nb;
-                    for (&row, part) in rp.iter().zip(part.iter_mut()) {
-                        let b = row.add(2 * pair * bb);
+                    for q in 0..R {
+                        let b = rp[q].add(2 * pair * bb);
                         if P {
                             _mm_prefetch::<_MM_HINT_T0>(b.wrapping_add(pf).cast());
                         }
                         let (lo, hi, d) = unpack::<F>(b, bb, both);
-                        for (j, p) in part.iter_mut().enumerate() {
+                        for j in 0..G {
                             let x = a.q.as_slice()[((i0 + j) * pairs + pair) * PAIR..].as_ptr();
                             let x_lo = _mm512_loadu_si512(x.cast());
                             let x_hi = _mm512_loadu_si512(x.add(BLOCK).cast());
                             let sum = dot_acc(dot_acc(_mm512_setzero_si512(), lo, x_lo), hi, x_hi);
+                            let p = &mut part[q][j];
                             *p = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), d, *p);
                         }
                     }
                 }
-                for (acc, part) in acc.iter_mut().zip(&part) {
-                    for (j, (acc, part)) in acc.iter_mut().zip(part).enumerate() {
+                for q in 0..R {
+                    for j in 0..G {
                         let s = _mm512_set1_ps(a.scale[(i0 + j) * groups + grp]);
-                        *acc = _mm512_fmadd_ps(*part, s, *acc);
+                        acc[q][j] = _mm512_fmadd_ps(part[q][j], s, acc[q][j]);
                     }
                 }
             }

@@ -139,34 +139,39 @@ fn act_tiles(team: &Team, x: &[f32], m: usize, k: usize) -> Aligned<u16, 32> {
 
 /// Activation group `g`'s tiles (`act_tiles`) into `dst`.
 fn group_tiles(x: &[f32], m: usize, k: usize, g: usize, dst: &mut [u16]) {
-    let order: [i32; 32] = std::array::from_fn(|q| chunk_order(q) as i32);
     assert_eq!(dst.len(), k / K_TILE * TILE_VALUES);
     for (i, tile) in dst.chunks_exact_mut(TILE_VALUES).enumerate() {
         // SAFETY: plain AVX-512F/BF16 (this module's cfg); each row read is 32 values of row
         // < m at chunk i < k / 32; the tile written is `tile`, TILE_VALUES long.
         unsafe {
-            let (even, odd) = (
-                _mm512_loadu_si512(order[..16].as_ptr().cast()),
-                _mm512_loadu_si512(order[16..].as_ptr().cast()),
-            );
             let rows: [__m512i; N_TILE] = std::array::from_fn(|j| {
                 let r = g * N_TILE + j;
                 if r >= m {
                     return _mm512_setzero_si512();
                 }
                 let p = x.as_ptr().add(r * k + i * K_TILE);
-                let (lo, hi) = (_mm512_loadu_ps(p), _mm512_loadu_ps(p.add(16)));
-                let (e, o) = (
-                    _mm512_permutex2var_ps(lo, even, hi),
-                    _mm512_permutex2var_ps(lo, odd, hi),
-                );
-                std::mem::transmute::<__m512bh, __m512i>(_mm512_cvtne2ps_pbh(o, e))
+                chunk_bf16(_mm512_loadu_ps(p), _mm512_loadu_ps(p.add(16)))
             });
             for (r, v) in transpose(rows).iter().enumerate() {
                 _mm512_storeu_si512(tile.as_mut_ptr().add(32 * r).cast(), *v);
             }
         }
     }
+}
+
+/// A 32-value chunk in element order (`lo` 0..16, `hi` 16..32) as BF16 in `chunk_order`: the
+/// activations' tiles and the 32-element formats' weights alike.
+///
+/// # Safety
+/// AVX-512 BF16 must be present (this module's cfg).
+#[inline(always)]
+unsafe fn chunk_bf16(lo: __m512, hi: __m512) -> __m512i {
+    let order: [i32; 32] = std::array::from_fn(|q| chunk_order(q) as i32);
+    let (even, odd) = (
+        _mm512_permutex2var_ps(lo, _mm512_loadu_si512(order[..16].as_ptr().cast()), hi),
+        _mm512_permutex2var_ps(lo, _mm512_loadu_si512(order[16..].as_ptr().cast()), hi),
+    );
+    std::mem::transmute::<__m512bh, __m512i>(_mm512_cvtne2ps_pbh(odd, even))
 }
 
 /// The unit's rows times every activation row, two tiles of sixteen activation rows at a

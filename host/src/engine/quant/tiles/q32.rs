@@ -8,7 +8,6 @@
 
 use std::arch::x86_64::*;
 
-use super::super::k_kernels::chunk_order;
 use super::super::Format;
 
 /// The block of `format` at `b` as 32 BF16 values, value `q` being element `chunk_order(q)`.
@@ -45,12 +44,7 @@ pub(super) unsafe fn block(format: Format, b: *const u8) -> __m512i {
         d,
         m,
     );
-    let order: [i32; 32] = std::array::from_fn(|q| chunk_order(q) as i32);
-    let (even, odd) = (
-        _mm512_permutex2var_ps(lo, _mm512_loadu_si512(order[..16].as_ptr().cast()), hi),
-        _mm512_permutex2var_ps(lo, _mm512_loadu_si512(order[16..].as_ptr().cast()), hi),
-    );
-    std::mem::transmute::<__m512bh, __m512i>(_mm512_cvtne2ps_pbh(odd, even))
+    super::chunk_bf16(lo, hi)
 }
 
 /// Sixteen bytes of nibbles as 32 values in element order: the low nibbles are elements

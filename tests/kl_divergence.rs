@@ -92,17 +92,61 @@ fn figure(log: &str, label: &str) -> f64 {
     value.unwrap().trim_end_matches('%').parse().unwrap()
 }
 
+/// Bytes free in the file system holding `dir` (`df`, as the tests carry no libc binding).
+fn free_bytes(dir: &Path) -> u64 {
+    let out = Command::new("df")
+        .args(["-B1", "--output=avail"])
+        .arg(dir)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.lines()
+        .nth(1)
+        .and_then(|l| l.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// The F32 GGUF and llama.cpp's reference are large (Gemma 3's: 1.07 GB each, 2,040 full
+/// distributions over 262,144 tokens) and live only for one check. They go to RAM-backed
+/// `/dev/shm` when it has room: CI's disk has been seen nearly full, and a reference cut short
+/// by a full disk is what once failed this test.
+fn scratch(file: &str) -> PathBuf {
+    let shm = Path::new("/dev/shm");
+    let dir = if free_bytes(shm) > 4 << 30 {
+        shm.join(format!("gateway-kl-{}", std::process::id()))
+    } else {
+        Path::new(env!("CARGO_TARGET_TMPDIR")).join("kl")
+    };
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join(file)
+}
+
+/// Removes a check's files however it ends (a panic included), so RAM is not left holding them.
+struct Remove(Vec<PathBuf>);
+
+impl Drop for Remove {
+    fn drop(&mut self) {
+        for path in &self.0 {
+            let _ = std::fs::remove_file(path);
+        }
+        if let Some(dir) = self.0.first().and_then(|p| p.parent()) {
+            let _ = std::fs::remove_dir(dir); // only once empty: the other model's check may follow
+        }
+    }
+}
+
 fn check(file: &str) {
     let Some(peer) = peer() else { return };
+    // One model at a time: the peak of files is one model's, and two llama.cpp runs of two
+    // threads each on two cores would only take turns.
+    static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one = ONE.lock().unwrap_or_else(|e| e.into_inner());
     let model = format!("{}/../models/{file}", env!("CARGO_MANIFEST_DIR"));
     assert!(Path::new(&model).exists(), "{model} is missing");
     let text = faq_text();
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("kl");
-    std::fs::create_dir_all(&dir).unwrap();
-    let (f32, base) = (
-        dir.join(format!("{file}.f32.gguf")),
-        dir.join(format!("{file}.base")),
-    );
+    let at = scratch(file);
+    let (f32, base) = (at.with_extension("f32.gguf"), at.with_extension("base"));
+    let _remove = Remove(vec![f32.clone(), base.clone()]);
     let (f32s, bases) = (f32.to_str().unwrap(), base.to_str().unwrap());
     llama(
         &peer.join("llama-quantize"),
@@ -116,6 +160,11 @@ fn check(file: &str) {
     let log = llama(
         &peer.join("llama-perplexity"),
         &[&["-m", &model, "--kl-divergence"][..], &common].concat(),
+    );
+    assert!(
+        !log.contains("failed reading"),
+        "llama.cpp's reference {} is cut short (a full disk?):\n{log}",
+        base.display()
     );
     let (llama_kl, llama_top) = (
         figure(&log, "Mean    KLD"),

@@ -217,6 +217,20 @@ impl LlamaBase {
         }
         let word = |i: usize| u32::from_le_bytes(head[8 + 4 * i..12 + 4 * i].try_into().unwrap());
         let (ctx, vocab, chunks) = (word(0) as usize, word(1) as usize, word(2) as usize);
+        // llama-perplexity does not check its writes: a disk that fills while it writes leaves
+        // a short file and exit status 0, which must not pass for a shorter reference. Checked
+        // before anything is allocated by the header's word.
+        let rows = ctx.saturating_sub(1 + ctx / 2) as u128 * Self::row_len(vocab) as u128;
+        let want = 20 + (ctx * chunks) as u128 * 4 + chunks as u128 * rows * 2;
+        let have = file.get_ref().metadata()?.len() as u128;
+        if ctx < 2 || have != want {
+            bail!(
+                "{} holds {have} bytes where its header ({chunks} chunks of {ctx} tokens over a \
+                 vocabulary of {vocab}) needs {want}: truncated (was the disk full when it was \
+                 written?)",
+                path.display()
+            );
+        }
         let mut raw = vec![0u8; ctx * chunks * 4];
         file.read_exact(&mut raw)?;
         let tokens = raw
@@ -232,12 +246,12 @@ impl LlamaBase {
     }
 
     /// u16 per row: 4 for the two floats, the vocabulary rounded up to even.
-    fn row_len(&self) -> usize {
-        2 * self.vocab.div_ceil(2) + 4
+    fn row_len(vocab: usize) -> usize {
+        2 * vocab.div_ceil(2) + 4
     }
 
     fn next_chunk(&mut self) -> anyhow::Result<Vec<u16>> {
-        let n = (self.ctx - 1 - self.ctx / 2) * self.row_len();
+        let n = (self.ctx - 1 - self.ctx / 2) * Self::row_len(self.vocab);
         let mut raw = vec![0u8; 2 * n];
         self.file.read_exact(&mut raw)?;
         Ok(raw
@@ -320,7 +334,7 @@ pub fn run(o: &KlOptions) -> anyhow::Result<Report> {
         }
         let next = &tokens[c * ctx + ctx / 2 + 1..(c + 1) * ctx];
         let llama = base.as_mut().map(LlamaBase::next_chunk).transpose()?;
-        let row_len = base.as_ref().map_or(0, LlamaBase::row_len);
+        let row_len = base.as_ref().map_or(0, |b| LlamaBase::row_len(b.vocab));
         let llama_row = |r: usize| {
             llama.as_ref().map(|q| {
                 let row = &q[r * row_len..(r + 1) * row_len];
@@ -409,5 +423,37 @@ pub fn print(r: &Report) {
         if let Some(f) = &s.vs_llama_f32 {
             row(&name, "llama.cpp f32", f);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::LlamaBase;
+
+    /// A reference cut short (as a full disk leaves it) or lying in its header is refused before
+    /// any chunk is read; a whole one opens.
+    #[test]
+    fn a_short_or_lying_reference_is_refused() {
+        let path = std::env::temp_dir().join(format!("kl-base-{}", std::process::id()));
+        let (ctx, vocab, chunks) = (8u32, 3u32, 2u32);
+        let mut bytes = b"_logits_".to_vec();
+        for w in [ctx, vocab, chunks] {
+            bytes.extend(w.to_le_bytes());
+        }
+        bytes.extend(vec![0u8; (ctx * chunks * 4) as usize]);
+        // rows 4..=6 of each chunk, 2·⌈3/2⌉ + 4 = 8 u16 each
+        bytes.extend(vec![0u8; (chunks * 3 * 8 * 2) as usize]);
+        std::fs::write(&path, &bytes).unwrap();
+        let base = LlamaBase::open(&path).unwrap();
+        assert_eq!(base.tokens.len(), 16);
+
+        std::fs::write(&path, &bytes[..bytes.len() - 2]).unwrap();
+        let err = LlamaBase::open(&path).err().unwrap().to_string();
+        assert!(err.contains("truncated"), "{err}");
+
+        bytes[16..20].copy_from_slice(&u32::MAX.to_le_bytes()); // chunks
+        std::fs::write(&path, &bytes).unwrap();
+        assert!(LlamaBase::open(&path).is_err());
+        std::fs::remove_file(&path).unwrap();
     }
 }

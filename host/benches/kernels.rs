@@ -7,7 +7,8 @@
 //! says whether the arithmetic or the memory holds it back.
 //!
 //! `cargo bench --bench kernels [-- ROUNDS] [PART...]` (default 9 rounds, medians; every part
-//! unless some are named: a format (`Q4_K`, `Q6_K`, …), `calls`, `prompt`, `step`). Weights are
+//! unless some are named: a format (`Q4_K`, `Q6_K`, …), `calls`, `prompt`, `step`, which also
+//! times SmolLM2's step for batches of generated rows). Weights are
 //! random blocks with small, finite scales: the kernels' speed does not depend on the values.
 
 use std::time::Instant;
@@ -225,6 +226,44 @@ fn main() {
     }
     step.push(shaped(Format::Q8_0, 49_152, 576, &mut rng));
     step_rows("SmolLM2-135M", &all, &step, rounds);
+    batch_rows("SmolLM2-135M", &all, &step, rounds);
+}
+
+/// A model-shaped step's matrices for 1–8 generated rows at once (continuous batching's decode
+/// step): what one weight pass for the whole batch costs against one row's.
+fn batch_rows(name: &str, team: &Team, step: &[QuantMatrix], rounds: usize) {
+    println!("\n{name}-shaped step, generated rows (16-bit), batch of m:");
+    println!("| m | ms per step | ms per row | rows/s against m = 1 |");
+    println!("|---:|---:|---:|---:|");
+    let mut one = 0.0;
+    for m in [1, 2, 4, 6, 8] {
+        let widest = step.iter().map(QuantMatrix::cols).max().unwrap_or(0);
+        let x: Vec<f32> = (0..m * widest)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 50.0)
+            .collect();
+        let most = step.iter().map(QuantMatrix::rows).max().unwrap_or(0);
+        let mut out = vec![0f32; m * most];
+        let prompt = vec![false; m];
+        let runs = (0..rounds)
+            .map(|_| {
+                let t = Instant::now();
+                for w in step {
+                    let (x, out) = (&x[..m * w.cols()], &mut out[..m * w.rows()]);
+                    w.matmul_rows(team, x, &prompt, ActivationBits::Sixteen, out);
+                }
+                t.elapsed().as_secs_f64() * 1e3
+            })
+            .collect();
+        let ms = median(runs);
+        if m == 1 {
+            one = ms;
+        }
+        println!(
+            "| {m} | {ms:.2} | {:.2} | {:.2}x |",
+            ms / m as f64,
+            one * m as f64 / ms
+        );
+    }
 }
 
 /// A model-shaped step's matrices for one generated row (16- and 8-bit activations) and for

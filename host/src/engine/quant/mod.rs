@@ -6,8 +6,9 @@
 //! - 32-element formats (`f32_kernels`): weights are dequantized a block at a time into
 //!   registers and multiplied against unrounded f32 activations (~1e-6 of a float reference).
 //!   Prompt rows on AVX-512 round them to 16 bits per 32 elements instead (`lanes::q32`), or
-//!   take BF16 AMX tiles (`tiles`); generated rows of Q4_0 and Q5_0 on AVX-512 meet 16-bit
-//!   activations per 256 elements in integer multiply-adds (`q32_batch`).
+//!   take BF16 AMX tiles (`tiles`); generated rows of Q4_0, Q5_0 and Q4_1 on AVX-512 meet
+//!   16-bit activations per 256 elements in integer multiply-adds (`q32_batch`, and
+//!   `q4_1_batch` with weight rows across the lanes).
 //! - k-quants (`k_kernels`): activations are rounded to 16-bit integers per 256 elements
 //!   (error ≤ 1/65534 of the block's largest value, 256× finer than llama.cpp's 8 bits), and
 //!   each 32-weight sub-block meets them in one integer multiply-add (`vpdpwssd`), with the
@@ -83,6 +84,12 @@ mod prompt;
     target_feature = "avx512vl"
 ))]
 mod q32_batch;
+#[cfg(all(
+    target_arch = "x86_64",
+    target_feature = "avx512bw",
+    target_feature = "avx512vl"
+))]
+mod q4_1_batch;
 mod rounding;
 #[cfg(all(
     target_arch = "x86_64",
@@ -534,6 +541,15 @@ impl QuantMatrix {
             ))]
             if let (true, Some(a)) = (q32_batch::takes(s.format), &acts.q16) {
                 q32_batch::tile(s, (r0, nr), a, (i0, g), d, walk == Walk::Stream);
+                continue;
+            }
+            #[cfg(all(
+                target_arch = "x86_64",
+                target_feature = "avx512bw",
+                target_feature = "avx512vl"
+            ))]
+            if let (Format::Q4_1, Some(a)) = (s.format, &acts.q16) {
+                q4_1_batch::tile(s, (r0, nr), a, (i0, g), d, walk == Walk::Stream);
                 continue;
             }
             f32_kernels::tile(s, r0, nr, x, g, d, walk == Walk::Stream);

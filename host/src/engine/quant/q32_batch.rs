@@ -11,10 +11,11 @@
 //! multiplies its sums once. Each row's steps do not depend on how many rows share the pass, so
 //! a row's bits are the same in any batch.
 //!
-//! Q4_1 and Q5_1 stay on the f32 kernel: their mins cost each activation row one more
-//! multiply-add per pair, and at eight rows a step the integer path took 30% longer than the
-//! f32 one (SmolLM2, concurrency 8: weight products 16.7 against 12.8–14.2 ms a step), for 6%
-//! more single-stream decode.
+//! Q4_1 does not come here: its mins cost each activation row one more multiply-add per pair,
+//! and at eight rows a step this path took 30% longer than the f32 kernel (SmolLM2,
+//! concurrency 8: weight products 16.7 against 12.8–14.2 ms a step). It takes `q4_1_batch`,
+//! weight rows across the lanes, on these activations (with their block sums); Q5_1 stays on
+//! the f32 kernel.
 
 use std::arch::x86_64::*;
 
@@ -25,9 +26,9 @@ use super::{ActivationBits, Format, Segment, TILE};
 use crate::engine::team::{split, split_mut, Team};
 
 /// Elements per block, per pair of blocks, and per activation scale.
-const BLOCK: usize = 32;
-const PAIR: usize = 2 * BLOCK;
-const GROUP: usize = 256;
+pub(super) const BLOCK: usize = 32;
+pub(super) const PAIR: usize = 2 * BLOCK;
+pub(super) const GROUP: usize = 256;
 /// Pairs per activation scale.
 const PAIRS: usize = GROUP / PAIR;
 /// How far ahead weights are prefetched, as in `k_kernels`.
@@ -41,13 +42,16 @@ pub(super) fn takes(format: Format) -> bool {
 /// Activation rows rounded for this kernel, once per matmul.
 pub(super) struct Acts16 {
     /// Pairs of blocks per row (the last may hold one block).
-    pairs: usize,
+    pub(super) pairs: usize,
     /// `[m][pairs][64]`: per pair `[A 0..16, B 0..16, A 16..32, B 16..32]` (a missing B zero),
     /// the order the weights unpack in.
-    q: Aligned<i16, 32>,
+    pub(super) q: Aligned<i16, 32>,
     /// `[m][groups]`: each 256-element group's scale (`x ≈ q · scale`; the last group may be
     /// shorter).
-    scale: Vec<f32>,
+    pub(super) scale: Vec<f32>,
+    /// `[m][blocks]`: each block's sum of its rounded activations (exact: |sum| < 2²⁴) times
+    /// its group's scale, which the mins of Q4_1 (`q4_1_batch`) multiply.
+    pub(super) scaled_sums: Vec<f32>,
 }
 
 impl Acts16 {
@@ -64,10 +68,14 @@ impl Acts16 {
             ranges.iter().map(|r| r.len() * pairs * PAIR),
         );
         let ss = split_mut(&mut scale, ranges.iter().map(|r| r.len() * groups));
+        let blocks = k / BLOCK;
+        let mut sums = vec![0f32; m * blocks];
+        let bs = split_mut(&mut sums, ranges.iter().map(|r| r.len() * blocks));
         let job = |p: usize, _: usize| {
             let Some(range) = ranges.get(p) else { return };
             let mut q = qs[p].lock().unwrap_or_else(|e| e.into_inner());
             let mut s = ss[p].lock().unwrap_or_else(|e| e.into_inner());
+            let mut b = bs[p].lock().unwrap_or_else(|e| e.into_inner());
             let mut row = vec![0i16; k];
             for (i, r) in range.clone().enumerate() {
                 let xr = &x[r * k..(r + 1) * k];
@@ -78,6 +86,10 @@ impl Acts16 {
                         &mut row[at..at + xg.len()],
                         ActivationBits::Sixteen.max(),
                     );
+                }
+                for (at, block) in row.chunks_exact(BLOCK).enumerate() {
+                    let sum = block.iter().map(|&v| i32::from(v)).sum::<i32>() as f32;
+                    b[i * blocks + at] = sum * s[i * groups + at * BLOCK / GROUP];
                 }
                 let dst = &mut q[i * pairs * PAIR..(i + 1) * pairs * PAIR];
                 for (e, &v) in row.iter().enumerate() {
@@ -92,7 +104,12 @@ impl Acts16 {
         } else {
             job(0, 1);
         }
-        Self { pairs, q, scale }
+        Self {
+            pairs,
+            q,
+            scale,
+            scaled_sums: sums,
+        }
     }
 }
 
@@ -257,7 +274,7 @@ impl super::QuantMatrix {
     pub(super) fn batch_acts16(&self, team: &Team, x: &[f32], m: usize) -> Option<Acts16> {
         self.segments
             .iter()
-            .any(|s| takes(s.format))
+            .any(|s| takes(s.format) || s.format == Format::Q4_1)
             .then(|| Acts16::new(team, x, m, self.cols))
     }
 }
@@ -275,7 +292,7 @@ mod tests {
     #[test]
     fn odd_blocks_and_short_groups_round_per_group_and_batch_invariantly() {
         let team = Team::new(2);
-        for dtype in [GgmlDType::Q4_0, GgmlDType::Q5_0] {
+        for dtype in [GgmlDType::Q4_0, GgmlDType::Q5_0, GgmlDType::Q4_1] {
             for k in [32, 96, 352, 1632] {
                 let n = 37;
                 let (q, deq) = quantize(&weights(n, k, 7), n, k, dtype);

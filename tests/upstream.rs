@@ -314,10 +314,18 @@ fn a_saturated_local_model_sends_new_requests_down_its_fallback_chain() {
     let (st, _, model, body) = chat(&front, &ask("local", "Hello.", 2));
     assert_eq!((st, model.as_str()), (200, "local"), "{body}");
     // One sequence runs at a time: three long streams leave two waiting, past the threshold.
+    // The first must be running before the others come: while it still waits, the third
+    // would find two waiting already and rightly go to the fallback (seen on a loaded machine).
     let mut long = ask("local", "Tell a very long story.", 300);
     long["stream"] = json!(true);
     long["ignore_eos"] = json!(true);
-    let streams: Vec<_> = (0..3).map(|_| open_stream(&front, &long).1).collect();
+    let mut streams = vec![open_stream(&front, &long).1];
+    front.wait_until(
+        "vllm:num_requests_running{model_name=\"local\"}",
+        |v| v >= 1.0,
+        ">= 1",
+    );
+    streams.extend((0..2).map(|_| open_stream(&front, &long).1));
     front.wait_until(
         "vllm:num_requests_waiting{model_name=\"local\"}",
         |v| v >= 2.0,

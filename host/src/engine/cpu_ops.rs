@@ -17,14 +17,6 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     acc.iter().sum::<f32>() + tail
 }
 
-/// `out += w * x`.
-#[inline]
-pub fn axpy(out: &mut [f32], w: f32, x: &[f32]) {
-    for (o, v) in out.iter_mut().zip(x) {
-        *o = v.mul_add(w, *o);
-    }
-}
-
 /// `e^x` from arithmetic and bit operations only, so loops over it vectorise (libm's `expf`
 /// is a call per element). Range reduction to `r ∈ [-ln2/2, ln2/2]`, a degree-6 polynomial,
 /// then scaling by `2^n` through the exponent bits: relative error below 2e-7.

@@ -12,7 +12,7 @@
 use half::f16;
 use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
 
-use super::cpu_ops::{axpy, dot, softmax};
+use super::cpu_ops::{dot, softmax};
 use super::team::{split_by_cost, split_mut, Team};
 
 mod blocked;
@@ -169,7 +169,7 @@ impl KvCache {
         q: &[f32],
         scale: f32,
         out: &mut [f32],
-        scores: &mut Vec<f32>,
+        scratch: &mut blocked::Scratch,
     ) {
         let (d, bs) = (self.head_dim, self.block_size);
         let group = q.len() / d;
@@ -181,6 +181,7 @@ impl KvCache {
             .flat_map(|&b| (0..bs).map(move |o| (b as usize * bs + o) * row + kv_head * d))
             .skip(span.start % bs)
             .take(ctx);
+        let (scores, rows) = scratch.alone();
         scores.clear();
         scores.resize(group * ctx, 0.0);
         // One cached row at a time, widened to f32 once and used by every head of the group.
@@ -195,12 +196,7 @@ impl KvCache {
             softmax(&mut scores[g * ctx..(g + 1) * ctx]);
         }
         out.fill(0.0);
-        for (j, base) in offsets.enumerate() {
-            vc[base..base + d].convert_to_f32_slice(&mut row_f32);
-            for g in 0..group {
-                axpy(&mut out[g * d..(g + 1) * d], scores[g * ctx + j], &row_f32);
-            }
-        }
+        blocked::values_alone(vc, offsets, d, scores, out, rows);
     }
 }
 
@@ -277,7 +273,7 @@ impl Call<'_> {
             &self.q[at..at + group * d],
             self.scale,
             &mut o[at - first * group * d..][..group * d],
-            scratch.scores(),
+            scratch,
         );
     }
 

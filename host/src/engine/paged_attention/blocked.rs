@@ -37,8 +37,55 @@ pub(super) struct Scratch {
 }
 
 impl Scratch {
-    pub(super) fn scores(&mut self) -> &mut Vec<f32> {
-        &mut self.alone
+    /// A lone row's scores and the buffer its value rows are widened into.
+    pub(super) fn alone(&mut self) -> (&mut Vec<f32>, &mut Vec<f32>) {
+        (&mut self.alone, &mut self.rows)
+    }
+}
+
+/// A lone row's (decode's) weighted values: `out[g] += Σ_p scores[g][p] · v_p` over the cached
+/// rows at `offsets` (`scores`: `[group][positions]`), as `weighted_values` does for a block:
+/// value rows widened a chunk at a time, each output element a chain of multiply-adds in
+/// position order, kept in registers across the chunk (one multiply-add per position and
+/// head, where adding each position's row to the outputs in memory loaded and stored every
+/// output each time).
+pub(super) fn values_alone(
+    vc: &[f16],
+    offsets: impl Iterator<Item = usize>,
+    d: usize,
+    scores: &[f32],
+    out: &mut [f32],
+    rows: &mut Vec<f32>,
+) {
+    let group = out.len() / d;
+    let ctx = scores.len() / group.max(1);
+    rows.resize(CHUNK * d, 0.0);
+    let mut offsets = offsets.peekable();
+    let mut c0 = 0;
+    while offsets.peek().is_some() {
+        let mut n = 0;
+        for at in offsets.by_ref().take(CHUNK) {
+            vc[at..at + d].convert_to_f32_slice(&mut rows[n * d..][..d]);
+            n += 1;
+        }
+        let chunk = &rows[..n * d];
+        let mut g = 0;
+        while g < group {
+            let h = match group - g {
+                1 => 1,
+                2 | 3 => 2,
+                _ => 4,
+            };
+            let heads = &mut out[g * d..(g + h) * d];
+            let w = |p: usize, k: usize| scores[(g + k) * ctx + c0 + p];
+            match h {
+                1 => heads_pass::<1>(heads, chunk, d, w),
+                2 => heads_pass::<2>(heads, chunk, d, w),
+                _ => heads_pass::<4>(heads, chunk, d, w),
+            }
+            g += h;
+        }
+        c0 += n;
     }
 }
 

@@ -368,13 +368,14 @@ mod tests {
     }
 
     /// A row attends alike in a prefill block and alone (as decode computes it), with and
-    /// without a sliding window, with a group that fills a block's lanes, and with one too
-    /// large to block at all.
+    /// without a sliding window, with SmolLM2's group of three, a group that fills a block's
+    /// lanes, and one too large to block at all.
     #[test]
     fn a_row_attends_alike_alone_and_in_a_block() {
         let mut rng = rand::rngs::StdRng::seed_from_u64(5);
         let shapes = [
             (12, 2, 128, None),
+            (9, 3, 64, None),
             (4, 1, 64, Some(5)),
             (8, 1, 32, None),
             (20, 1, 32, None),

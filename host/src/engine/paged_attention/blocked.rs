@@ -57,8 +57,7 @@ pub(super) fn values_alone(
     out: &mut [f32],
     rows: &mut Vec<f32>,
 ) {
-    let group = out.len() / d;
-    let ctx = scores.len() / group.max(1);
+    let ctx = scores.len() / (out.len() / d).max(1);
     rows.resize(CHUNK * d, 0.0);
     let mut offsets = offsets.peekable();
     let mut c0 = 0;
@@ -68,23 +67,7 @@ pub(super) fn values_alone(
             vc[at..at + d].convert_to_f32_slice(&mut rows[n * d..][..d]);
             n += 1;
         }
-        let chunk = &rows[..n * d];
-        let mut g = 0;
-        while g < group {
-            let h = match group - g {
-                1 => 1,
-                2 | 3 => 2,
-                _ => 4,
-            };
-            let heads = &mut out[g * d..(g + h) * d];
-            let w = |p: usize, k: usize| scores[(g + k) * ctx + c0 + p];
-            match h {
-                1 => heads_pass::<1>(heads, chunk, d, w),
-                2 => heads_pass::<2>(heads, chunk, d, w),
-                _ => heads_pass::<4>(heads, chunk, d, w),
-            }
-            g += h;
-        }
+        group_passes(out, &rows[..n * d], d, |p, k| scores[k * ctx + c0 + p]);
         c0 += n;
     }
 }
@@ -198,8 +181,6 @@ impl Block<'_> {
                 let at = (self.offset)(p);
                 self.vc[at..at + d].convert_to_f32_slice(&mut sc.rows[(p - c0) * d..][..d]);
             }
-            // A row's heads share its span: they go together, up to four, so each widened
-            // value row is loaded once for them and their sums make independent chains.
             for (r, o) in out.iter_mut().enumerate() {
                 let span = &spans[r * group];
                 // This chunk's positions of the row, relative to the union.
@@ -211,24 +192,34 @@ impl Block<'_> {
                     continue;
                 }
                 let rows = &sc.rows[(lo + union.start - c0) * d..(hi + union.start - c0) * d];
-                let mut g = 0;
-                while g < group {
-                    let h = match group - g {
-                        1 => 1,
-                        2 | 3 => 2,
-                        _ => 4,
-                    };
-                    let heads = &mut o[g * d..(g + h) * d];
-                    let w = |p: usize, k: usize| sc.s[(lo + p) * LANES + r * group + g + k];
-                    match h {
-                        1 => heads_pass::<1>(heads, rows, d, w),
-                        2 => heads_pass::<2>(heads, rows, d, w),
-                        _ => heads_pass::<4>(heads, rows, d, w),
-                    }
-                    g += h;
-                }
+                let w = |p: usize, k: usize| sc.s[(lo + p) * LANES + r * group + k];
+                group_passes(&mut o[..group * d], rows, d, w);
             }
         }
+    }
+}
+
+/// `heads_pass` over every head of `out` (`[heads][d]`, weight `w(p, head)`): a row's heads
+/// share its positions, so they go together, up to four, and each widened value row is
+/// loaded once for them while their sums make independent chains.
+#[inline(always)]
+fn group_passes(out: &mut [f32], rows: &[f32], d: usize, w: impl Fn(usize, usize) -> f32 + Copy) {
+    let group = out.len() / d;
+    let mut g = 0;
+    while g < group {
+        let h = match group - g {
+            1 => 1,
+            2 | 3 => 2,
+            _ => 4,
+        };
+        let heads = &mut out[g * d..(g + h) * d];
+        let w = move |p: usize, k: usize| w(p, g + k);
+        match h {
+            1 => heads_pass::<1>(heads, rows, d, w),
+            2 => heads_pass::<2>(heads, rows, d, w),
+            _ => heads_pass::<4>(heads, rows, d, w),
+        }
+        g += h;
     }
 }
 

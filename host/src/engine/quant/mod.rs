@@ -209,7 +209,7 @@ impl Segment {
 
 /// How finely the batch kernels (decode, drafts, small batches) round activations before they
 /// meet k-quant weights (Q4_K, Q5_K, Q6_K). Prompt rows in the prompt kernels always take 16
-/// bits; Q4_0 and Q5_0 batch rows on AVX-512 take 16 bits whatever this says, the other
+/// bits; Q4_0, Q5_0 and Q4_1 batch rows on AVX-512 take 16 bits whatever this says, the other
 /// formats' batch kernels floats.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum ActivationBits {
@@ -564,8 +564,8 @@ struct Acts {
     /// Rounded for the 32-element formats' prompt kernel, in a prompt pass over such rows.
     #[cfg(all(target_arch = "x86_64", target_feature = "avx512bw"))]
     q32: Option<lanes::q32::Acts32>,
-    /// Rounded for the batch kernel of Q4_0 / Q5_0 rows (`q32_batch`), in a pass of generated
-    /// rows over such rows (never in a prompt pass).
+    /// Rounded for the batch kernels of Q4_0 / Q5_0 rows (`q32_batch`) and Q4_1 rows
+    /// (`q4_1_batch`), in a pass of generated rows over such rows (never in a prompt pass).
     #[cfg(all(
         target_arch = "x86_64",
         target_feature = "avx512bw",

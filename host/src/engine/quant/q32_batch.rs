@@ -55,6 +55,27 @@ pub(super) struct Acts16 {
 }
 
 impl Acts16 {
+    /// The bounds a batch kernel on these activations relies on: weight rows `r0..r0 + nr`
+    /// (at most a tile) of `s`, activation rows `i0..i0 + g`, `dst` for `[nr][g]` results.
+    pub(super) fn check(
+        &self,
+        s: &Segment,
+        (r0, nr): (usize, usize),
+        (i0, g): (usize, usize),
+        dst: &[f32],
+    ) {
+        debug_assert!(nr <= TILE);
+        assert!(
+            s.cols.div_ceil(PAIR) == self.pairs
+                && self.q.as_slice().len() >= (i0 + g) * self.pairs * PAIR
+                && self.scaled_sums.len() >= (i0 + g) * (s.cols / BLOCK)
+                && s.bytes().len() >= (r0 + nr) * s.row_bytes()
+                && dst.len() >= nr * g,
+            "{:?} batch rows: shapes",
+            s.format
+        );
+    }
+
     /// Rounds the `m` rows of `x` (`[m][k]`, `k` a multiple of 32), rows split across the team.
     pub(super) fn new(team: &Team, x: &[f32], m: usize, k: usize) -> Self {
         assert!(k.is_multiple_of(BLOCK) && x.len() == m * k);
@@ -137,14 +158,7 @@ pub(super) fn tile(
     dst: &mut [f32],
     prefetch: bool,
 ) {
-    debug_assert!(nr <= TILE);
-    assert!(
-        s.cols.div_ceil(PAIR) == a.pairs
-            && a.q.as_slice().len() >= (i0 + g) * a.pairs * PAIR
-            && s.bytes().len() >= (r0 + nr) * s.row_bytes()
-            && dst.len() >= nr * g,
-        "q32 batch: shapes"
-    );
+    a.check(s, (r0, nr), (i0, g), dst);
     let args = (s, r0, nr, a, i0, dst);
     macro_rules! by_batch {
         ($f:expr) => {

@@ -25,7 +25,7 @@ use std::arch::x86_64::*;
 #[cfg(not(target_feature = "avx512vnni"))]
 use super::lanes::dot_acc;
 use super::q32_batch::{Acts16, BLOCK, GROUP, PAIR};
-use super::{Segment, TILE};
+use super::Segment;
 
 /// Weight rows per vector.
 const LANES: usize = 16;
@@ -45,15 +45,10 @@ pub(super) fn tile(
     dst: &mut [f32],
     prefetch: bool,
 ) {
-    debug_assert!(nr <= TILE);
+    a.check(s, (r0, nr), (i0, g), dst);
+    // The gathers' offsets are i32: sixteen rows' bytes must fit one.
     assert!(
-        s.format.block_bytes() == BLOCK_BYTES
-            && s.cols.div_ceil(PAIR) == a.pairs
-            && a.q.as_slice().len() >= (i0 + g) * a.pairs * PAIR
-            && a.scaled_sums.len() >= (i0 + g) * (s.cols / BLOCK)
-            && s.bytes().len() >= (r0 + nr) * s.row_bytes()
-            && dst.len() >= nr * g
-            && (LANES - 1) * s.row_bytes() + s.row_bytes() <= i32::MAX as usize,
+        s.format.block_bytes() == BLOCK_BYTES && LANES * s.row_bytes() <= i32::MAX as usize,
         "q4_1 batch: shapes"
     );
     let args = (s, r0, nr, a, (i0, g), dst);

@@ -1,7 +1,7 @@
 //! Our quantized kernels against a float reference on the real models: the same GGUF loaded
 //! twice, once with the float-faithful kernels (k-quants × 16-bit activations, prompt rows
-//! too: `prompt_precision = "int16"`; Q4_1/Q5_0/Q8_0 × f32 activations, or 16-bit ones for
-//! prompt rows on AVX-512) and once with every projection dequantized to dense f32 and
+//! too: `prompt_precision = "int16"`; the 32-element formats × 16-bit activations on AVX-512,
+//! Q5_1's generated rows × f32 ones) and once with every projection dequantized to dense f32 and
 //! multiplied by candle's f32 matmul. (The default prompt kernels, BF16 tiles where the CPU
 //! has AMX, are held to llama.cpp's KL divergence instead: `tests/kl_divergence.rs`.)
 //! Greedy continuations must be equal, except where the float reference itself has two

@@ -6,8 +6,8 @@
 //! - 32-element formats (`f32_kernels`): weights are dequantized a block at a time into
 //!   registers and multiplied against unrounded f32 activations (~1e-6 of a float reference).
 //!   Prompt rows on AVX-512 round them to 16 bits per 32 elements instead (`lanes::q32`), or
-//!   take BF16 AMX tiles (`tiles`); generated rows of Q4_0, Q5_0 and Q4_1 on AVX-512 meet
-//!   16-bit activations per 256 elements in integer multiply-adds (`q32_batch`, and
+//!   take BF16 AMX tiles (`tiles`); generated rows of Q4_0, Q5_0, Q8_0 and Q4_1 on AVX-512
+//!   meet 16-bit activations per 256 elements in integer multiply-adds (`q32_batch`, and
 //!   `q4_1_batch` with weight rows across the lanes).
 //! - k-quants (`k_kernels`): activations are rounded to 16-bit integers per 256 elements
 //!   (error ≤ 1/65534 of the block's largest value, 256× finer than llama.cpp's 8 bits), and
@@ -209,8 +209,8 @@ impl Segment {
 
 /// How finely the batch kernels (decode, drafts, small batches) round activations before they
 /// meet k-quant weights (Q4_K, Q5_K, Q6_K). Prompt rows in the prompt kernels always take 16
-/// bits; Q4_0, Q5_0 and Q4_1 batch rows on AVX-512 take 16 bits whatever this says, the other
-/// formats' batch kernels floats.
+/// bits; Q4_0, Q5_0, Q8_0 and Q4_1 batch rows on AVX-512 take 16 bits whatever this says, Q5_1
+/// (and every 32-element format without AVX-512) floats.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum ActivationBits {
     /// 16-bit integers per 256-element block: greedy output equals the dense-f32 reference's
@@ -564,7 +564,7 @@ struct Acts {
     /// Rounded for the 32-element formats' prompt kernel, in a prompt pass over such rows.
     #[cfg(all(target_arch = "x86_64", target_feature = "avx512bw"))]
     q32: Option<lanes::q32::Acts32>,
-    /// Rounded for the batch kernels of Q4_0 / Q5_0 rows (`q32_batch`) and Q4_1 rows
+    /// Rounded for the batch kernels of Q4_0 / Q5_0 / Q8_0 rows (`q32_batch`) and Q4_1 rows
     /// (`q4_1_batch`), in a pass of generated rows over such rows (never in a prompt pass).
     #[cfg(all(
         target_arch = "x86_64",

@@ -1,15 +1,23 @@
-//! Generated rows (decode, drafts, small batches) of Q4_0 and Q5_0 against 16-bit activations,
-//! on AVX-512: the integer path the k-quants' batch kernels take.
+//! Generated rows (decode, drafts, small batches) of Q4_0, Q5_0 and Q8_0 against 16-bit
+//! activations, on AVX-512: the integer path the k-quants' batch kernels take.
 //!
 //! The f32 kernel (`f32_kernels`) turned every weight into a float and spent two multiply-adds
 //! per activation row on each block: it read 42–50% of the streaming rate in decode where the
 //! k-quants read 65–99%. Here the activations are rounded to 16-bit integers per 256 elements
 //! (the k-quants' rounding: error ≤ 1/65534 of the group's largest value) and two blocks meet
-//! them at a time: their nibbles unpack to one vector of 16-bit weights per half (`vpdpwssd`
+//! them at a time: their quants unpack to one vector of 16-bit weights per half (`vpdpwssd`
 //! pairs), lanes 0–7 holding block A's sums and 8–15 block B's, so one conversion and one
 //! multiply-add by `[d_A ×8 | d_B ×8]` scale both blocks; the group's activation scale
 //! multiplies its sums once. Each row's steps do not depend on how many rows share the pass, so
 //! a row's bits are the same in any batch.
+//!
+//! Q8_0 (the output matrix of SmolLM2 and Gemma 3, layers of mixed files) comes here with its
+//! bytes widened (`unpack_bytes`). Gemma 3 at concurrency 4 spent 13.0–13.3 ms a step on its
+//! 262k-row output matrix against 17.8–18.2 on the f32 kernel (168–174 against 140–143 tok/s),
+//! SmolLM2's one-row vocabulary product 0.77 against 1.03 ms; at eight rows it is level with
+//! the f32 kernel (per pair and row two `vpdpwssd`, a conversion and a multiply-add, where
+//! floats take four multiply-adds). Weight rows across the lanes (`q4_1_batch`) would share the
+//! float step, but their gathers read a 262k-row matrix too slowly for one row.
 //!
 //! Q4_1 does not come here: its mins cost each activation row one more multiply-add per pair,
 //! and at eight rows a step this path took 30% longer than the f32 kernel (SmolLM2,
@@ -36,7 +44,7 @@ const PREFETCH: usize = 8192;
 
 /// Whether this path takes `format`.
 pub(super) fn takes(format: Format) -> bool {
-    matches!(format, Format::Q4_0 | Format::Q5_0)
+    matches!(format, Format::Q4_0 | Format::Q5_0 | Format::Q8_0)
 }
 
 /// Activation rows rounded for this kernel, once per matmul.
@@ -137,6 +145,7 @@ impl Acts16 {
 /// The format parameter of `rows` (a const generic, so each format gets its own loop).
 const Q4_0: u8 = 0;
 const Q5_0: u8 = 1;
+const Q8_0: u8 = 2;
 
 /// Weight rows walked together for `g` activation rows: each (row, activation row) keeps two
 /// accumulators, so R·g ≤ 16.
@@ -168,6 +177,7 @@ pub(super) fn tile(
     match s.format {
         Format::Q4_0 => by_batch!(Q4_0),
         Format::Q5_0 => by_batch!(Q5_0),
+        Format::Q8_0 => by_batch!(Q8_0),
         other => unreachable!("{other:?} is not taken here"),
     }
 }
@@ -202,7 +212,11 @@ fn rows<const F: u8, const R: usize, const G: usize, const P: bool>(
                         if P {
                             _mm_prefetch::<_MM_HINT_T0>(b.wrapping_add(pf).cast());
                         }
-                        let (lo, hi, d) = unpack::<F>(b, bb, both);
+                        let (lo, hi, d) = if F == Q8_0 {
+                            unpack_bytes(b, bb, both)
+                        } else {
+                            unpack::<F>(b, bb, both)
+                        };
                         for j in 0..G {
                             let x = a.q.as_slice()[((i0 + j) * pairs + pair) * PAIR..].as_ptr();
                             let x_lo = _mm512_loadu_si512(x.cast());
@@ -283,6 +297,24 @@ unsafe fn unpack<const F: u8>(b: *const u8, bb: usize, both: bool) -> (__m512i, 
     )
 }
 
+/// `unpack` for a pair of Q8_0 blocks (68 bytes, past one masked load): each block's 32
+/// signed bytes in one 256-bit load, their halves interleaved by lane permutes and widened.
+#[inline(always)]
+unsafe fn unpack_bytes(b: *const u8, bb: usize, both: bool) -> (__m512i, __m512i, __m512) {
+    let scale = |p: *const u8| _mm_set1_epi16(p.cast::<i16>().read_unaligned());
+    let qa = _mm256_loadu_si256(b.add(2).cast());
+    let (qb, db) = match both {
+        true => (_mm256_loadu_si256(b.add(bb + 2).cast()), scale(b.add(bb))),
+        false => (_mm256_setzero_si256(), _mm_setzero_si128()),
+    };
+    let d = _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(scale(b)), db);
+    (
+        _mm512_cvtepi8_epi16(_mm256_permute2x128_si256::<0x20>(qa, qb)),
+        _mm512_cvtepi8_epi16(_mm256_permute2x128_si256::<0x31>(qa, qb)),
+        _mm512_cvtph_ps(d),
+    )
+}
+
 impl super::QuantMatrix {
     /// This kernel's activations for a pass of generated rows, when a segment takes it.
     pub(super) fn batch_acts16(&self, team: &Team, x: &[f32], m: usize) -> Option<Acts16> {
@@ -306,7 +338,12 @@ mod tests {
     #[test]
     fn odd_blocks_and_short_groups_round_per_group_and_batch_invariantly() {
         let team = Team::new(2);
-        for dtype in [GgmlDType::Q4_0, GgmlDType::Q5_0, GgmlDType::Q4_1] {
+        for dtype in [
+            GgmlDType::Q4_0,
+            GgmlDType::Q5_0,
+            GgmlDType::Q8_0,
+            GgmlDType::Q4_1,
+        ] {
             for k in [32, 96, 352, 1632] {
                 let n = 37;
                 let (q, deq) = quantize(&weights(n, k, 7), n, k, dtype);

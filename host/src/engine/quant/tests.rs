@@ -101,16 +101,18 @@ fn matmul_matches_the_dequantized_float_reference_for_every_format_and_batch() {
                 let mut out = vec![0f32; m * n];
                 qm.matmul_rows(&team, &x, &vec![prompt; m], bits, &mut out);
                 // The prompt kernels round every format to 16 bits; the batch kernels round
-                // k-quants to `bits`, Q4_0, Q5_0 and Q4_1 to 16 bits on AVX-512 (`q32_batch`,
+                // k-quants to `bits`, Q4_0, Q5_0, Q8_0 and Q4_1 to 16 bits on AVX-512 (`q32_batch`,
                 // `q4_1_batch`), and give the others floats.
                 let prompt_kernel =
                     prompt && cfg!(all(target_arch = "x86_64", target_feature = "avx512bw"));
-                let q16 = matches!(dtype, GgmlDType::Q4_0 | GgmlDType::Q5_0 | GgmlDType::Q4_1)
-                    && cfg!(all(
-                        target_arch = "x86_64",
-                        target_feature = "avx512bw",
-                        target_feature = "avx512vl"
-                    ));
+                let q16 = matches!(
+                    dtype,
+                    GgmlDType::Q4_0 | GgmlDType::Q5_0 | GgmlDType::Q8_0 | GgmlDType::Q4_1
+                ) && cfg!(all(
+                    target_arch = "x86_64",
+                    target_feature = "avx512bw",
+                    target_feature = "avx512vl"
+                ));
                 let rounded = match (prompt_kernel, is_k, bits) {
                     (true, _, _) | (false, true, Sixteen) => Some(32767.0),
                     (false, true, Eight) => Some(127.0),

@@ -33,14 +33,13 @@ pub fn exp(x: f32) -> f32 {
     p * f32::from_bits(((n as i32 + 127) as u32) << 23)
 }
 
-/// In-place softmax.
+/// In-place softmax. The exponentials go in a loop of their own, which vectorises; the sum
+/// (in order, as the lanes of `paged_attention::blocked` add theirs) would keep a loop that
+/// also sums scalar.
 pub fn softmax(xs: &mut [f32]) {
     let max = xs.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let mut sum = 0.0;
-    for x in xs.iter_mut() {
-        *x = exp(*x - max);
-        sum += *x;
-    }
+    xs.iter_mut().for_each(|x| *x = exp(*x - max));
+    let sum: f32 = xs.iter().fold(0.0, |s, &x| s + x);
     let inv = 1.0 / sum;
     xs.iter_mut().for_each(|x| *x *= inv);
 }

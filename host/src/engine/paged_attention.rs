@@ -1,9 +1,11 @@
 //! The paged KV cache and the CPU attention that reads it through block tables.
 //!
-//! Layout, per layer, for K and for V: `[num_blocks][block_size][num_kv_heads][head_dim]` f16.
+//! Layout, per layer, for K and for V: `[num_blocks][num_kv_heads][block_size][head_dim]` f16.
 //! f16 halves the bytes attention streams per context token (decode attention is bound by
 //! reading the cache) and doubles the tokens a memory budget holds; values are computed and
-//! accumulated in f32.
+//! accumulated in f32. Attention reads one KV head's rows at a time, so each head's rows of a
+//! block are contiguous: with the heads of a position side by side instead, a head's rows were
+//! 128 of every 384 bytes (SmolLM2) and the hardware prefetchers fetched the lines between.
 //! A token's slot is `block * block_size + offset`; a sequence's block table maps its logical
 //! block `pos / block_size` to a physical block, so sequences grow one block at a time, share
 //! prefix blocks, and never need their cache copied or concatenated. The pool is allocated zeroed
@@ -75,15 +77,25 @@ impl KvCache {
         self.num_blocks
     }
 
+    /// Where the cached row of `kv_head` at offset `o` of physical block `block` starts.
+    fn at(&self, block: usize, o: usize, kv_head: usize) -> usize {
+        ((block * self.num_kv_heads + kv_head) * self.block_size + o) * self.head_dim
+    }
+
     /// Scatters the new tokens' K and V (`[tokens][num_kv_heads][head_dim]`) into their slots.
     pub fn write(&mut self, layer: usize, slots: &[usize], k: &[f32], v: &[f32]) {
-        let row = self.num_kv_heads * self.head_dim;
+        let (d, nkv, bs) = (self.head_dim, self.num_kv_heads, self.block_size);
+        // Where each (token, KV head) row goes, in the order of `k` and `v`.
+        let ats: Vec<usize> = (0..slots.len() * nkv)
+            .map(|i| self.at(slots[i / nkv] / bs, slots[i / nkv] % bs, i % nkv))
+            .collect();
         let (kc, vc) = &mut self.layers[layer];
         let (kc, vc): (&mut [f16], &mut [f16]) =
             (kc.reinterpret_cast_mut(), vc.reinterpret_cast_mut());
-        for (i, &slot) in slots.iter().enumerate() {
-            kc[slot * row..(slot + 1) * row].convert_from_f32_slice(&k[i * row..(i + 1) * row]);
-            vc[slot * row..(slot + 1) * row].convert_from_f32_slice(&v[i * row..(i + 1) * row]);
+        let rows = k.chunks_exact(d).zip(v.chunks_exact(d));
+        for (at, (k, v)) in ats.into_iter().zip(rows) {
+            kc[at..at + d].convert_from_f32_slice(k);
+            vc[at..at + d].convert_from_f32_slice(v);
         }
     }
 
@@ -173,20 +185,26 @@ impl KvCache {
     ) {
         let (d, bs) = (self.head_dim, self.block_size);
         let group = q.len() / d;
-        let row = self.num_kv_heads * d;
         // Offsets of each context token's K/V for this head, walking the table block by block.
         let ctx = span.len();
-        let offsets = table[span.start / bs..]
-            .iter()
-            .flat_map(|&b| (0..bs).map(move |o| (b as usize * bs + o) * row + kv_head * d))
-            .skip(span.start % bs)
-            .take(ctx);
-        let (scores, rows) = scratch.alone();
+        let (scores, rows, offsets) = scratch.alone();
+        offsets.clear();
+        offsets.extend(
+            table[span.start / bs..]
+                .iter()
+                .flat_map(|&b| (0..bs).map(move |o| self.at(b as usize, o, kv_head)))
+                .skip(span.start % bs)
+                .take(ctx),
+        );
         scores.clear();
         scores.resize(group * ctx, 0.0);
         // One cached row at a time, widened to f32 once and used by every head of the group.
         let mut row_f32 = vec![0f32; d];
-        for (j, base) in offsets.clone().enumerate() {
+        for (j, &base) in offsets.iter().enumerate() {
+            if let Some(&ahead) = offsets.get(j + PREFETCH_ROWS) {
+                prefetch_row(kc, ahead, d);
+                prefetch_row(vc, ahead, d);
+            }
             kc[base..base + d].convert_to_f32_slice(&mut row_f32);
             for g in 0..group {
                 scores[g * ctx + j] = dot(&q[g * d..(g + 1) * d], &row_f32) * scale;
@@ -196,8 +214,31 @@ impl KvCache {
             softmax(&mut scores[g * ctx..(g + 1) * ctx]);
         }
         out.fill(0.0);
-        blocked::values_alone(vc, offsets, d, scores, out, rows);
+        blocked::values_alone(vc, offsets.iter().copied(), d, scores, out, rows);
     }
+}
+
+/// How many positions ahead a lone row's K and V rows are prefetched. A decode step reads
+/// every sequence's cache once, from memory (SmolLM2 at concurrency 8: 21 MB a step), one
+/// 128-byte row per position and KV head; left to the hardware, each position waited for its
+/// row.
+const PREFETCH_ROWS: usize = 8;
+
+/// Asks for the `d` f16 values at `at` of `cache` to be brought into cache (a hint: never
+/// faults, whatever the address).
+#[inline(always)]
+fn prefetch_row(cache: &[f16], at: usize, d: usize) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        let p = cache.as_ptr().wrapping_add(at).cast::<i8>();
+        for line in (0..d * 2).step_by(64) {
+            // SAFETY: prefetching is a hint that cannot fault, whatever the address.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(line)) };
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (cache, at, d);
 }
 
 /// The positions a row at `pos` attends to: a sliding window sees the last `w`, its own
@@ -290,8 +331,7 @@ impl Call<'_> {
         let c = self.cache;
         let (d, group, bs) = (c.head_dim, self.group, c.block_size);
         let table = self.seqs[self.rows[ts[0]].0].block_table;
-        let row = c.num_kv_heads * d;
-        let offset = |pos: usize| (table[pos / bs] as usize * bs + pos % bs) * row + kv_head * d;
+        let offset = |pos: usize| c.at(table[pos / bs] as usize, pos % bs, kv_head);
         let spans: Vec<_> = ts
             .iter()
             .map(|&t| span(self.window, self.rows[t].1))

@@ -34,12 +34,15 @@ pub(super) struct Scratch {
     rows: Vec<f32>,
     /// A lone row's scores (`KvCache::attend_group`).
     alone: Vec<f32>,
+    /// A lone row's cached rows: where each position's starts.
+    offsets: Vec<usize>,
 }
 
 impl Scratch {
-    /// A lone row's scores and the buffer its value rows are widened into.
-    pub(super) fn alone(&mut self) -> (&mut Vec<f32>, &mut Vec<f32>) {
-        (&mut self.alone, &mut self.rows)
+    /// A lone row's scores, the buffer its value rows are widened into, and its positions'
+    /// offsets.
+    pub(super) fn alone(&mut self) -> (&mut Vec<f32>, &mut Vec<f32>, &mut Vec<usize>) {
+        (&mut self.alone, &mut self.rows, &mut self.offsets)
     }
 }
 

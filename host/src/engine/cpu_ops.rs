@@ -30,7 +30,18 @@ pub fn exp(x: f32) -> f32 {
         + r * (1.0
             + r * (0.5
                 + r * (1.0 / 6.0 + r * (1.0 / 24.0 + r * (1.0 / 120.0 + r * (1.0 / 720.0))))));
-    p * f32::from_bits(((n as i32 + 127) as u32) << 23)
+    p * f32::from_bits(pow2_bits(n))
+}
+
+/// The bits of `2^n` for a whole `n` in [-126, 127]. Adding 1.5·2²³ puts `n` in the low
+/// mantissa bits exactly, so integer operations read it off: LLVM turned the saturating
+/// `n as i32` into a scalar compare per element, which kept `exp`'s loops (SwiGLU, softmax)
+/// half scalar.
+#[inline(always)]
+fn pow2_bits(n: f32) -> u32 {
+    const MAGIC: f32 = 12_582_912.0;
+    let biased = (n + MAGIC).to_bits().wrapping_sub(MAGIC.to_bits());
+    biased.wrapping_add(127) << 23
 }
 
 /// In-place softmax. The exponentials go in a loop of their own, which vectorises; the sum
@@ -100,6 +111,13 @@ mod tests {
                 (dot(&a, &b) - want).abs() <= 1e-3 * want.abs().max(1.0),
                 "n={n}"
             );
+        }
+    }
+
+    #[test]
+    fn exponent_bits_are_those_of_the_integer_power() {
+        for n in -126..=127 {
+            assert_eq!(pow2_bits(n as f32), ((n + 127) as u32) << 23, "2^{n}");
         }
     }
 

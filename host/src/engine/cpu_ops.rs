@@ -44,9 +44,9 @@ fn pow2_bits(n: f32) -> u32 {
     biased.wrapping_add(127) << 23
 }
 
-/// In-place softmax. The exponentials go in a loop of their own, which vectorises; the sum
-/// (in order, as the lanes of `paged_attention::blocked` add theirs) would keep a loop that
-/// also sums scalar.
+/// In-place softmax. The exponentials go in a loop of their own, which vectorises; a loop
+/// that also summed them (in order, as the lanes of `paged_attention::blocked` add theirs)
+/// stayed scalar.
 pub fn softmax(xs: &mut [f32]) {
     let max = xs.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     xs.iter_mut().for_each(|x| *x = exp(*x - max));

@@ -85,17 +85,13 @@ impl KvCache {
     /// Scatters the new tokens' K and V (`[tokens][num_kv_heads][head_dim]`) into their slots.
     pub fn write(&mut self, layer: usize, slots: &[usize], k: &[f32], v: &[f32]) {
         let (d, nkv, bs) = (self.head_dim, self.num_kv_heads, self.block_size);
-        // Where each (token, KV head) row goes, in the order of `k` and `v`.
-        let ats: Vec<usize> = (0..slots.len() * nkv)
-            .map(|i| self.at(slots[i / nkv] / bs, slots[i / nkv] % bs, i % nkv))
-            .collect();
-        let (kc, vc) = &mut self.layers[layer];
-        let (kc, vc): (&mut [f16], &mut [f16]) =
-            (kc.reinterpret_cast_mut(), vc.reinterpret_cast_mut());
+        // (token, KV head) rows in the order of `k` and `v`.
         let rows = k.chunks_exact(d).zip(v.chunks_exact(d));
-        for (at, (k, v)) in ats.into_iter().zip(rows) {
-            kc[at..at + d].convert_from_f32_slice(k);
-            vc[at..at + d].convert_from_f32_slice(v);
+        for (i, (k, v)) in rows.enumerate() {
+            let at = self.at(slots[i / nkv] / bs, slots[i / nkv] % bs, i % nkv);
+            let (kc, vc) = &mut self.layers[layer];
+            kc.reinterpret_cast_mut::<f16>()[at..at + d].convert_from_f32_slice(k);
+            vc.reinterpret_cast_mut::<f16>()[at..at + d].convert_from_f32_slice(v);
         }
     }
 
@@ -214,7 +210,7 @@ impl KvCache {
             softmax(&mut scores[g * ctx..(g + 1) * ctx]);
         }
         out.fill(0.0);
-        blocked::values_alone(vc, offsets.iter().copied(), d, scores, out, rows);
+        blocked::values_alone(vc, offsets, d, scores, out, rows);
     }
 }
 

@@ -54,7 +54,7 @@ impl Scratch {
 /// output each time).
 pub(super) fn values_alone(
     vc: &[f16],
-    offsets: impl Iterator<Item = usize>,
+    offsets: &[usize],
     d: usize,
     scores: &[f32],
     out: &mut [f32],
@@ -62,16 +62,14 @@ pub(super) fn values_alone(
 ) {
     let ctx = scores.len() / (out.len() / d).max(1);
     rows.resize(CHUNK * d, 0.0);
-    let mut offsets = offsets.peekable();
-    let mut c0 = 0;
-    while offsets.peek().is_some() {
-        let mut n = 0;
-        for at in offsets.by_ref().take(CHUNK) {
-            vc[at..at + d].convert_to_f32_slice(&mut rows[n * d..][..d]);
-            n += 1;
+    for (c, chunk) in offsets.chunks(CHUNK).enumerate() {
+        for (&at, row) in chunk.iter().zip(rows.chunks_exact_mut(d)) {
+            vc[at..at + d].convert_to_f32_slice(row);
         }
-        group_passes(out, &rows[..n * d], d, |p, k| scores[k * ctx + c0 + p]);
-        c0 += n;
+        let c0 = c * CHUNK;
+        group_passes(out, &rows[..chunk.len() * d], d, |p, k| {
+            scores[k * ctx + c0 + p]
+        });
     }
 }
 

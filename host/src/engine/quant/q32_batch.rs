@@ -13,11 +13,11 @@
 //!
 //! Q8_0 (the output matrix of SmolLM2 and Gemma 3, layers of mixed files) comes here with its
 //! bytes widened (`unpack_bytes`). Gemma 3 at concurrency 4 spent 13.0–13.3 ms a step on its
-//! 262k-row output matrix against 17.8–18.2 on the f32 kernel (168–174 against 140–143 tok/s),
-//! SmolLM2's one-row vocabulary product 0.77 against 1.03 ms; at eight rows it is level with
-//! the f32 kernel (per pair and row two `vpdpwssd`, a conversion and a multiply-add, where
-//! floats take four multiply-adds). Weight rows across the lanes (`q4_1_batch`) would share the
-//! float step, but their gathers read a 262k-row matrix too slowly for one row.
+//! 262k-row output matrix against 17.8–18.2 on the f32 kernel (168–174 against 140–143
+//! tok/s), SmolLM2's one-row vocabulary product 0.77 against 1.03 ms; at eight rows it is
+//! level with the f32 kernel (per pair and row two `vpdpwssd`, a conversion and a multiply-add,
+//! where floats take four multiply-adds). Weight rows across the lanes (`q4_1_batch`) would
+//! share the float step, but their gathers read a 262k-row matrix too slowly for one row.
 //!
 //! Q4_1 does not come here: its mins cost each activation row one more multiply-add per pair,
 //! and at eight rows a step this path took 30% longer than the f32 kernel (SmolLM2,

@@ -184,6 +184,7 @@ fn main() {
         ("Q5_0", Format::Q5_0),
         ("Q4_0", Format::Q4_0),
         ("Q4_1", Format::Q4_1),
+        ("Q5_1", Format::Q5_1),
     ];
     for (name, format) in formats.into_iter().filter(|(name, _)| wanted(name)) {
         let small = [matrix(format, L2_BYTES, &mut rng)];

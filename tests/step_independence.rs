@@ -2,7 +2,9 @@
 //! whatever is running into one forward pass, so anything else would let the same request
 //! (same seed) answer differently under different traffic. Long steps also go through the
 //! feed-forward block in slices of rows (`Model::ffn_block`), and a neighbour in the step
-//! shifts where a sequence's rows fall in them: the bits must not move.
+//! shifts where a sequence's rows fall in them: the bits must not move. Nor may they when a
+//! prompt's last block is recomputed over the rest of it, cached, as a full prefix-cache hit
+//! does.
 
 use std::path::Path;
 
@@ -79,6 +81,47 @@ fn check(file: &str) {
             .all(|(a, b)| a.to_bits() == b.to_bits());
         assert!(same, "{file}: logits {name} differ from the sequence alone");
     }
+}
+
+/// A prompt whose last KV block holds two tokens (rows that take the batch kernels, see
+/// `BatchSeq::prompt_len`), and one whose last block is full: recomputing the last block over
+/// the cached rest gives the whole pass's logits bit for bit.
+fn check_recompute(file: &str) {
+    let path = format!("{}/../models/{file}", env!("CARGO_MANIFEST_DIR"));
+    let loaded = weights::load(Path::new(&path)).unwrap();
+    let (s, model) = (&loaded.model.shape, &loaded.model);
+    let ids = loaded
+        .tokenizer
+        .encode(format!("Summarise: {}", TEXT.repeat(8)), false)
+        .unwrap();
+    for len in [8 * BLOCK + 2, 8 * BLOCK] {
+        let tokens = &ids.get_ids()[..len];
+        let blocks = len.div_ceil(BLOCK);
+        let mut cache = KvCache::new(s.num_layers, blocks, BLOCK, s.num_kv_heads, s.head_dim);
+        let table: Vec<u32> = (0..blocks as u32).collect();
+        let seq = |start: usize| BatchSeq {
+            block_table: &table,
+            start,
+            tokens: &tokens[start..],
+            want_logits: true,
+            draft_rows: 0,
+            prompt_len: len,
+        };
+        let whole = model.forward(&[seq(0)], &mut cache).unwrap();
+        let last_block = (len - 1) / BLOCK * BLOCK;
+        let again = model.forward(&[seq(last_block)], &mut cache).unwrap();
+        let same = whole[0]
+            .iter()
+            .zip(&again[0])
+            .all(|(a, b)| a.to_bits() == b.to_bits());
+        assert!(same, "{file}: {len} tokens, the recomputed last block's logits differ");
+    }
+}
+
+#[test]
+fn a_cached_prompt_recomputes_its_last_block_to_the_same_bits() {
+    check_recompute("SmolLM2-135M-Instruct.Q4_1.gguf");
+    check_recompute("gemma-3-270m.Q4_K_M.gguf");
 }
 
 #[test]

@@ -15,10 +15,11 @@ pub struct BatchSeq<'a> {
     /// of speculative drafts being verified), in row order.
     pub draft_rows: usize,
     /// Positions before this one hold the prompt's tokens: their rows take the prompt
-    /// kernels (unless the prompt is shorter than `quant::PROMPT_KERNEL_MIN`), which round
-    /// differently from the kernels of generated rows (see `QuantMatrix::matmul_rows`). A
-    /// sequence recomputed after preemption keeps its original prompt length, so every row
-    /// takes the same kernels as the first time.
+    /// kernels (unless the prompt is shorter than `quant::PROMPT_KERNEL_MIN`, and except the
+    /// rows of a short last KV block, which a cached prompt recomputes: see the CPU model's
+    /// `prompt_kernel_rows`), which round differently from the kernels of generated rows (see
+    /// `QuantMatrix::matmul_rows`). A sequence recomputed after preemption keeps its original
+    /// prompt length, so every row takes the same kernels as the first time.
     pub prompt_len: usize,
 }
 

@@ -528,9 +528,32 @@ struct Step<'a> {
     positions: Vec<usize>,
     slots: Vec<usize>,
     attn_seqs: Vec<AttnSeq<'a>>,
-    /// Whether each row is a prompt token's (`BatchSeq::prompt_len`) of a prompt of at least
-    /// `PROMPT_KERNEL_MIN` tokens, for the prompt kernels.
+    /// Whether each row takes the prompt kernels (`prompt_kernel_rows`).
     prompt: Vec<bool>,
+}
+
+/// A prompt's last KV block takes the batch kernels when it holds at most this many rows:
+/// they are what a full prefix-cache hit recomputes (the cache never covers a prompt's last
+/// token). On the prompt kernels that recompute costs about two decode steps whatever its
+/// rows (dequantizing every weight for the tiles); on the batch kernels, one for one row and
+/// about 1.5 for four, beyond which they near the tiles. An uncached prefill of such a prompt
+/// pays one more pass of the batch kernels (`host/scripts/bench-prefix-hit.py`).
+const RECOMPUTED_ROWS: usize = 4;
+
+/// How many of a prompt's leading rows take the prompt kernels: none of a prompt shorter than
+/// `PROMPT_KERNEL_MIN`, and all but its last block's rows when that block holds at most
+/// `RECOMPUTED_ROWS` (`bs` tokens a block). It depends on the prompt alone, never on what
+/// the cache holds or what shares the step, so a row takes the same kernels, and gives the
+/// same bits, cached or not, alone or batched, whole or in chunks.
+fn prompt_kernel_rows(prompt_len: usize, bs: usize) -> usize {
+    if prompt_len < PROMPT_KERNEL_MIN {
+        return 0;
+    }
+    let last_block = (prompt_len - 1) % bs + 1;
+    match last_block <= RECOMPUTED_ROWS {
+        true => prompt_len - last_block,
+        false => prompt_len,
+    }
 }
 
 impl<'a> Step<'a> {
@@ -558,8 +581,8 @@ impl<'a> Step<'a> {
         let prompt = seqs
             .iter()
             .flat_map(|q| {
-                let long = q.prompt_len >= PROMPT_KERNEL_MIN;
-                (q.start..q.start + q.tokens.len()).map(move |p| long && p < q.prompt_len)
+                let rows = prompt_kernel_rows(q.prompt_len, bs);
+                (q.start..q.start + q.tokens.len()).map(move |p| p < rows)
             })
             .collect();
         Self {

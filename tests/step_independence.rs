@@ -114,7 +114,10 @@ fn check_recompute(file: &str) {
             .iter()
             .zip(&again[0])
             .all(|(a, b)| a.to_bits() == b.to_bits());
-        assert!(same, "{file}: {len} tokens, the recomputed last block's logits differ");
+        assert!(
+            same,
+            "{file}: {len} tokens, the recomputed last block's logits differ"
+        );
     }
 }
 

@@ -228,6 +228,50 @@ fn main() {
     step.push(shaped(Format::Q8_0, 49_152, 576, &mut rng));
     step_rows("SmolLM2-135M", &all, &step, rounds);
     batch_rows("SmolLM2-135M", &all, &step, rounds);
+    // The layers only: the vocabulary product takes just the rows that want logits.
+    mixed_rows("SmolLM2-135M", &all, &step[..step.len() - 1], rounds);
+}
+
+/// A model-shaped step's layer matrices for a prompt chunk beside generated rows (a prefill
+/// joining running decodes, or a prompt's last rows, which take the batch kernels): the mixed
+/// step against the two kinds' steps run one after the other.
+fn mixed_rows(name: &str, team: &Team, step: &[QuantMatrix], rounds: usize) {
+    println!("\n{name}-shaped step, prompt rows (default kernels) beside generated rows:");
+    println!("| prompt + generated rows | mixed step (ms) | the two apart (ms) | apart / mixed |");
+    println!("|---|---:|---:|---:|");
+    let widest = step.iter().map(QuantMatrix::cols).max().unwrap_or(0);
+    let most = step.iter().map(QuantMatrix::rows).max().unwrap_or(0);
+    for (p, g) in [(1, 1), (64, 1), (64, 8), (256, 4)] {
+        let m = p + g;
+        let x: Vec<f32> = (0..m * widest)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 50.0)
+            .collect();
+        let mut out = vec![0f32; m * most];
+        let mut time = |rows: std::ops::Range<usize>, prompt: &[bool]| {
+            let t = Instant::now();
+            for w in step {
+                let x = &x[rows.start * w.cols()..rows.end * w.cols()];
+                let out = &mut out[..rows.len() * w.rows()];
+                let rounding = Rounding {
+                    decode: ActivationBits::Sixteen,
+                    prompt: PromptPrecision::Auto,
+                };
+                w.matmul_rows(team, x, prompt, rounding, out);
+            }
+            t.elapsed().as_secs_f64() * 1e3
+        };
+        let kinds: Vec<bool> = (0..m).map(|i| i < p).collect();
+        let (mut mixed, mut apart) = (Vec::new(), Vec::new());
+        for _ in 0..rounds {
+            mixed.push(time(0..m, &kinds));
+            apart.push(time(0..p, &kinds[..p]) + time(p..m, &kinds[p..]));
+        }
+        let (mixed, apart) = (median(mixed), median(apart));
+        println!(
+            "| {p} + {g} | {mixed:.2} | {apart:.2} | {:.2}x |",
+            apart / mixed
+        );
+    }
 }
 
 /// A model-shaped step's matrices for 1–8 generated rows at once (continuous batching's decode

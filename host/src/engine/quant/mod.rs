@@ -366,15 +366,19 @@ impl QuantMatrix {
 
     /// `matmul` with the k-quant activations rounded to `bits`.
     fn batch(&self, team: &Team, x: &[f32], m: usize, bits: ActivationBits, out: &mut [f32]) {
-        let (n, k) = (self.rows, self.cols);
-        assert_eq!(x.len(), m * k, "activation shape");
-        assert_eq!(out.len(), m * n, "output shape");
-        let acts = Acts {
+        let acts = self.batch_acts(team, x, m, bits);
+        self.batch_with(team, &Beside { x, m, acts }, out);
+    }
+
+    /// Generated rows `x` (`m` of them) as the batch kernels take them.
+    fn batch_acts(&self, team: &Team, x: &[f32], m: usize, bits: ActivationBits) -> Acts {
+        assert_eq!(x.len(), m * self.cols, "activation shape");
+        Acts {
             k: self
                 .segments
                 .iter()
                 .any(|s| s.format.is_k())
-                .then(|| KActs::new(team, x, m, k, bits)),
+                .then(|| KActs::new(team, x, m, self.cols, bits)),
             #[cfg(all(target_arch = "x86_64", target_feature = "avx512bw"))]
             q32: None,
             #[cfg(all(
@@ -383,19 +387,28 @@ impl QuantMatrix {
                 target_feature = "avx512vl"
             ))]
             q16: self.batch_acts16(team, x, m),
-        };
+        }
+    }
+
+    /// `batch` on prepared rows.
+    fn batch_with(&self, team: &Team, rows: &Beside, out: &mut [f32]) {
+        let (n, x, m, acts) = (self.rows, rows.x, rows.m, &rows.acts);
+        assert_eq!(out.len(), m * n, "output shape");
+        if m == 0 {
+            return;
+        }
         if m == 1 {
-            self.pass(team, x, &acts, 1, out);
+            self.pass(team, x, acts, 1, out);
             return;
         }
         if m <= GROUP {
             // Parts write their outputs transposed ([rows][m]): disjoint contiguous chunks.
             let mut out_t = vec![0f32; n * m];
-            self.pass(team, x, &acts, m, &mut out_t);
+            self.pass(team, x, acts, m, &mut out_t);
             untranspose(&out_t, (0, m), 0, n, out);
             return;
         }
-        self.prefill(team, x, &acts, m, out, false);
+        self.prefill(team, x, acts, m, out, false);
     }
 
     /// `matmul` where `prompt[i]` marks the rows of prompt tokens. On AVX-512 those rows go
@@ -555,6 +568,13 @@ impl QuantMatrix {
             f32_kernels::tile(s, r0, nr, x, g, d, walk == Walk::Stream);
         }
     }
+}
+
+/// Generated rows and their activations as the batch kernels take them.
+struct Beside<'a> {
+    x: &'a [f32],
+    m: usize,
+    acts: Acts,
 }
 
 /// Activations as the kernels take them, prepared once per matmul.

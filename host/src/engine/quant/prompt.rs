@@ -3,7 +3,7 @@
 //! however many a step has.
 
 use super::k_kernels::{self, KActs};
-use super::{lanes, ActivationBits, Acts, PromptPrecision, QuantMatrix, Rounding};
+use super::{lanes, ActivationBits, Acts, Beside, PromptPrecision, QuantMatrix, Rounding};
 use crate::engine::team::Team;
 
 impl QuantMatrix {
@@ -23,22 +23,41 @@ impl QuantMatrix {
         if prompt.iter().all(|&p| p) {
             return self.prompt_pass(team, x, m, tiles, out);
         }
-        // Each kind apart, gathered into contiguous rows and scattered back.
-        for kind in [true, false] {
-            let rows: Vec<usize> = (0..m).filter(|&i| prompt[i] == kind).collect();
-            let xs: Vec<f32> = rows
-                .iter()
+        let kind = |prompt_row: bool| (0..m).filter(move |&i| prompt[i] == prompt_row);
+        let (rp, rg): (Vec<usize>, Vec<usize>) = (kind(true).collect(), kind(false).collect());
+        // The generated rows (few: decodes, or a prompt's last block) gathered into
+        // contiguous rows and scattered back.
+        let gather = |rows: &[usize]| -> Vec<f32> {
+            rows.iter()
                 .flat_map(|&i| &x[i * k..(i + 1) * k])
                 .copied()
-                .collect();
-            let mut o = vec![0f32; rows.len() * n];
-            match kind {
-                true => self.prompt_pass(team, &xs, rows.len(), tiles, &mut o),
-                false => self.batch(team, &xs, rows.len(), rounding.decode, &mut o),
-            }
-            for (&i, o) in rows.iter().zip(o.chunks_exact(n)) {
+                .collect()
+        };
+        let xg = gather(&rg);
+        let mut og = vec![0f32; rg.len() * n];
+        let beside = Beside {
+            x: &xg,
+            m: rg.len(),
+            acts: self.batch_acts(team, &xg, rg.len(), rounding.decode),
+        };
+        #[cfg(all(target_feature = "avx512bf16", target_os = "linux"))]
+        if tiles {
+            // The prompt rows are read and written in place (a prefill chunk beside decodes
+            // spent 60% longer copying them in and out of fresh buffers than multiplying),
+            // and the generated rows meet each weight unit while the tiles have it in cache
+            // rather than in a pass of their own that reads every weight again.
+            self.tiles(team, (x, &rp), out, Some((&beside, &mut og)));
+        }
+        if !tiles {
+            let mut op = vec![0f32; rp.len() * n];
+            self.prompt_pass(team, &gather(&rp), rp.len(), tiles, &mut op);
+            for (&i, o) in rp.iter().zip(op.chunks_exact(n)) {
                 out[i * n..(i + 1) * n].copy_from_slice(o);
             }
+            self.batch_with(team, &beside, &mut og);
+        }
+        for (&i, o) in rg.iter().zip(og.chunks_exact(n)) {
+            out[i * n..(i + 1) * n].copy_from_slice(o);
         }
     }
 
@@ -55,7 +74,8 @@ impl QuantMatrix {
     fn prompt_pass(&self, team: &Team, x: &[f32], m: usize, tiles: bool, out: &mut [f32]) {
         #[cfg(all(target_feature = "avx512bf16", target_os = "linux"))]
         if tiles {
-            return self.tiles(team, x, m, out);
+            let rows: Vec<usize> = (0..m).collect();
+            return self.tiles(team, (x, &rows), out, None);
         }
         let _ = tiles;
         if m <= lanes::ACROSS_ROWS {

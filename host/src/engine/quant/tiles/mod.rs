@@ -23,12 +23,13 @@
 
 use std::arch::asm;
 use std::arch::x86_64::*;
+use std::sync::atomic::Ordering;
 
 use super::aligned::Aligned;
 use super::amx::{self, K_TILE, N_TILE, TILE_VALUES};
 use super::k_kernels::{bf16_block, chunk_order};
 use super::lanes::transpose;
-use super::QuantMatrix;
+use super::{Beside, QuantMatrix, Walk, GROUP, SPANS};
 use crate::engine::team::{split, split_mut, Scatter, Shares, Team};
 
 mod q32;
@@ -48,19 +49,38 @@ impl QuantMatrix {
         self.cols.is_multiple_of(K_TILE) && amx::available()
     }
 
-    /// `out[m, rows] = x[m, cols] · selfᵀ` on AMX tiles (`tiles_fit` must hold).
-    pub(super) fn tiles(&self, team: &Team, x: &[f32], m: usize, out: &mut [f32]) {
-        let (n, k) = (self.rows, self.cols);
+    /// `out[r, ..] = x[r, ..] · selfᵀ` on AMX tiles for the rows `r` of `rows` (`tiles_fit`
+    /// must hold; `x` and `out` have as many rows as each other, read and written in place);
+    /// with `beside`, also its generated rows through the batch kernels into its output, unit
+    /// by unit while the weights are in cache (their bits are the batch kernels' anyway).
+    pub(super) fn tiles(
+        &self,
+        team: &Team,
+        (x, rows): (&[f32], &[usize]),
+        out: &mut [f32],
+        beside: Option<(&Beside, &mut [f32])>,
+    ) {
+        let (n, k, m) = (self.rows, self.cols, rows.len());
+        let total = x.len() / k;
         assert!(
-            self.tiles_fit() && x.len() == m * k && out.len() == m * n && m > 0,
+            self.tiles_fit()
+                && x.len() == total * k
+                && out.len() == total * n
+                && m > 0
+                && rows.iter().all(|&r| r < total),
             "tiles: shapes"
         );
-        let acts = act_tiles(team, x, m, k);
+        let acts = act_tiles(team, x, rows, k);
         let units = n.div_ceil(ROWS);
         let shares = Shares::new(units, team.threads());
         // Each weight unit's outputs (columns of `out`) are written only by the thread that
         // took the unit.
         let dst = Scatter::new(out);
+        let beside = beside.map(|(rows, out)| {
+            assert_eq!(out.len(), rows.m * n, "output shape");
+            (rows, Scatter::new(out))
+        });
+        let span = Walk::Span(SPANS.fetch_add(1, Ordering::Relaxed));
         team.run(&|p, _| {
             let dst = &dst;
             UNIT.with_borrow_mut(|unit| {
@@ -76,12 +96,34 @@ impl QuantMatrix {
                             self.dequantize_unit(r0, nr, unit);
                             // SAFETY: `acts` holds m rows' tiles, `unit` ROWS rows of k;
                             // columns r0..r0 + nr of `out` are this unit's.
-                            unit_times_acts(unit, k, &acts, m, (dst.at(0), n), (r0, nr));
+                            unit_times_acts(unit, k, &acts, rows, (dst.at(0), n), (r0, nr));
+                            if let Some((rows, out)) = &beside {
+                                self.beside_unit(rows, out, (r0, nr), span);
+                            }
                         }
                     })
                 }
             })
         });
+    }
+
+    /// The generated rows `rows` times weight rows `r0..r0 + nr` (≤ ROWS), through the batch
+    /// kernels, into columns `r0..r0 + nr` of `out` (`[rows.m][n]`, this unit's).
+    fn beside_unit(&self, rows: &Beside, out: &Scatter, (r0, nr): (usize, usize), span: Walk) {
+        let (n, k) = (self.rows, self.cols);
+        let mut d = [0f32; ROWS * GROUP];
+        for i0 in (0..rows.m).step_by(GROUP) {
+            let g = (rows.m - i0).min(GROUP);
+            let (x, d) = (&rows.x[i0 * k..(i0 + g) * k], &mut d[..nr * g]);
+            self.tile(x, &rows.acts, (i0, g), r0..r0 + nr, d, span);
+            for (q, sums) in d.chunks_exact(g).enumerate() {
+                for (j, &v) in sums.iter().enumerate() {
+                    // SAFETY: row i0 + j < m and column r0 + q < n of `out`, whose columns
+                    // r0..r0 + nr only this unit's thread writes.
+                    unsafe { *out.at((i0 + j) * n + r0 + q) = v };
+                }
+            }
+        }
     }
 
     /// Weight rows `r0..r0 + nr` (≤ ROWS) into `unit` (`[ROWS][k]` BF16, chunks in
@@ -117,11 +159,11 @@ impl QuantMatrix {
     }
 }
 
-/// The activations as the tiles' right operand: `[m / 16][k / 32]` tiles, tile row `r` holding
-/// for each of sixteen rows the BF16 pair `2r`, `2r + 1` of the chunk in `chunk_order` (rows
-/// past `m` zero). Groups of sixteen rows split over the team.
-fn act_tiles(team: &Team, x: &[f32], m: usize, k: usize) -> Aligned<u16, 32> {
-    let (groups, per) = (m.div_ceil(N_TILE), k / K_TILE * TILE_VALUES);
+/// The activation rows `rows` of `x` as the tiles' right operand: `[m / 16][k / 32]` tiles,
+/// tile row `r` holding for each of sixteen rows the BF16 pair `2r`, `2r + 1` of the chunk in
+/// `chunk_order` (rows past `m` zero). Groups of sixteen rows split over the team.
+fn act_tiles(team: &Team, x: &[f32], rows: &[usize], k: usize) -> Aligned<u16, 32> {
+    let (groups, per) = (rows.len().div_ceil(N_TILE), k / K_TILE * TILE_VALUES);
     let mut t = Aligned::<u16, 32>::zeroed(groups * per);
     let parts = team.threads().min(groups);
     let ranges: Vec<_> = (0..parts).map(|p| split(groups, 1, p, parts)).collect();
@@ -130,7 +172,7 @@ fn act_tiles(team: &Team, x: &[f32], m: usize, k: usize) -> Aligned<u16, 32> {
         if let (Some(range), Some(dst)) = (ranges.get(p), dst.get(p)) {
             let mut dst = dst.lock().unwrap_or_else(|e| e.into_inner());
             for (g, dst) in range.clone().zip(dst.chunks_exact_mut(per)) {
-                group_tiles(x, m, k, g, dst);
+                group_tiles(x, rows, k, g, dst);
             }
         }
     });
@@ -138,21 +180,21 @@ fn act_tiles(team: &Team, x: &[f32], m: usize, k: usize) -> Aligned<u16, 32> {
 }
 
 /// Activation group `g`'s tiles (`act_tiles`) into `dst`.
-fn group_tiles(x: &[f32], m: usize, k: usize, g: usize, dst: &mut [u16]) {
+fn group_tiles(x: &[f32], rows: &[usize], k: usize, g: usize, dst: &mut [u16]) {
     assert_eq!(dst.len(), k / K_TILE * TILE_VALUES);
     for (i, tile) in dst.chunks_exact_mut(TILE_VALUES).enumerate() {
-        // SAFETY: plain AVX-512F/BF16 (this module's cfg); each row read is 32 values of row
-        // < m at chunk i < k / 32; the tile written is `tile`, TILE_VALUES long.
+        // SAFETY: plain AVX-512F/BF16 (this module's cfg); each row read is 32 values of a row
+        // of `x` (`tiles` asserted `rows` within it) at chunk i < k / 32; the tile written is
+        // `tile`, TILE_VALUES long.
         unsafe {
-            let rows: [__m512i; N_TILE] = std::array::from_fn(|j| {
-                let r = g * N_TILE + j;
-                if r >= m {
+            let group: [__m512i; N_TILE] = std::array::from_fn(|j| {
+                let Some(&r) = rows.get(g * N_TILE + j) else {
                     return _mm512_setzero_si512();
-                }
+                };
                 let p = x.as_ptr().add(r * k + i * K_TILE);
                 chunk_bf16(_mm512_loadu_ps(p), _mm512_loadu_ps(p.add(16)))
             });
-            for (r, v) in transpose(rows).iter().enumerate() {
+            for (r, v) in transpose(group).iter().enumerate() {
                 _mm512_storeu_si512(tile.as_mut_ptr().add(32 * r).cast(), *v);
             }
         }
@@ -175,19 +217,21 @@ unsafe fn chunk_bf16(lo: __m512, hi: __m512) -> __m512i {
 }
 
 /// The unit's rows times every activation row, two tiles of sixteen activation rows at a
-/// time, into columns `c0..c0 + nc` of `out` (`[m][n]`).
+/// time, into columns `c0..c0 + nc` of `out` (rows of `n`): activation row `i` into row
+/// `at[i]`.
 ///
 /// # Safety
 /// The tiles must be configured (`amx::with_tiles`); `unit` must be `[ROWS][k]` and `acts`
-/// `act_tiles` of `m` rows; `out` must have `m` rows of `n`.
+/// `act_tiles` of `at.len()` rows; `out` must have every row `at` names.
 unsafe fn unit_times_acts(
     unit: &[u16],
     k: usize,
     acts: &Aligned<u16, 32>,
-    m: usize,
+    at: &[usize],
     (out, n): (*mut f32, usize),
     (c0, nc): (usize, usize),
 ) {
+    let m = at.len();
     let groups = m.div_ceil(N_TILE);
     let mut g = 0;
     while g < groups {
@@ -207,7 +251,7 @@ unsafe fn unit_times_acts(
                 });
                 let t = transpose(sums);
                 for (j, v) in t.iter().enumerate().take(rows) {
-                    let dst = out.add(((g + s) * N_TILE + j) * n + c0 + h * N_TILE);
+                    let dst = out.add(at[(g + s) * N_TILE + j] * n + c0 + h * N_TILE);
                     if cols == N_TILE {
                         _mm512_storeu_si512(dst.cast(), *v);
                     } else {

@@ -117,6 +117,29 @@ fn check(k: usize, parts_of: &[(GgmlDType, usize)]) {
         all[22 * n..23 * n],
         "row 22 beside generated rows"
     );
+    // The generated rows (the batch kernels, on each weight unit as the tiles take it): as
+    // they are alone, also when there are more than a group of them.
+    for (j, i) in [(0, 19), (2, 21)] {
+        let alone = run(i..i + 1, &[false]);
+        assert_eq!(
+            mixed[j * n..(j + 1) * n],
+            alone,
+            "generated row {i} beside prompt rows"
+        );
+    }
+    let many: Vec<bool> = (0..13).map(|i| i % 6 == 5).collect();
+    let out = run(0..13, &many);
+    for (i, &prompt) in many.iter().enumerate() {
+        let want = match prompt {
+            true => all[i * n..(i + 1) * n].to_vec(),
+            false => run(i..i + 1, &[false]),
+        };
+        assert_eq!(
+            out[i * n..(i + 1) * n],
+            want,
+            "row {i} of eleven generated, two prompt"
+        );
+    }
     // A NaN spoils its own row only.
     let mut bad = x[..3 * k].to_vec();
     bad[k + 7] = f32::NAN;

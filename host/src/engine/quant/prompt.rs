@@ -49,10 +49,18 @@ impl QuantMatrix {
             self.tiles(team, (x, &rp), out, Some((&beside, &mut og)));
         }
         if !tiles {
-            let mut op = vec![0f32; rp.len() * n];
-            self.prompt_pass(team, &gather(&rp), rp.len(), tiles, &mut op);
-            for (&i, o) in rp.iter().zip(op.chunks_exact(n)) {
-                out[i * n..(i + 1) * n].copy_from_slice(o);
+            let (a, b) = (rp[0], rp[rp.len() - 1] + 1);
+            if b - a == rp.len() {
+                // One run of prompt rows (a step's one prefill chunk, the usual case) is read
+                // and written in place: copying it cost a 256-row chunk beside 4 generated
+                // rows half again the two kinds' passes.
+                self.prompt_pass(team, &x[a * k..b * k], b - a, tiles, &mut out[a * n..b * n]);
+            } else {
+                let mut op = vec![0f32; rp.len() * n];
+                self.prompt_pass(team, &gather(&rp), rp.len(), tiles, &mut op);
+                for (&i, o) in rp.iter().zip(op.chunks_exact(n)) {
+                    out[i * n..(i + 1) * n].copy_from_slice(o);
+                }
             }
             self.batch_with(team, &beside, &mut og);
         }

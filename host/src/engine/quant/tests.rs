@@ -289,14 +289,19 @@ fn prompt_rows_do_not_depend_on_the_batch_nor_change_generated_rows() {
                 "{dtype:?} batch {m}"
             );
         }
-        let mixed: Vec<bool> = (0..40).map(|i| i % 3 != 0).collect();
-        let out = run(0..40, &mixed);
-        for (i, &prompt) in mixed.iter().enumerate() {
-            let want = match prompt {
-                true => all[i * n..(i + 1) * n].to_vec(),
-                false => run(i..i + 1, &[false]),
-            };
-            assert_eq!(out[i * n..(i + 1) * n], want[..], "{dtype:?} row {i}");
+        // Prompt rows scattered among generated ones, and in one run between them (read in
+        // place): every row as it is alone.
+        let scattered: Vec<bool> = (0..40).map(|i| i % 3 != 0).collect();
+        let run_of: Vec<bool> = (0..40).map(|i| (3..37).contains(&i)).collect();
+        for mixed in [scattered, run_of] {
+            let out = run(0..40, &mixed);
+            for (i, &prompt) in mixed.iter().enumerate() {
+                let want = match prompt {
+                    true => all[i * n..(i + 1) * n].to_vec(),
+                    false => run(i..i + 1, &[false]),
+                };
+                assert_eq!(out[i * n..(i + 1) * n], want[..], "{dtype:?} row {i}");
+            }
         }
     }
 }

@@ -262,16 +262,20 @@ pub struct EngineConfig {
 }
 
 /// How prompt rows (prefill) meet quantized weights on the CPU: `auto` takes BF16 AMX tiles
-/// where the CPU and OS offer them (2–4× the prefill speed; KL divergence from the f32
-/// reference below llama.cpp's on the same file) and 16-bit integers elsewhere; `int16` keeps
-/// 16-bit integer activations everywhere (greedy output as the dense-f32 reference's). The
-/// kernels take this enum as it is (`engine::quant::tiles`; `lanes`, `few`, `across`).
+/// where the CPU and OS offer them (2–4× the 16-bit kernels' prefill speed) and `int8`
+/// elsewhere, both with a KL divergence from the f32 reference below llama.cpp's on the same
+/// file; `int8` rounds k-quant prompt rows' activations to bytes per 256 as llama.cpp's Q8_K
+/// and multiplies them with `vpdpbusd` (1.5–1.7× the 16-bit kernels; the 32-element formats
+/// keep 16 bits); `int16` keeps 16-bit integer activations (greedy output as the dense-f32
+/// reference's). The kernels take this enum as it is (`engine::quant::tiles`; `lanes`,
+/// `lanes8`, `few`, `across`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum PromptPrecision {
     #[default]
     Auto,
     Int16,
+    Int8,
 }
 
 /// Where a model's engine computes.

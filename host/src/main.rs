@@ -138,7 +138,8 @@ struct EngineArgs {
     #[arg(long)]
     decode_activation_bits: Option<u8>,
     /// How the CPU prompt kernels (prefill) meet quantized weights: auto (BF16 AMX tiles where
-    /// the CPU has them, else 16-bit integers) or int16 (greedy output as the f32 reference's).
+    /// the CPU has them, else int8), int8 (k-quant activations rounded to bytes as llama.cpp's)
+    /// or int16 (greedy output as the f32 reference's).
     #[arg(long, value_enum)]
     prompt_precision: Option<gateway::config::PromptPrecision>,
     /// Where models run: cpu, cuda or cuda:N (CUDA needs a build with --features cuda).

@@ -42,6 +42,9 @@ pub(super) struct KActs {
     /// A single row (decode) also as bytes, for the one-row kernel.
     #[cfg(all(target_arch = "x86_64", target_feature = "avx512bw"))]
     bytes: Option<RowBytes>,
+    /// Prompt rows at `prompt_precision = "int8"` also as bytes, for `lanes8`.
+    #[cfg(all(target_arch = "x86_64", target_feature = "avx512bw"))]
+    bytes8: Option<lanes8::Bytes8>,
 }
 
 #[cfg(all(target_arch = "x86_64", target_feature = "avx512bw"))]
@@ -122,6 +125,8 @@ impl KActs {
             k,
             #[cfg(all(target_arch = "x86_64", target_feature = "avx512bw"))]
             bytes: (m == 1).then(|| RowBytes::new(q.as_slice(), bits)),
+            #[cfg(all(target_arch = "x86_64", target_feature = "avx512bw"))]
+            bytes8: None,
             q,
             scale,
             sums,
@@ -130,6 +135,15 @@ impl KActs {
 
     fn q(&self) -> &[i16] {
         self.q.as_slice()
+    }
+
+    /// These rows (rounded to 8 bits) for the 8-bit prompt kernel: every prefill span over them
+    /// takes `lanes8` instead of the 16-bit lanes kernel.
+    #[cfg(all(target_arch = "x86_64", target_feature = "avx512bw"))]
+    pub(super) fn with_bytes8(mut self, team: &Team) -> Self {
+        let m = self.q().len() / self.k;
+        self.bytes8 = Some(lanes8::Bytes8::new(team, self.q(), m, self.k));
+        self
     }
 }
 
@@ -212,6 +226,7 @@ pub(super) fn tile(
 ) {
     use avx512::{one_row, rows, span_rows};
     use lanes::span_lanes;
+    use lanes8::span_lanes as span_lanes8;
     let args = (s, r0, nr, a, i0, dst);
     macro_rules! by_batch {
         ($f:expr) => {
@@ -224,6 +239,9 @@ pub(super) fn tile(
                     super::by_batch!(rows, $f, rows_walked, g, false, args)
                 }
                 super::Walk::Span(n) => super::by_group!(span_rows, $f, g, n, args),
+                super::Walk::Prompt(n) if a.bytes8.is_some() => {
+                    super::by_group!(span_lanes8, $f, g, n, args)
+                }
                 super::Walk::Prompt(n) => super::by_group!(span_lanes, $f, g, n, args),
             }
         };
@@ -352,6 +370,9 @@ mod avx512;
 
 #[cfg(all(target_arch = "x86_64", target_feature = "avx512bw"))]
 mod lanes;
+
+#[cfg(all(target_arch = "x86_64", target_feature = "avx512bw"))]
+mod lanes8;
 
 #[cfg(all(target_arch = "x86_64", target_feature = "avx512bw"))]
 mod few;

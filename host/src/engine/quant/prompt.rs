@@ -19,9 +19,10 @@ impl QuantMatrix {
         let (m, n, k) = (prompt.len(), self.rows, self.cols);
         assert_eq!(x.len(), m * k, "activation shape");
         assert_eq!(out.len(), m * n, "output shape");
-        let tiles = rounding.prompt == PromptPrecision::Auto && self.takes_tiles();
+        let precision = rounding.prompt;
+        let tiles = self.takes_tiles(precision);
         if prompt.iter().all(|&p| p) {
-            return self.prompt_pass(team, x, m, tiles, out);
+            return self.prompt_pass(team, x, m, precision, out);
         }
         let kind = |prompt_row: bool| (0..m).filter(move |&i| prompt[i] == prompt_row);
         let (rp, rg): (Vec<usize>, Vec<usize>) = (kind(true).collect(), kind(false).collect());
@@ -54,10 +55,11 @@ impl QuantMatrix {
                 // One run of prompt rows (a step's one prefill chunk, the usual case) is read
                 // and written in place: copying it cost a 256-row chunk beside 4 generated
                 // rows half again the two kinds' passes.
-                self.prompt_pass(team, &x[a * k..b * k], b - a, tiles, &mut out[a * n..b * n]);
+                let (xr, or) = (&x[a * k..b * k], &mut out[a * n..b * n]);
+                self.prompt_pass(team, xr, b - a, precision, or);
             } else {
                 let mut op = vec![0f32; rp.len() * n];
-                self.prompt_pass(team, &gather(&rp), rp.len(), tiles, &mut op);
+                self.prompt_pass(team, &gather(&rp), rp.len(), precision, &mut op);
                 for (&i, o) in rp.iter().zip(op.chunks_exact(n)) {
                     out[i * n..(i + 1) * n].copy_from_slice(o);
                 }
@@ -69,23 +71,39 @@ impl QuantMatrix {
         }
     }
 
-    /// Whether prompt rows may take BF16 AMX tiles here (`tiles`).
-    fn takes_tiles(&self) -> bool {
+    /// Whether prompt rows take BF16 AMX tiles here (`tiles`): at `auto`, where they fit.
+    fn takes_tiles(&self, precision: PromptPrecision) -> bool {
         #[cfg(all(target_feature = "avx512bf16", target_os = "linux"))]
-        return self.tiles_fit();
+        return precision == PromptPrecision::Auto && self.tiles_fit();
         #[cfg(not(all(target_feature = "avx512bf16", target_os = "linux")))]
-        false
+        {
+            let _ = precision;
+            false
+        }
     }
 
-    /// `m` prompt rows through the prompt kernels: AMX tiles (`tiles`: every row, however
-    /// many, so a row's bits never depend on its step) or 16-bit integer kernels.
-    fn prompt_pass(&self, team: &Team, x: &[f32], m: usize, tiles: bool, out: &mut [f32]) {
+    /// `m` prompt rows through the prompt kernels: AMX tiles (every row, however many, so a
+    /// row's bits never depend on its step), 8-bit integer kernels (`int8`, or `auto` without
+    /// tiles) or 16-bit ones (`int16`).
+    fn prompt_pass(
+        &self,
+        team: &Team,
+        x: &[f32],
+        m: usize,
+        precision: PromptPrecision,
+        out: &mut [f32],
+    ) {
         #[cfg(all(target_feature = "avx512bf16", target_os = "linux"))]
-        if tiles {
+        if self.takes_tiles(precision) {
             let rows: Vec<usize> = (0..m).collect();
             return self.tiles(team, (x, &rows), out, None);
         }
-        let _ = tiles;
+        // Without the tiles `auto` takes the 8-bit kernels too: 1.5-1.7x the 16-bit ones' speed,
+        // and further from f32 than them but not as far as llama.cpp's kernels (README,
+        // "Precision").
+        if precision != PromptPrecision::Int16 {
+            return self.int8_pass(team, x, m, out);
+        }
         if m <= lanes::ACROSS_ROWS {
             return self.across_pass(team, x, m, out);
         }
@@ -103,6 +121,27 @@ impl QuantMatrix {
                 .iter()
                 .any(|f| f.is_k())
                 .then(|| KActs::new(team, x, m, k, ActivationBits::Sixteen)),
+            q32: formats
+                .iter()
+                .any(|f| !f.is_k())
+                .then(|| lanes::q32::Acts32::new(team, x, m, k)),
+            #[cfg(target_feature = "avx512vl")]
+            q16: None,
+        };
+        self.prefill(team, x, &acts, m, out, true);
+    }
+
+    /// `prompt_precision = "int8"` (or `auto` without tiles): k-quant prompt rows rounded to
+    /// bytes meet the weights
+    /// across the lanes (`k_kernels::lanes8`) however many a step has, since `few` and `across`
+    /// give the 16-bit kernel's bits; the 32-element formats keep their 16-bit prompt kernels.
+    fn int8_pass(&self, team: &Team, x: &[f32], m: usize, out: &mut [f32]) {
+        let (k, formats) = (self.cols, self.formats());
+        let acts = Acts {
+            k: formats
+                .iter()
+                .any(|f| f.is_k())
+                .then(|| KActs::new(team, x, m, k, ActivationBits::Eight).with_bytes8(team)),
             q32: formats
                 .iter()
                 .any(|f| !f.is_k())

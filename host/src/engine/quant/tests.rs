@@ -96,11 +96,23 @@ fn matmul_matches_the_dequantized_float_reference_for_every_format_and_batch() {
                 })
                 .collect();
             let want = reference(&x, &deq, m, n, k);
-            // Generated rows at both roundings, then prompt rows (their own kernels).
-            for (prompt, bits) in [(false, Sixteen), (false, Eight), (true, Sixteen)] {
+            // Generated rows at both roundings, then prompt rows (their own kernels) at 16 and
+            // 8 bits.
+            let p8 = Rounding {
+                decode: Sixteen,
+                prompt: PromptPrecision::Int8,
+            };
+            for (prompt, rounding) in [
+                (false, Sixteen.into()),
+                (false, Eight.into()),
+                (true, Sixteen.into()),
+                (true, p8),
+            ] {
                 let mut out = vec![0f32; m * n];
-                qm.matmul_rows(&team, &x, &vec![prompt; m], bits, &mut out);
-                // The prompt kernels round every format to 16 bits; the batch kernels round
+                qm.matmul_rows(&team, &x, &vec![prompt; m], rounding, &mut out);
+                let bits = rounding.decode;
+                // The prompt kernels round every format to 16 bits (k-quants to 8 at `int8`);
+                // the batch kernels round
                 // k-quants to `bits`, Q4_0, Q5_0, Q8_0 and Q4_1 to 16 bits on AVX-512 (`q32_batch`,
                 // `q4_1_batch`), and give the others floats.
                 let prompt_kernel =
@@ -114,6 +126,7 @@ fn matmul_matches_the_dequantized_float_reference_for_every_format_and_batch() {
                     target_feature = "avx512vl"
                 ));
                 let rounded = match (prompt_kernel, is_k, bits) {
+                    (true, true, _) if rounding == p8 => Some(127.0),
                     (true, _, _) | (false, true, Sixteen) => Some(32767.0),
                     (false, true, Eight) => Some(127.0),
                     (false, false, _) if q16 => Some(32767.0),
@@ -127,7 +140,7 @@ fn matmul_matches_the_dequantized_float_reference_for_every_format_and_batch() {
                         let want = want[i * n + r];
                         assert!(
                             (got - want).abs() <= tol,
-                            "{dtype:?} m={m} prompt={prompt} {bits:?} ({i},{r}): {got} vs {want} (tol {tol})"
+                            "{dtype:?} m={m} prompt={prompt} {rounding:?} ({i},{r}): {got} vs {want} (tol {tol})"
                         );
                     }
                 }
@@ -252,41 +265,52 @@ fn prompt_rows_do_not_depend_on_the_batch_nor_change_generated_rows() {
     // 40 rows of a 2048-wide matrix: tiles of two lane groups (the last one partial), two
     // column chunks, several groups per span. 72 prompt rows go through the lanes kernel;
     // up to 64 through `few` (k-quants) and one or two through `across` (every format), which
-    // must give the same bits.
+    // must give the same bits. At `int8` every k-quant prompt row takes `lanes8`.
     let (n, k) = (40, 2048);
-    for dtype in ALL {
+    for (dtype, prompt) in ALL
+        .into_iter()
+        .flat_map(|d| [PromptPrecision::Int16, PromptPrecision::Int8].map(|p| (d, p)))
+    {
         let (q, _) = quantize(&weights(n, k, 6), n, k, dtype);
         let qm = QuantMatrix::from_qtensor(&q).unwrap();
         let x: Vec<f32> = (0..72 * k)
             .map(|i| ((i * 11 % 29) as f32 - 14.0) * 0.05)
             .collect();
-        let run = |rows: std::ops::Range<usize>, prompt: &[bool]| {
+        let rounding = Rounding {
+            decode: Sixteen,
+            prompt,
+        };
+        let run = |rows: std::ops::Range<usize>, kinds: &[bool]| {
             let mut out = vec![0f32; rows.len() * n];
             let x = &x[rows.start * k..rows.end * k];
-            qm.matmul_rows(&team, x, prompt, Sixteen, &mut out);
+            qm.matmul_rows(&team, x, kinds, rounding, &mut out);
             out
         };
         let all = run(0..72, &[true; 72]);
         // Row 33 second in a batch of eight, and row 0 in batches of 8 to 65.
         let tail = run(32..40, &[true; 8]);
-        assert_eq!(tail[n..2 * n], all[33 * n..34 * n], "{dtype:?} row 33");
+        assert_eq!(
+            tail[n..2 * n],
+            all[33 * n..34 * n],
+            "{dtype:?} {prompt:?} row 33"
+        );
         // Alone, and a few beside generated rows (a prompt's last chunk joining decodes).
         assert_eq!(
             run(33..34, &[true]),
             all[33 * n..34 * n],
-            "{dtype:?} row 33 alone"
+            "{dtype:?} {prompt:?} row 33 alone"
         );
         let few = run(32..36, &[false, true, true, false]);
         assert_eq!(
             few[n..2 * n],
             all[33 * n..34 * n],
-            "{dtype:?} row 33 of few"
+            "{dtype:?} {prompt:?} row 33 of few"
         );
         for m in [1, 2, 3, 8, 13, 16, 17, 33, 48, 64, 65] {
             assert_eq!(
                 run(0..m, &vec![true; m])[..n],
                 all[..n],
-                "{dtype:?} batch {m}"
+                "{dtype:?} {prompt:?} batch {m}"
             );
         }
         // Prompt rows scattered among generated ones, and in one run between them (read in
@@ -295,12 +319,16 @@ fn prompt_rows_do_not_depend_on_the_batch_nor_change_generated_rows() {
         let run_of: Vec<bool> = (0..40).map(|i| (3..37).contains(&i)).collect();
         for mixed in [scattered, run_of] {
             let out = run(0..40, &mixed);
-            for (i, &prompt) in mixed.iter().enumerate() {
-                let want = match prompt {
+            for (i, &is_prompt) in mixed.iter().enumerate() {
+                let want = match is_prompt {
                     true => all[i * n..(i + 1) * n].to_vec(),
                     false => run(i..i + 1, &[false]),
                 };
-                assert_eq!(out[i * n..(i + 1) * n], want[..], "{dtype:?} row {i}");
+                assert_eq!(
+                    out[i * n..(i + 1) * n],
+                    want[..],
+                    "{dtype:?} {prompt:?} row {i}"
+                );
             }
         }
     }
@@ -315,12 +343,17 @@ fn a_nan_activation_spoils_its_row_in_every_kernel() {
     for dtype in ALL {
         let (q, _) = quantize(&weights(n, k, 7), n, k, dtype);
         let qm = QuantMatrix::from_qtensor(&q).unwrap();
+        let p8 = Rounding {
+            decode: Sixteen,
+            prompt: PromptPrecision::Int8,
+        };
         let cases = [
-            (1, false, Sixteen),
-            (1, false, Eight),
-            (3, false, Sixteen),
-            (9, false, Eight),
-            (9, true, Sixteen),
+            (1, false, Sixteen.into()),
+            (1, false, Eight.into()),
+            (3, false, Sixteen.into()),
+            (9, false, Eight.into()),
+            (9, true, Sixteen.into()),
+            (9, true, p8),
         ];
         for (m, prompt, bits) in cases {
             let mut x: Vec<f32> = (0..m * k).map(|i| (i % 7) as f32 * 0.1 - 0.3).collect();

@@ -26,7 +26,7 @@ const L1_ACTS: usize = 24 * 1024;
 /// The six-bit scales and mins of a Q4_K/Q5_K block as two u64s of eight bytes each
 /// (the byte shuffle of `blocks::k4_scales_mins`, done on 32-bit words).
 #[inline(always)]
-unsafe fn scales_mins(p: *const u8) -> (u64, u64) {
+pub(super) unsafe fn scales_mins(p: *const u8) -> (u64, u64) {
     const K1: u32 = 0x3f3f_3f3f;
     const K2: u32 = 0x0f0f_0f0f;
     const K3: u32 = 0x0303_0303;
@@ -63,7 +63,7 @@ static RUN_SCALE_IDX: [[[i16; 32]; 4]; 2] = {
 /// A super-block's values as four 64-byte runs in element order (Q6_K's without the offset of
 /// 32). 16-bit shifts are safe where the masks keep each byte's own bits.
 #[inline(always)]
-unsafe fn runs<const F: u8>(b: *const u8) -> [__m512i; 4] {
+pub(super) unsafe fn runs<const F: u8>(b: *const u8) -> [__m512i; 4] {
     let m4 = _mm512_set1_epi8(0x0F);
     let mut out = [_mm512_setzero_si512(); 4];
     if F == Q6K {

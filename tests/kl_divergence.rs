@@ -195,7 +195,7 @@ fn check(file: &str) {
         "f32 paths disagree: {agree}"
     );
     // Top-1 agreement over 2,040 tokens moves by a few tokens with any change of rounding: the
-    // 8-bit setting (llama.cpp's own rounding) is held to within two standard errors of
+    // 8-bit settings (llama.cpp's own rounding) are held to within two standard errors of
     // llama.cpp's, the others (16-bit, and BF16 prompt rows) strictly.
     let n = num(agree, "tokens");
     let noise = 2.0 * (llama_top * (1.0 - llama_top) / n).sqrt();
@@ -206,7 +206,8 @@ fn check(file: &str) {
             "{file} {name}: mean KLD {} above llama.cpp's {llama_kl}",
             ours["kl_mean"]
         );
-        let slack = if name == "decode8" { noise } else { 0.0 };
+        let eight = name == "decode8" || name == "prompt8";
+        let slack = if eight { noise } else { 0.0 };
         assert!(
             num(ours, "top1_agreement") >= llama_top - slack,
             "{file} {name}: top-1 agreement {} below llama.cpp's {llama_top}",

@@ -41,13 +41,13 @@ pub struct KlOptions {
     #[arg(long)]
     pub chunks: Option<usize>,
     /// Kernel settings to measure: `prompt` (the default prompt kernels, which prefill uses:
-    /// BF16 AMX tiles where the CPU has them), `prompt16` (the 16-bit integer prompt kernels,
-    /// `--prompt-precision int16`), `decode16` and `decode8` (the kernels of generated tokens
-    /// with 16- or 8-bit activations for the k-quants).
+    /// BF16 AMX tiles where the CPU has them), `prompt16` and `prompt8` (the 16- and 8-bit
+    /// integer prompt kernels, `--prompt-precision int16` / `int8`), `decode16` and `decode8`
+    /// (the kernels of generated tokens with 16- or 8-bit activations for the k-quants).
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "prompt,prompt16,decode16,decode8"
+        default_value = "prompt,prompt16,prompt8,decode16,decode8"
     )]
     pub kernels: Vec<Setting>,
     /// Compute threads (0 = one per core).
@@ -64,12 +64,14 @@ pub struct KlOptions {
 pub enum Setting {
     Prompt,
     Prompt16,
+    Prompt8,
     Decode16,
     Decode8,
 }
 
 impl Setting {
-    /// Every row a prompt row (`prompt`, `prompt16`) or a generated one, and the rounding.
+    /// Every row a prompt row (`prompt`, `prompt16`, `prompt8`) or a generated one, and the
+    /// rounding.
     fn kernels(self) -> (bool, Rounding) {
         let rounding = |decode, prompt| Rounding { decode, prompt };
         match self {
@@ -77,6 +79,10 @@ impl Setting {
             Setting::Prompt16 => (
                 true,
                 rounding(ActivationBits::Sixteen, PromptPrecision::Int16),
+            ),
+            Setting::Prompt8 => (
+                true,
+                rounding(ActivationBits::Sixteen, PromptPrecision::Int8),
             ),
             Setting::Decode16 => (false, ActivationBits::Sixteen.into()),
             Setting::Decode8 => (false, ActivationBits::Eight.into()),

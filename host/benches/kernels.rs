@@ -349,40 +349,54 @@ fn calls(one: &Team, rng: &mut Rng, rounds: usize) {
     }
 }
 
-/// Prompt rows through a Qwen2.5-1.5B-shaped layer (Q4_K), in the 16-bit integer prompt
-/// kernels and on BF16 AMX tiles where this CPU has them: a prefill's rows (512), a short
-/// prompt's or a prefix-cache hit's tail (64, 8) and a fully cached prompt's last row (1).
+/// Prompt rows through a Qwen2.5-1.5B-shaped layer (all Q4_K, then all Q6_K), in the 16- and
+/// 8-bit integer prompt kernels and on BF16 AMX tiles where this CPU has them: a prefill's
+/// rows (512), a short prompt's or a prefix-cache hit's tail (64, 8) and a fully cached
+/// prompt's last row (1).
 fn prompt_rows(team: &Team, rng: &mut Rng, rounds: usize) {
-    let layer: Vec<_> = [(2048, 1536), (1536, 1536), (17920, 1536), (1536, 8960)]
-        .into_iter()
-        .map(|(rows, cols)| shaped(Format::Q4K, rows, cols, rng))
-        .collect();
-    println!("\nprompt rows through a Qwen2.5-1.5B-shaped layer (Q4_K), ms per layer:");
-    println!("| rows | 16-bit integer | BF16 tiles | speed-up |");
-    println!("|---:|---:|---:|---:|");
-    for m in [512, 64, 8, 1] {
-        let time = |prompt: PromptPrecision| {
-            let rounding = Rounding {
-                decode: ActivationBits::Sixteen,
-                prompt,
+    for format in [Format::Q4K, Format::Q6K] {
+        let layer: Vec<_> = [(2048, 1536), (1536, 1536), (17920, 1536), (1536, 8960)]
+            .into_iter()
+            .map(|(rows, cols)| shaped(format, rows, cols, rng))
+            .collect();
+        println!("\nprompt rows through a Qwen2.5-1.5B-shaped layer ({format:?}), ms per layer:");
+        println!("| rows | 16-bit integer | 8-bit integer | BF16 tiles | 8-bit speed-up |");
+        println!("|---:|---:|---:|---:|---:|");
+        for m in [512, 64, 8, 1] {
+            let time = |prompt: PromptPrecision| {
+                let rounding = Rounding {
+                    decode: ActivationBits::Sixteen,
+                    prompt,
+                };
+                let mut bufs: Vec<_> = layer
+                    .iter()
+                    .map(|w| {
+                        let x = (0..m * w.cols()).map(|i| ((i * 37 % 101) as f32 - 50.0) / 50.0);
+                        (x.collect::<Vec<f32>>(), vec![0f32; m * w.rows()])
+                    })
+                    .collect();
+                let prompt = vec![true; m];
+                let runs = (0..rounds)
+                    .map(|_| {
+                        let t = Instant::now();
+                        for (w, (x, out)) in layer.iter().zip(&mut bufs) {
+                            w.matmul_rows(team, x, &prompt, rounding, out);
+                        }
+                        t.elapsed().as_secs_f64() * 1e3
+                    })
+                    .collect();
+                median(runs)
             };
-            let mut bufs: Vec<_> = layer
-                .iter()
-                .map(|w| (vec![0.5f32; m * w.cols()], vec![0f32; m * w.rows()]))
-                .collect();
-            let prompt = vec![true; m];
-            let runs = (0..rounds)
-                .map(|_| {
-                    let t = Instant::now();
-                    for (w, (x, out)) in layer.iter().zip(&mut bufs) {
-                        w.matmul_rows(team, x, &prompt, rounding, out);
-                    }
-                    t.elapsed().as_secs_f64() * 1e3
-                })
-                .collect();
-            median(runs)
-        };
-        let (int16, tiles) = (time(PromptPrecision::Int16), time(PromptPrecision::Auto));
-        println!("| {m} | {int16:.2} | {tiles:.2} | {:.2}x |", int16 / tiles);
+            let [int16, int8, tiles] = [
+                PromptPrecision::Int16,
+                PromptPrecision::Int8,
+                PromptPrecision::Auto,
+            ]
+            .map(time);
+            println!(
+                "| {m} | {int16:.2} | {int8:.2} | {tiles:.2} | {:.2}x |",
+                int16 / int8
+            );
+        }
     }
 }

@@ -4,6 +4,8 @@
 # `--decode-activation-bits 8`), then both servers over HTTP at the same
 # concurrency levels (aggregate output tok/s, 128-token prompts, 64 tokens out, greedy).
 # Prints the figures and the ratios. Usage: host/scripts/bench-vs-llama.sh MODEL.gguf [CONC...]
+# GATEWAY_FLAGS adds engine flags to every gateway run (for example `--prompt-precision int8`,
+# what a CPU without AMX tiles runs by default).
 # Builds the llama.cpp peer once (host/scripts/build-llama-peer.sh, cached outside the clone).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -19,6 +21,7 @@ threads="$(nproc)"
 peer="$(host/scripts/build-llama-peer.sh)"
 cargo build --release --quiet --bin gateway
 gw=target/release/gateway
+read -r -a gwflags <<<"${GATEWAY_FLAGS:-}"
 # ggml's AMX and repacked weight buffers segfault on some CPUs with AMX (this machine's Sapphire
 # Rapids vCPUs): there llama.cpp runs without them, and the table says so.
 bench_repack=() server_repack=()
@@ -36,20 +39,20 @@ rounds=3
 : >/tmp/bench-vs-llama.llama
 echo "## engines without HTTP ($threads threads, $rounds alternating rounds)"
 for _ in $(seq "$rounds"); do
-  "$gw" bench -m "$model" --prompt-tokens 512 --gen-tokens 64 --repeat 1 --single-stream-only \
+  "$gw" bench -m "$model" "${gwflags[@]}" --prompt-tokens 512 --gen-tokens 64 --repeat 1 --single-stream-only \
     2>/dev/null >>/tmp/bench-vs-llama.gateway
   # The opt-in 8-bit decode activations (llama.cpp's own rounding), decode only.
-  "$gw" bench -m "$model" --decode-activation-bits 8 --prompt-tokens 16 --gen-tokens 64 --repeat 1 \
+  "$gw" bench -m "$model" "${gwflags[@]}" --decode-activation-bits 8 --prompt-tokens 16 --gen-tokens 64 --repeat 1 \
     --single-stream-only 2>/dev/null >>/tmp/bench-vs-llama.gateway8
   "$peer/llama-bench" -m "$model" -t "$threads" "${bench_repack[@]}" -p 512 -n 64 -r 1 -o md 2>/dev/null \
     >>/tmp/bench-vs-llama.llama
 done
-"$gw" bench -m "$model" --prompt-tokens 512 --gen-tokens 64 --concurrency 1 --repeat 3 --kv-seqs 2 \
+"$gw" bench -m "$model" "${gwflags[@]}" --prompt-tokens 512 --gen-tokens 64 --concurrency 1 --repeat 3 --kv-seqs 2 \
   2>/dev/null
 
 echo "## servers over HTTP"
 port_gw=18180 port_ll=18181
-"$gw" serve -m "bench=$model" -l "127.0.0.1:$port_gw" --no-prefix-caching >/tmp/bench-vs-llama.gw.log 2>&1 &
+"$gw" serve -m "bench=$model" "${gwflags[@]}" -l "127.0.0.1:$port_gw" --no-prefix-caching >/tmp/bench-vs-llama.gw.log 2>&1 &
 pid_gw=$!
 "$peer/llama-server" -m "$model" -t "$threads" "${server_repack[@]}" --port "$port_ll" -np "$np" -c $((4096 * np)) \
   >/tmp/bench-vs-llama.ll.log 2>&1 &

@@ -97,6 +97,7 @@ mod rounding;
     target_os = "linux"
 ))]
 mod tiles;
+mod untranspose;
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -106,6 +107,7 @@ use candle_core::quantized::{GgmlDType, QTensor};
 pub use crate::config::PromptPrecision;
 pub use blocks::{dequantize_block, Format};
 use k_kernels::KActs;
+use untranspose::untranspose;
 
 use super::team::{split, split_mut, Shares, Team};
 
@@ -624,16 +626,6 @@ fn gather(
             }
         }
     });
-}
-
-/// Writes `block` (`[rows][g]`, weight rows from `r0`, activation rows `i0..i0 + g`) into
-/// `out` (`[m][n]`).
-fn untranspose(block: &[f32], (i0, g): (usize, usize), r0: usize, n: usize, out: &mut [f32]) {
-    for (r, col) in block.chunks_exact(g).enumerate() {
-        for (i, &v) in col.iter().enumerate() {
-            out[(i0 + i) * n + r0 + r] = v;
-        }
-    }
 }
 
 /// Our format for a GGML type, if we multiply it natively.

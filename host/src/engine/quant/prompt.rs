@@ -100,11 +100,11 @@ impl QuantMatrix {
         }
         // Without the tiles `auto` takes the 8-bit kernels too: 1.5-1.7x the 16-bit ones' speed,
         // and further from f32 than them but not as far as llama.cpp's kernels (README,
-        // "Precision").
-        if precision != PromptPrecision::Int16 {
-            return self.int8_pass(team, x, m, out);
-        }
-        if m <= lanes::ACROSS_ROWS {
+        // "Precision"). Every k-quant row at 8 bits takes `k_kernels::lanes8` however many a
+        // step has: `few` and `across` give the 16-bit kernel's bits. The 32-element formats
+        // keep their 16-bit prompt kernels either way.
+        let eight = precision != PromptPrecision::Int16;
+        if !eight && m <= lanes::ACROSS_ROWS {
             return self.across_pass(team, x, m, out);
         }
         let k = self.cols;
@@ -112,36 +112,16 @@ impl QuantMatrix {
         // A short prompt, or a long one's tail after a prefix-cache hit, is not worth packing
         // every weight row for: `few` gives the same bits without it (the 32-element formats'
         // rows still pack).
-        if m <= k_kernels::FEW_ROWS && formats.iter().all(|f| f.is_k()) {
+        if !eight && m <= k_kernels::FEW_ROWS && formats.iter().all(|f| f.is_k()) {
             let a = KActs::new(team, x, m, k, ActivationBits::Sixteen);
             return k_kernels::few_pass(self, team, &k_kernels::Few::new(&a, m), out);
         }
-        let acts = Acts {
-            k: formats
-                .iter()
-                .any(|f| f.is_k())
-                .then(|| KActs::new(team, x, m, k, ActivationBits::Sixteen)),
-            q32: formats
-                .iter()
-                .any(|f| !f.is_k())
-                .then(|| lanes::q32::Acts32::new(team, x, m, k)),
-            #[cfg(target_feature = "avx512vl")]
-            q16: None,
+        let k_acts = || match eight {
+            true => KActs::new(team, x, m, k, ActivationBits::Eight).with_bytes8(team),
+            false => KActs::new(team, x, m, k, ActivationBits::Sixteen),
         };
-        self.prefill(team, x, &acts, m, out, true);
-    }
-
-    /// `prompt_precision = "int8"` (or `auto` without tiles): k-quant prompt rows rounded to
-    /// bytes meet the weights
-    /// across the lanes (`k_kernels::lanes8`) however many a step has, since `few` and `across`
-    /// give the 16-bit kernel's bits; the 32-element formats keep their 16-bit prompt kernels.
-    fn int8_pass(&self, team: &Team, x: &[f32], m: usize, out: &mut [f32]) {
-        let (k, formats) = (self.cols, self.formats());
         let acts = Acts {
-            k: formats
-                .iter()
-                .any(|f| f.is_k())
-                .then(|| KActs::new(team, x, m, k, ActivationBits::Eight).with_bytes8(team)),
+            k: formats.iter().any(|f| f.is_k()).then(k_acts),
             q32: formats
                 .iter()
                 .any(|f| !f.is_k())

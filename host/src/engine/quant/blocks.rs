@@ -62,6 +62,7 @@ pub(super) fn f16_at(b: &[u8], i: usize) -> f32 {
 }
 
 /// The eight 6-bit (scale, min) pairs of a Q4_K / Q5_K block, from its 12 packed bytes.
+#[inline]
 pub(super) fn k4_scales_mins(s: &[u8]) -> ([u8; 8], [u8; 8]) {
     let mut sc = [0u8; 8];
     let mut mn = [0u8; 8];

@@ -33,22 +33,45 @@ const SUMS: usize = 16;
 pub(super) struct KActs {
     k: usize,
     /// `[m][k]`: each 256-element block scaled so its largest magnitude is 32767 (or 127).
+    // AVX2 builds read the rows only as bytes (`RowBytes`, made from these in `new`).
+    #[cfg_attr(
+        all(
+            target_arch = "x86_64",
+            target_feature = "avx2",
+            target_feature = "fma",
+            not(any(test, target_feature = "avx512bw"))
+        ),
+        allow(dead_code)
+    )]
     q: Aligned<i16, 32>,
     /// `[m][k / 256]`: the scale of each block (`x ≈ q · scale`).
     scale: Vec<f32>,
     /// `[m][k / 256][16]`: each 32-element sub-block's sum of the rounded activations (times
     /// the scale), zero padded.
     sums: Vec<f32>,
-    /// A single row (decode) also as bytes, for the one-row kernel.
-    #[cfg(all(target_arch = "x86_64", target_feature = "avx512bw"))]
+    /// The rows also as bytes: on AVX-512 a single row (decode), for the one-row kernel; on
+    /// AVX2 every row, which its kernel multiplies.
+    #[cfg(all(
+        target_arch = "x86_64",
+        any(
+            target_feature = "avx512bw",
+            all(target_feature = "avx2", target_feature = "fma")
+        )
+    ))]
     bytes: Option<RowBytes>,
     /// Prompt rows at `prompt_precision = "int8"` also as bytes, for `lanes8`.
     #[cfg(all(target_arch = "x86_64", target_feature = "avx512bw"))]
     bytes8: Option<lanes8::Bytes8>,
 }
 
-#[cfg(all(target_arch = "x86_64", target_feature = "avx512bw"))]
-/// One activation row as bytes, in element order: rounded to 16 bits, `q = 256·hi + lo`; to 8,
+#[cfg(all(
+    target_arch = "x86_64",
+    any(
+        target_feature = "avx512bw",
+        all(target_feature = "avx2", target_feature = "fma")
+    )
+))]
+/// Activation rows as bytes, in element order: rounded to 16 bits, `q = 256·hi + lo`; to 8,
 /// the values are `hi` and there is no `lo`.
 ///
 /// A row's weights are read once from memory, so the one-row kernel's cost is the unpacking:
@@ -62,36 +85,63 @@ pub(super) struct RowBytes {
     hs: Aligned<i16, 32>,
 }
 
-#[cfg(all(target_arch = "x86_64", target_feature = "avx512bw"))]
+#[cfg(all(
+    target_arch = "x86_64",
+    any(
+        target_feature = "avx512bw",
+        all(target_feature = "avx2", target_feature = "fma")
+    )
+))]
 impl RowBytes {
-    /// From one row of stored activations (`deinterleave` order) rounded to `bits`.
-    fn new(q: &[i16], bits: ActivationBits) -> Self {
+    /// From rows of stored activations (`deinterleave` order) rounded to `bits`, runs of 64
+    /// split across the team (AVX2 converts every prompt row of a prefill chunk).
+    fn new(team: &Team, q: &[i16], bits: ActivationBits) -> Self {
+        use crate::engine::team::{split, split_mut};
         let k = q.len();
         let wide = bits == ActivationBits::Sixteen;
-        let (mut hi, mut hs) = (Aligned::zeroed(k), Aligned::zeroed(k / 2));
+        let (mut hi, mut hs) = (Aligned::<i8, 64>::zeroed(k), Aligned::<i16, 32>::zeroed(k / 2));
         let mut lo = wide.then(|| Aligned::<u8, 64>::zeroed(k));
-        for (r, run) in q.chunks_exact(64).enumerate() {
-            let (hi, hs) = (
-                &mut hi.as_mut_slice()[64 * r..64 * r + 64],
-                &mut hs.as_mut_slice()[32 * r..32 * r + 32],
-            );
-            let mut lo = lo
-                .as_mut()
-                .map(|lo| &mut lo.as_mut_slice()[64 * r..64 * r + 64]);
-            // A stored run is its 32 even elements, then its 32 odd ones.
-            let (even, odd) = run.split_at(32);
-            for (m, (&e, &o)) in even.iter().zip(odd).enumerate() {
-                let (he, ho) = match wide {
-                    true => ((e >> 8) as i8, (o >> 8) as i8),
-                    false => (e as i8, o as i8),
-                };
-                (hi[2 * m], hi[2 * m + 1]) = (he, ho);
-                hs[m] = 32 * (i16::from(he) + i16::from(ho));
-                if let Some(lo) = lo.as_mut() {
-                    (lo[2 * m], lo[2 * m + 1]) = (e as u8, o as u8);
+        let runs = k / 64;
+        // A few rows (decode, a small batch) are converted here rather than waking the team.
+        let parts = if k < 1 << 16 { 1 } else { team.threads() };
+        let ranges: Vec<_> = (0..parts).map(|p| split(runs, 1, p, parts)).collect();
+        let his = split_mut(hi.as_mut_slice(), ranges.iter().map(|r| 64 * r.len()));
+        let hss = split_mut(hs.as_mut_slice(), ranges.iter().map(|r| 32 * r.len()));
+        let los = lo.as_mut().map(|lo| {
+            split_mut(lo.as_mut_slice(), ranges.iter().map(|r| 64 * r.len()))
+        });
+        let job = |p: usize, _: usize| {
+            let Some(range) = ranges.get(p) else { return };
+            let mut hi = his[p].lock().unwrap_or_else(|e| e.into_inner());
+            let mut hs = hss[p].lock().unwrap_or_else(|e| e.into_inner());
+            let mut lo = los
+                .as_ref()
+                .map(|l| l[p].lock().unwrap_or_else(|e| e.into_inner()));
+            let stored = &q[64 * range.start..64 * range.end];
+            for (r, run) in stored.chunks_exact(64).enumerate() {
+                let (hi, hs) = (&mut hi[64 * r..64 * r + 64], &mut hs[32 * r..32 * r + 32]);
+                let mut lo = lo.as_mut().map(|lo| &mut lo[64 * r..64 * r + 64]);
+                // A stored run is its 32 even elements, then its 32 odd ones.
+                let (even, odd) = run.split_at(32);
+                for (m, (&e, &o)) in even.iter().zip(odd).enumerate() {
+                    let (he, ho) = match wide {
+                        true => ((e >> 8) as i8, (o >> 8) as i8),
+                        false => (e as i8, o as i8),
+                    };
+                    (hi[2 * m], hi[2 * m + 1]) = (he, ho);
+                    hs[m] = 32 * (i16::from(he) + i16::from(ho));
+                    if let Some(lo) = lo.as_mut() {
+                        (lo[2 * m], lo[2 * m + 1]) = (e as u8, o as u8);
+                    }
                 }
             }
+        };
+        if parts > 1 {
+            team.run(&job);
+        } else {
+            job(0, 1);
         }
+        drop((his, hss, los));
         Self { hi, lo, hs }
     }
 }
@@ -123,8 +173,15 @@ impl KActs {
         });
         Self {
             k,
-            #[cfg(all(target_arch = "x86_64", target_feature = "avx512bw"))]
-            bytes: (m == 1).then(|| RowBytes::new(q.as_slice(), bits)),
+            #[cfg(all(
+                target_arch = "x86_64",
+                any(
+                    target_feature = "avx512bw",
+                    all(target_feature = "avx2", target_feature = "fma")
+                )
+            ))]
+            bytes: (m == 1 || cfg!(not(target_feature = "avx512bw")))
+                .then(|| RowBytes::new(team, q.as_slice(), bits)),
             #[cfg(all(target_arch = "x86_64", target_feature = "avx512bw"))]
             bytes8: None,
             q,
@@ -133,8 +190,26 @@ impl KActs {
         }
     }
 
+    // AVX2 builds read the rows only as bytes (`RowBytes`, made from these in `new`).
+    #[cfg_attr(
+        all(
+            target_arch = "x86_64",
+            target_feature = "avx2",
+            target_feature = "fma",
+            not(any(test, target_feature = "avx512bw"))
+        ),
+        allow(dead_code)
+    )]
     fn q(&self) -> &[i16] {
         self.q.as_slice()
+    }
+
+    /// Every row also as bytes, as AVX2 builds keep them: what the AVX2 kernel's test needs on
+    /// an AVX-512 build.
+    #[cfg(all(test, target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
+    pub(super) fn with_row_bytes(mut self, bits: ActivationBits) -> Self {
+        self.bytes = Some(RowBytes::new(&Team::new(1), self.q(), bits));
+        self
     }
 
     /// These rows (rounded to 8 bits) for the 8-bit prompt kernel: every prefill span over them

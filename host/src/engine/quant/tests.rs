@@ -180,8 +180,8 @@ fn k_kernels_agree_with_the_scalar_dot() {
     }
 }
 
-/// The AVX2 kernel (what machines without AVX-512BW run) does the scalar sums too, and gives a
-/// row the same bits alone as in a group of eight.
+/// The AVX2 kernel (what machines without AVX-512BW run), at 16 and 8 bits, does the scalar
+/// sums too, and gives a row the same bits alone as in a group of eight.
 #[cfg(all(
     target_arch = "x86_64",
     target_feature = "avx2",
@@ -198,22 +198,25 @@ fn avx2_k_kernel_agrees_with_the_scalar_dot_whatever_the_group() {
         let x: Vec<f32> = (0..m * k)
             .map(|i| ((i * 23 % 37) as f32 - 18.0) * 0.04)
             .collect();
-        let acts = KActs::new(&team, &x, m, k, Sixteen);
-        let seg = &qm.segments[0];
-        let mut group = vec![0f32; n * m];
-        k_kernels::avx2::tile(seg, 0, n, &acts, 0, m, &mut group, Walk::Stream);
-        for i in 0..m {
-            let mut alone = vec![0f32; n];
-            k_kernels::avx2::tile(seg, 0, n, &acts, i, 1, &mut alone, Walk::Stream);
-            for r in 0..n {
-                let row = &seg.bytes()[r * seg.row_bytes()..(r + 1) * seg.row_bytes()];
-                let want = k_kernels::dot_row(seg.format, row, &acts, i);
-                let got = group[r * m + i];
-                assert!(
-                    (got - want).abs() <= 1e-4 * want.abs().max(1.0),
-                    "{dtype:?} ({i},{r}): {got} vs {want}"
-                );
-                assert_eq!(got.to_bits(), alone[r].to_bits(), "{dtype:?} ({i},{r})");
+        for bits in [Sixteen, Eight] {
+            let acts = KActs::new(&team, &x, m, k, bits).with_row_bytes(bits);
+            let seg = &qm.segments[0];
+            let mut group = vec![0f32; n * m];
+            k_kernels::avx2::tile(seg, 0, n, &acts, 0, m, &mut group, Walk::Stream);
+            for i in 0..m {
+                let mut alone = vec![0f32; n];
+                k_kernels::avx2::tile(seg, 0, n, &acts, i, 1, &mut alone, Walk::Stream);
+                for r in 0..n {
+                    let row = &seg.bytes()[r * seg.row_bytes()..(r + 1) * seg.row_bytes()];
+                    let want = k_kernels::dot_row(seg.format, row, &acts, i);
+                    let got = group[r * m + i];
+                    assert!(
+                        (got - want).abs() <= 1e-4 * want.abs().max(1.0),
+                        "{dtype:?} {bits:?} ({i},{r}): {got} vs {want}"
+                    );
+                    let alone = alone[r].to_bits();
+                    assert_eq!(got.to_bits(), alone, "{dtype:?} {bits:?} ({i},{r})");
+                }
             }
         }
     }

@@ -78,6 +78,8 @@ mod k_kernels;
 mod lanes;
 #[cfg(all(target_arch = "x86_64", target_feature = "avx512bw"))]
 mod prompt;
+#[cfg(not(all(target_arch = "x86_64", target_feature = "avx512bw")))]
+mod prompt_bytes;
 #[cfg(all(
     target_arch = "x86_64",
     target_feature = "avx512bw",
@@ -435,6 +437,10 @@ impl QuantMatrix {
         #[cfg(all(target_arch = "x86_64", target_feature = "avx512bw"))]
         if prompt.contains(&true) {
             return self.prompt_rows(team, x, prompt, rounding, out);
+        }
+        #[cfg(not(all(target_arch = "x86_64", target_feature = "avx512bw")))]
+        if self.splits_prompt_rows(prompt, rounding) {
+            return self.prompt_rows_bytes(team, x, prompt, rounding.decode, out);
         }
         self.batch(team, x, prompt.len(), rounding.decode, out)
     }

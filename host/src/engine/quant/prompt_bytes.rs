@@ -1,0 +1,56 @@
+//! Prompt rows where the prompt kernels are not built (no AVX-512BW): they take the batch
+//! kernels on activations rounded to 8 bits (`prompt_precision` `auto` or `int8`; on AVX2 the
+//! byte kernel, `k_kernels::avx2::eight`), the generated rows of the step the decode rounding.
+//! Each kind goes through the kernels on its own rows, so a row's bits do not depend on what
+//! shares its step.
+
+use super::{ActivationBits, PromptPrecision, QuantMatrix, Rounding};
+use crate::engine::team::Team;
+
+impl QuantMatrix {
+    /// Whether `matmul_rows` splits this step's rows by kind: some are prompt rows, they take
+    /// 8 bits where the generated rows do not, and k-quant rows read them (the other formats'
+    /// kernels here take the rows unrounded).
+    pub(super) fn splits_prompt_rows(&self, prompt: &[bool], rounding: Rounding) -> bool {
+        rounding.prompt != PromptPrecision::Int16
+            && rounding.decode != ActivationBits::Eight
+            && prompt.contains(&true)
+            && self.segments.iter().any(|s| s.format.is_k())
+    }
+
+    /// `matmul_rows` for such a step: prompt rows at 8 bits, generated rows at `decode`, each
+    /// kind in place where its rows are one run (a step's prefill chunk), gathered otherwise.
+    pub(super) fn prompt_rows_bytes(
+        &self,
+        team: &Team,
+        x: &[f32],
+        prompt: &[bool],
+        decode: ActivationBits,
+        out: &mut [f32],
+    ) {
+        let (m, n, k) = (prompt.len(), self.rows, self.cols);
+        assert_eq!(x.len(), m * k, "activation shape");
+        assert_eq!(out.len(), m * n, "output shape");
+        for (kind, bits) in [(true, ActivationBits::Eight), (false, decode)] {
+            let rows: Vec<usize> = (0..m).filter(|&i| prompt[i] == kind).collect();
+            let (Some(&a), Some(&last)) = (rows.first(), rows.last()) else {
+                continue;
+            };
+            if last + 1 - a == rows.len() {
+                let b = last + 1;
+                self.batch(team, &x[a * k..b * k], b - a, bits, &mut out[a * n..b * n]);
+                continue;
+            }
+            let xs: Vec<f32> = rows
+                .iter()
+                .flat_map(|&i| &x[i * k..(i + 1) * k])
+                .copied()
+                .collect();
+            let mut o = vec![0f32; rows.len() * n];
+            self.batch(team, &xs, rows.len(), bits, &mut o);
+            for (&i, o) in rows.iter().zip(o.chunks_exact(n)) {
+                out[i * n..(i + 1) * n].copy_from_slice(o);
+            }
+        }
+    }
+}

@@ -1,35 +1,18 @@
 //! Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 (32-weight blocks) times unrounded f32 activations: each
 //! block is dequantized straight into registers and multiplied into the accumulators of
-//! several activation rows. AVX-512 and AVX2 + FMA paths are chosen at build time (the build
-//! targets the host CPU); a portable path covers the rest.
+//! several activation rows, on AVX-512 (Q5_1 always; the others where the integer kernels do
+//! not take them). AVX2 builds take the integer kernel `q32_avx2` for every row; a portable
+//! path covers the rest.
 
 use super::{Segment, TILE};
 
-#[cfg(not(all(
-    target_arch = "x86_64",
-    any(
-        target_feature = "avx512f",
-        all(target_feature = "avx2", target_feature = "fma")
-    )
-)))]
+#[cfg(not(all(target_arch = "x86_64", target_feature = "avx512f")))]
 use crate::engine::cpu_ops::dot;
 
-#[cfg(all(
-    target_arch = "x86_64",
-    any(
-        target_feature = "avx512f",
-        all(target_feature = "avx2", target_feature = "fma")
-    )
-))]
+#[cfg(all(target_arch = "x86_64", target_feature = "avx512f"))]
 use super::Format;
 
-#[cfg(all(
-    target_arch = "x86_64",
-    any(
-        target_feature = "avx512f",
-        all(target_feature = "avx2", target_feature = "fma")
-    )
-))]
+#[cfg(all(target_arch = "x86_64", target_feature = "avx512f"))]
 const BLOCK: usize = 32;
 
 /// Weight rows walked together for `g` activation rows (R·g ≤ 16 accumulators). A single
@@ -76,42 +59,8 @@ pub(super) fn tile(
     }
 }
 
-#[cfg(all(
-    target_arch = "x86_64",
-    target_feature = "avx2",
-    target_feature = "fma",
-    not(target_feature = "avx512f")
-))]
-pub(super) fn tile(
-    s: &Segment,
-    r0: usize,
-    nr: usize,
-    x: &[f32],
-    m: usize,
-    dst: &mut [f32],
-    _prefetch: bool,
-) {
-    debug_assert!(nr <= TILE);
-    let mut i0 = 0;
-    while i0 < m {
-        // Up to two activation rows share each dequantized weight block (register budget).
-        let g = (m - i0).min(2);
-        match g {
-            2 => avx2::rows::<2>(s, r0, nr, x, i0, m, dst),
-            _ => avx2::rows::<1>(s, r0, nr, x, i0, m, dst),
-        }
-        i0 += g;
-    }
-}
-
 /// Portable path: dequantize the tile, then plain dot products (vectorised by LLVM).
-#[cfg(not(all(
-    target_arch = "x86_64",
-    any(
-        target_feature = "avx512f",
-        all(target_feature = "avx2", target_feature = "fma")
-    )
-)))]
+#[cfg(not(all(target_arch = "x86_64", target_feature = "avx512f")))]
 pub(super) fn tile(
     s: &Segment,
     r0: usize,
@@ -131,143 +80,6 @@ pub(super) fn tile(
         let xr = &x[i * k..(i + 1) * k];
         for t in 0..nr {
             dst[t * m + i] = dot(&buf[t * k..(t + 1) * k], xr);
-        }
-    }
-}
-
-/// AVX2 + FMA kernel: each 32-weight block is dequantized straight into four f32 registers
-/// (`w = q·d + m`; Q4_0 is the case `m = -8d`, Q8_0 `w = q·d`) and multiplied into the
-/// accumulators of up to two activation rows, for four weight rows at a time.
-#[cfg(all(
-    target_arch = "x86_64",
-    target_feature = "avx2",
-    target_feature = "fma",
-    not(target_feature = "avx512f")
-))]
-mod avx2 {
-    use std::arch::x86_64::*;
-
-    use half::f16;
-
-    use super::{Format, Segment, BLOCK};
-
-    #[inline(always)]
-    fn f16_at(b: &[u8], i: usize) -> f32 {
-        f16::from_le_bytes([b[i], b[i + 1]]).to_f32()
-    }
-
-    /// The 32 weights of one block as four 8-lane vectors.
-    #[inline(always)]
-    fn dequant(format: Format, b: &[u8]) -> [__m256; 4] {
-        // SAFETY: every load reads inside `b`, a whole block (checked by the slice bounds below).
-        unsafe {
-            match format {
-                Format::Q4_0 | Format::Q4_1 => {
-                    let d = f16_at(b, 0);
-                    let (min, qs) = match format {
-                        Format::Q4_1 => (f16_at(b, 2), &b[4..20]),
-                        _ => (-8.0 * d, &b[2..18]),
-                    };
-                    let q = _mm_loadu_si128(qs.as_ptr() as *const __m128i);
-                    let mask = _mm_set1_epi8(0x0F);
-                    let lo = _mm_and_si128(q, mask);
-                    let hi = _mm_and_si128(_mm_srli_epi16(q, 4), mask);
-                    let (vd, vm) = (_mm256_set1_ps(d), _mm256_set1_ps(min));
-                    let f = |v: __m128i| {
-                        _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)), vd, vm)
-                    };
-                    [
-                        f(lo),
-                        f(_mm_srli_si128(lo, 8)),
-                        f(hi),
-                        f(_mm_srli_si128(hi, 8)),
-                    ]
-                }
-                // Q5_0 / Q5_1 through the scalar block decoder (not a hot format on AVX2-only
-                // machines; k-quants never come here).
-                Format::Q5_0 | Format::Q5_1 | Format::Q4K | Format::Q5K | Format::Q6K => {
-                    let mut o = [0f32; BLOCK];
-                    crate::engine::quant::dequantize_block(format, b, &mut o);
-                    let p = o.as_ptr();
-                    std::array::from_fn(|i| _mm256_loadu_ps(p.add(8 * i)))
-                }
-                Format::Q8_0 => {
-                    let qs = &b[2..34];
-                    let vd = _mm256_set1_ps(f16_at(b, 0));
-                    let f = |o: usize| {
-                        let v = _mm_loadl_epi64(qs[o..o + 8].as_ptr() as *const __m128i);
-                        _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)), vd)
-                    };
-                    [f(0), f(8), f(16), f(24)]
-                }
-            }
-        }
-    }
-
-    #[inline(always)]
-    fn hsum(v: __m256) -> f32 {
-        unsafe {
-            let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-            let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-            let s = _mm_add_ss(s, _mm_movehdup_ps(s));
-            _mm_cvtss_f32(s)
-        }
-    }
-
-    /// Weight rows `r0..r0 + nr` times activation rows `i0..i0 + G`, into `dst[row * m + i]`.
-    /// Four weight rows are walked together: their loads are independent streams, which keeps
-    /// enough memory requests in flight for a single decode row to approach bandwidth.
-    pub(super) fn rows<const G: usize>(
-        w: &Segment,
-        r0: usize,
-        nr: usize,
-        x: &[f32],
-        i0: usize,
-        m: usize,
-        dst: &mut [f32],
-    ) {
-        const R: usize = 4;
-        let k = w.cols;
-        let bb = w.format.block_bytes();
-        let rb = w.row_bytes();
-        let xs: [&[f32]; G] = std::array::from_fn(|j| &x[(i0 + j) * k..(i0 + j + 1) * k]);
-        let mut t = 0;
-        while t < nr {
-            let rr = (nr - t).min(R);
-            let rows: [&[u8]; R] = std::array::from_fn(|q| {
-                let r = r0 + t + q.min(rr - 1);
-                &w.bytes()[r * rb..(r + 1) * rb]
-            });
-            // SAFETY: loads read 8 floats at offsets < k within rows of length k (k % 32 == 0).
-            unsafe {
-                let mut acc = [[_mm256_setzero_ps(); G]; R];
-                for blk in 0..k / BLOCK {
-                    let o = blk * BLOCK;
-                    for q in 0..R {
-                        let v = dequant(w.format, &rows[q][blk * bb..(blk + 1) * bb]);
-                        for j in 0..G {
-                            let p = xs[j][o..o + BLOCK].as_ptr();
-                            let s = _mm256_fmadd_ps(
-                                v[1],
-                                _mm256_loadu_ps(p.add(8)),
-                                _mm256_mul_ps(v[0], _mm256_loadu_ps(p)),
-                            );
-                            let s = _mm256_fmadd_ps(
-                                v[3],
-                                _mm256_loadu_ps(p.add(24)),
-                                _mm256_fmadd_ps(v[2], _mm256_loadu_ps(p.add(16)), s),
-                            );
-                            acc[q][j] = _mm256_add_ps(acc[q][j], s);
-                        }
-                    }
-                }
-                for q in 0..rr {
-                    for j in 0..G {
-                        dst[(t + q) * m + i0 + j] = hsum(acc[q][j]);
-                    }
-                }
-            }
-            t += rr;
         }
     }
 }

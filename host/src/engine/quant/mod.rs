@@ -92,6 +92,15 @@ mod q32_batch;
     target_feature = "avx512vl"
 ))]
 mod q4_1_batch;
+/// The 32-element formats on AVX2 (also built for tests everywhere it compiles, so this machine
+/// checks it against the float reference).
+#[cfg(all(
+    target_arch = "x86_64",
+    target_feature = "avx2",
+    target_feature = "fma",
+    any(test, not(target_feature = "avx512bw"))
+))]
+mod q32_avx2;
 mod rounding;
 #[cfg(all(
     target_arch = "x86_64",
@@ -391,6 +400,17 @@ impl QuantMatrix {
                 target_feature = "avx512vl"
             ))]
             q16: self.batch_acts16(team, x, m),
+            #[cfg(all(
+                target_arch = "x86_64",
+                target_feature = "avx2",
+                target_feature = "fma",
+                not(target_feature = "avx512bw")
+            ))]
+            r32: self
+                .segments
+                .iter()
+                .any(|s| !s.format.is_k())
+                .then(|| q32_avx2::Acts32::new(team, x, m, self.cols)),
         }
     }
 
@@ -573,6 +593,16 @@ impl QuantMatrix {
                 q4_1_batch::tile(s, (r0, nr), a, (i0, g), d, walk == Walk::Stream);
                 continue;
             }
+            #[cfg(all(
+                target_arch = "x86_64",
+                target_feature = "avx2",
+                target_feature = "fma",
+                not(target_feature = "avx512bw")
+            ))]
+            if let Some(a) = &acts.r32 {
+                q32_avx2::tile(s, (r0, nr), a, (i0, g), d, walk == Walk::Stream);
+                continue;
+            }
             f32_kernels::tile(s, r0, nr, x, g, d, walk == Walk::Stream);
         }
     }
@@ -600,6 +630,14 @@ struct Acts {
         target_feature = "avx512vl"
     ))]
     q16: Option<q32_batch::Acts16>,
+    /// Rounded for the 32-element formats' AVX2 kernel (`q32_avx2`), every row.
+    #[cfg(all(
+        target_arch = "x86_64",
+        target_feature = "avx2",
+        target_feature = "fma",
+        not(target_feature = "avx512bw")
+    ))]
+    r32: Option<q32_avx2::Acts32>,
 }
 
 /// Writes a prefill span's results (tile after tile, group after group, each `[tile

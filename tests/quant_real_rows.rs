@@ -46,10 +46,21 @@ fn check(file: &str, tensors: &[&str]) {
                         .map(|(&a, &b)| (a as f64 * b as f64).abs())
                         .sum();
                     // k-quants round activations to 16 bits per 256 (≤ amax/65534 each), and
-                    // so do Q4_0, Q5_0 and Q8_0 on AVX-512 (`quant::q32_batch`).
+                    // so do Q4_0, Q5_0, Q8_0 and Q4_1 on AVX-512 (`quant::q32_batch`,
+                    // `q4_1_batch`); on AVX2 every format rounds to 16 bits per 32
+                    // (`quant::q32_avx2`), within the same bound.
                     let l1: f64 = w.iter().map(|v| v.abs() as f64).sum();
-                    let q16 = matches!(format, Format::Q4_0 | Format::Q5_0 | Format::Q8_0)
-                        && cfg!(all(
+                    let avx2 = cfg!(all(
+                        target_arch = "x86_64",
+                        target_feature = "avx2",
+                        target_feature = "fma",
+                        not(target_feature = "avx512bw")
+                    ));
+                    let q16 = avx2
+                        || matches!(
+                            format,
+                            Format::Q4_0 | Format::Q5_0 | Format::Q8_0 | Format::Q4_1
+                        ) && cfg!(all(
                             target_arch = "x86_64",
                             target_feature = "avx512bw",
                             target_feature = "avx512vl"

@@ -111,26 +111,35 @@ fn matmul_matches_the_dequantized_float_reference_for_every_format_and_batch() {
                 let mut out = vec![0f32; m * n];
                 qm.matmul_rows(&team, &x, &vec![prompt; m], rounding, &mut out);
                 let bits = rounding.decode;
-                // The prompt kernels round every format to 16 bits (k-quants to 8 at `int8`);
-                // the batch kernels round
-                // k-quants to `bits`, Q4_0, Q5_0, Q8_0 and Q4_1 to 16 bits on AVX-512 (`q32_batch`,
-                // `q4_1_batch`), and give the others floats.
-                let prompt_kernel =
-                    prompt && cfg!(all(target_arch = "x86_64", target_feature = "avx512bw"));
-                let q16 = matches!(
-                    dtype,
-                    GgmlDType::Q4_0 | GgmlDType::Q5_0 | GgmlDType::Q8_0 | GgmlDType::Q4_1
-                ) && cfg!(all(
+                // k-quant prompt rows round to 8 bits at `int8` on every build (the prompt
+                // kernels on AVX-512, the batch kernels on 8-bit rows elsewhere), to 16 at
+                // `int16`; the AVX-512 prompt kernels round the other formats to 16 bits too.
+                // The batch kernels round k-quants to `bits`; Q4_0, Q5_0, Q8_0 and Q4_1 to 16
+                // bits on AVX-512 (`q32_batch`, `q4_1_batch`), every 32-element format on AVX2
+                // (`q32_avx2`), and give the others floats.
+                let avx512 = cfg!(all(target_arch = "x86_64", target_feature = "avx512bw"));
+                let avx2 = cfg!(all(
                     target_arch = "x86_64",
-                    target_feature = "avx512bw",
-                    target_feature = "avx512vl"
+                    target_feature = "avx2",
+                    target_feature = "fma",
+                    not(target_feature = "avx512bw")
                 ));
-                let rounded = match (prompt_kernel, is_k, bits) {
+                let q16 = avx2
+                    || matches!(
+                        dtype,
+                        GgmlDType::Q4_0 | GgmlDType::Q5_0 | GgmlDType::Q8_0 | GgmlDType::Q4_1
+                    ) && cfg!(all(
+                        target_arch = "x86_64",
+                        target_feature = "avx512bw",
+                        target_feature = "avx512vl"
+                    ));
+                let rounded = match (prompt, is_k, bits) {
                     (true, true, _) if rounding == p8 => Some(127.0),
-                    (true, _, _) | (false, true, Sixteen) => Some(32767.0),
+                    (true, true, _) | (false, true, Sixteen) => Some(32767.0),
                     (false, true, Eight) => Some(127.0),
-                    (false, false, _) if q16 => Some(32767.0),
-                    (false, false, _) => None,
+                    (true, false, _) if avx512 => Some(32767.0),
+                    (_, false, _) if q16 => Some(32767.0),
+                    (_, false, _) => None,
                 };
                 for i in 0..m {
                     for r in 0..n {

@@ -15,11 +15,11 @@
 //! pair (`RowBytes::hs`), the low ones meet `q − 32`.
 //!
 //! Bounds: a pair sum is at most 2·63·128 + 32·256 (high, Q6_K) or 2·255·32 (low), inside
-//! i16; a lane adds 16 products per half super-block, so it is at most 16 · 4096 · 32767 < 2³¹
-//! at 16 bits (`k_kernels`' header) and 16 · 63 · 128 · 127 < 2²⁴ at 8, and each half goes to
-//! float once. Each result is summed per chunk of CHUNK super-blocks in column order, one weight
-//! row at a time with the same steps whatever the group, so a row's bits do not depend on the
-//! batch it is in.
+//! i16; at 16 bits a lane adds 16 products per half super-block, at most 16 · 4096 · 32767 <
+//! 2³¹ (`k_kernels`' header), and each half goes to float once; at 8 bits the whole
+//! super-block's 32 products a lane do (below 2²⁴ but for Q6_K's largest sums). Each result is
+//! summed per chunk of CHUNK super-blocks in column order, one weight row at a time with the
+//! same steps whatever the group, so a row's bits do not depend on the batch it is in.
 
 use std::arch::x86_64::*;
 
@@ -148,11 +148,16 @@ unsafe fn chunk<const F: u8, const G: usize, const WIDE: bool>(
         let (d, mins) = prep::<F>(&row[b * bb..(b + 1) * bb], &mut w, &mut sc);
         // As floats, broadcast where used: G vectors held across the runs spilled the sums.
         let scale: [f32; G] = std::array::from_fn(|j| d * a.scale[(i0 + j) * nb + b]);
-        for half in 0..2 {
+        // 16-bit rows go to float per half super-block (exact, and inside i32), 8-bit ones
+        // once per super-block: Q4_K/Q5_K's lanes stay exact (32 · 31 · 63 · 127 < 2²⁴), Q6_K's
+        // round past 2²⁴ the same way in any group; the conversion and its FMA were a tenth
+        // of prefill's instructions.
+        let parts = if WIDE { 2 } else { 1 };
+        for part in 0..parts {
             // Run by run, every row: the run's values and scales stay in registers and each
             // row's sum in one.
             let mut ia = [_mm256_setzero_si256(); G];
-            for v in 4 * half..4 * half + 4 {
+            for v in part * 8 / parts..(part + 1) * 8 / parts {
                 let (wv, sv) = (w[v], sc[v]);
                 let signed = match F == Q6K {
                     true => _mm256_sub_epi8(wv, _mm256_set1_epi8(32)),

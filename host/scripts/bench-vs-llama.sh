@@ -5,7 +5,8 @@
 # concurrency levels (aggregate output tok/s, 128-token prompts, 64 tokens out, greedy).
 # Prints the figures and the ratios. Usage: host/scripts/bench-vs-llama.sh MODEL.gguf [CONC...]
 # GATEWAY_FLAGS adds engine flags to every gateway run (for example `--prompt-precision int8`,
-# what a CPU without AMX tiles runs by default).
+# what a CPU without AMX tiles runs by default); LLAMA_PEER_CPU picks the peer's build
+# (build-llama-peer.sh).
 # Builds the llama.cpp peer once (host/scripts/build-llama-peer.sh, cached outside the clone).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -19,8 +20,9 @@ np=1
 for c in ${conc[*]}; do [ "$c" -gt "$np" ] && np="$c"; done
 threads="$(nproc)"
 peer="$(host/scripts/build-llama-peer.sh)"
-cargo build --release --quiet --bin gateway
-gw=target/release/gateway
+# GATEWAY_BIN: a gateway built elsewhere (host/scripts/bench-avx2.sh passes its AVX2 build).
+gw="${GATEWAY_BIN:-target/release/gateway}"
+[ -n "${GATEWAY_BIN:-}" ] || cargo build --release --quiet --bin gateway
 read -r -a gwflags <<<"${GATEWAY_FLAGS:-}"
 # ggml's AMX and repacked weight buffers segfault on some CPUs with AMX (this machine's Sapphire
 # Rapids vCPUs): there llama.cpp runs without them, and the table says so.

@@ -3,11 +3,19 @@
 # benchmarks and the precision test compare against) from
 # the llama.cpp vendored in the llama-cpp-python sdist on PyPI, once, into a cache outside the
 # clone ($LLAMA_PEER_DIR, default ~/.cache/llama-peer). Prints the folder holding the binaries.
+# LLAMA_PEER_CPU=avx2 builds it for AVX2 + FMA without AVX-512 (its own folder), the peer of a
+# gateway built for x86-64-v3 (host/scripts/bench-avx2.sh); the default targets this CPU.
 # Needs cmake, ninja and a C++ compiler (Debian: cmake ninja-build g++); ~15 min on 2 cores.
 set -euo pipefail
 version=0.3.36
 dir="${LLAMA_PEER_DIR:-$HOME/.cache/llama-peer}"
-bin="$dir/build-$version/bin"
+case "${LLAMA_PEER_CPU:-native}" in
+  native) build="$dir/build-$version" cpu_flags=(-DGGML_NATIVE=ON) ;;
+  avx2) build="$dir/build-$version-avx2" cpu_flags=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON
+    -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX512=OFF -DGGML_AVX_VNNI=OFF) ;;
+  *) echo "LLAMA_PEER_CPU is native or avx2" >&2; exit 1 ;;
+esac
+bin="$build/bin"
 tools=(llama-bench llama-server llama-cli llama-perplexity llama-quantize)
 built=1
 for t in "${tools[@]}"; do [ -x "$bin/$t" ] || built=0; done
@@ -29,8 +37,8 @@ if [ ! -d "$src" ]; then
   tar -xzf "$tarball" -C "$src.part" --strip-components=3 "llama_cpp_python-$version/vendor/llama.cpp"
   mv "$src.part" "$src"
 fi
-cmake -S "$src" -B "$dir/build-$version" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-  -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+cmake -S "$src" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release "${cpu_flags[@]}" \
+  -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
   -DLLAMA_BUILD_SERVER=ON -DBUILD_SHARED_LIBS=OFF >&2
-cmake --build "$dir/build-$version" --target "${tools[@]}" -j "$(nproc)" >&2
+cmake --build "$build" --target "${tools[@]}" -j "$(nproc)" >&2
 echo "$bin"

@@ -265,10 +265,11 @@ pub struct EngineConfig {
 /// where the CPU and OS offer them (2–4× the 16-bit kernels' prefill speed) and `int8`
 /// elsewhere, both with a KL divergence from the f32 reference below llama.cpp's on the same
 /// file; `int8` rounds k-quant prompt rows' activations to bytes per 256 as llama.cpp's Q8_K
-/// and multiplies them with `vpdpbusd` (1.5–1.7× the 16-bit kernels; the 32-element formats
-/// keep 16 bits); `int16` keeps 16-bit integer activations (greedy output as the dense-f32
-/// reference's). The kernels take this enum as it is (`engine::quant::tiles`; `lanes`,
-/// `lanes8`, `few`, `across`).
+/// and multiplies them as bytes (`vpdpbusd` on AVX-512, 1.5–1.7× the 16-bit kernels;
+/// `vpmaddubsw` on AVX2; the 32-element formats keep 16 bits); `int16` keeps 16-bit integer
+/// activations (greedy output as the dense-f32 reference's). The kernels take this enum as it
+/// is (`engine::quant::tiles`; `lanes`, `lanes8`, `few`, `across`; `prompt_bytes` without
+/// AVX-512).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum PromptPrecision {

@@ -99,7 +99,10 @@ impl RowBytes {
         use crate::engine::team::{split, split_mut};
         let k = q.len();
         let wide = bits == ActivationBits::Sixteen;
-        let (mut hi, mut hs) = (Aligned::<i8, 64>::zeroed(k), Aligned::<i16, 32>::zeroed(k / 2));
+        let (mut hi, mut hs) = (
+            Aligned::<i8, 64>::zeroed(k),
+            Aligned::<i16, 32>::zeroed(k / 2),
+        );
         let mut lo = wide.then(|| Aligned::<u8, 64>::zeroed(k));
         let runs = k / 64;
         // A few rows (decode, a small batch) are converted here rather than waking the team.
@@ -107,9 +110,9 @@ impl RowBytes {
         let ranges: Vec<_> = (0..parts).map(|p| split(runs, 1, p, parts)).collect();
         let his = split_mut(hi.as_mut_slice(), ranges.iter().map(|r| 64 * r.len()));
         let hss = split_mut(hs.as_mut_slice(), ranges.iter().map(|r| 32 * r.len()));
-        let los = lo.as_mut().map(|lo| {
-            split_mut(lo.as_mut_slice(), ranges.iter().map(|r| 64 * r.len()))
-        });
+        let los = lo
+            .as_mut()
+            .map(|lo| split_mut(lo.as_mut_slice(), ranges.iter().map(|r| 64 * r.len())));
         let job = |p: usize, _: usize| {
             let Some(range) = ranges.get(p) else { return };
             let mut hi = his[p].lock().unwrap_or_else(|e| e.into_inner());
@@ -206,7 +209,12 @@ impl KActs {
 
     /// Every row also as bytes, as AVX2 builds keep them: what the AVX2 kernel's test needs on
     /// an AVX-512 build.
-    #[cfg(all(test, target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
+    #[cfg(all(
+        test,
+        target_arch = "x86_64",
+        target_feature = "avx2",
+        target_feature = "fma"
+    ))]
     pub(super) fn with_row_bytes(mut self, bits: ActivationBits) -> Self {
         self.bytes = Some(RowBytes::new(&Team::new(1), self.q(), bits));
         self

@@ -80,6 +80,15 @@ mod lanes;
 mod prompt;
 #[cfg(not(all(target_arch = "x86_64", target_feature = "avx512bw")))]
 mod prompt_bytes;
+/// The 32-element formats on AVX2 (also built for tests everywhere it compiles, so this machine
+/// checks it against the float reference).
+#[cfg(all(
+    target_arch = "x86_64",
+    target_feature = "avx2",
+    target_feature = "fma",
+    any(test, not(target_feature = "avx512bw"))
+))]
+mod q32_avx2;
 #[cfg(all(
     target_arch = "x86_64",
     target_feature = "avx512bw",
@@ -92,15 +101,6 @@ mod q32_batch;
     target_feature = "avx512vl"
 ))]
 mod q4_1_batch;
-/// The 32-element formats on AVX2 (also built for tests everywhere it compiles, so this machine
-/// checks it against the float reference).
-#[cfg(all(
-    target_arch = "x86_64",
-    target_feature = "avx2",
-    target_feature = "fma",
-    any(test, not(target_feature = "avx512bw"))
-))]
-mod q32_avx2;
 mod rounding;
 #[cfg(all(
     target_arch = "x86_64",

@@ -102,15 +102,7 @@ const fn has_min(f: u8) -> bool {
 
 #[allow(clippy::type_complexity)]
 fn rows<const F: u8, const G: usize>(
-    (s, r0, nr, a, i0, dst, stream): (
-        &Segment,
-        usize,
-        usize,
-        &Acts32,
-        usize,
-        &mut [f32],
-        bool,
-    ),
+    (s, r0, nr, a, i0, dst, stream): (&Segment, usize, usize, &Acts32, usize, &mut [f32], bool),
 ) {
     let (k, rb, bb) = (s.cols, s.row_bytes(), s.format.block_bytes());
     let nb = k / BLOCK;
@@ -181,7 +173,10 @@ unsafe fn unpack<const F: u8>(b: &[u8]) -> (__m256i, __m256i, f32, f32) {
     let q = _mm_loadu_si128(b[qs..qs + 16].as_ptr().cast());
     let m4 = _mm_set1_epi8(0x0F);
     // Byte i holds element i in its low nibble and element i + 16 in its high one.
-    let (mut lo, mut hi) = (_mm_and_si128(q, m4), _mm_and_si128(_mm_srli_epi16::<4>(q), m4));
+    let (mut lo, mut hi) = (
+        _mm_and_si128(q, m4),
+        _mm_and_si128(_mm_srli_epi16::<4>(q), m4),
+    );
     if F == Q5_0 || F == Q5_1 {
         let at = qs - 4;
         let qh = u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);

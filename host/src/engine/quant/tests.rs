@@ -259,7 +259,14 @@ fn avx2_q32_kernel_matches_the_float_reference_whatever_the_group() {
             let mut group = vec![0f32; n * g];
             for i0 in (0..m).step_by(g) {
                 let g = g.min(m - i0);
-                q32_avx2::tile(seg, (0, n), &acts, (i0, g), &mut group[..n * g], i0 % 2 == 0);
+                q32_avx2::tile(
+                    seg,
+                    (0, n),
+                    &acts,
+                    (i0, g),
+                    &mut group[..n * g],
+                    i0 % 2 == 0,
+                );
                 for i in i0..i0 + g {
                     let mut alone = vec![0f32; n];
                     q32_avx2::tile(seg, (0, n), &acts, (i, 1), &mut alone, false);

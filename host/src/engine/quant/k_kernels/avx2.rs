@@ -133,7 +133,9 @@ unsafe fn chunk<const F: u8, const G: usize, const WIDE: bool>(
 ) -> [__m256; G] {
     let (k, nb) = (a.k, a.k / QK);
     let (hi, hs) = (x.hi.as_slice().as_ptr(), x.hs.as_slice().as_ptr());
-    let lo = x.lo.as_ref().map_or(std::ptr::null(), |lo| lo.as_slice().as_ptr());
+    let lo =
+        x.lo.as_ref()
+            .map_or(std::ptr::null(), |lo| lo.as_slice().as_ptr());
     let mut acc = [_mm256_setzero_ps(); G];
     let (mut w, mut sc) = ([_mm256_setzero_si256(); 8], [_mm256_setzero_si256(); 8]);
     for b in blocks {
@@ -245,7 +247,11 @@ unsafe fn k45_runs<const F: u8>(p: *const u8) -> [__m256i; 8] {
     std::array::from_fn(|j| {
         let q = _mm256_loadu_si256(qs.add(32 * (j / 2)).cast());
         // Sub-block 2c is the low nibbles of bytes 32c.., 2c + 1 their high ones.
-        let q = if j % 2 == 1 { _mm256_srli_epi16::<4>(q) } else { q };
+        let q = if j % 2 == 1 {
+            _mm256_srli_epi16::<4>(q)
+        } else {
+            q
+        };
         let v = _mm256_and_si256(q, m4);
         if F != Q5K {
             return v;

@@ -102,6 +102,7 @@ mod q32_batch;
 ))]
 mod q4_1_batch;
 mod rounding;
+mod step_rows;
 #[cfg(all(
     target_arch = "x86_64",
     target_feature = "avx512bf16",

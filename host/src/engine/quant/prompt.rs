@@ -3,7 +3,9 @@
 //! however many a step has.
 
 use super::k_kernels::{self, KActs};
-use super::{lanes, ActivationBits, Acts, Beside, PromptPrecision, QuantMatrix, Rounding};
+use super::{
+    lanes, step_rows, ActivationBits, Acts, Beside, PromptPrecision, QuantMatrix, Rounding,
+};
 use crate::engine::team::Team;
 
 impl QuantMatrix {
@@ -28,13 +30,7 @@ impl QuantMatrix {
         let (rp, rg): (Vec<usize>, Vec<usize>) = (kind(true).collect(), kind(false).collect());
         // The generated rows (few: decodes, or a prompt's last block) gathered into
         // contiguous rows and scattered back.
-        let gather = |rows: &[usize]| -> Vec<f32> {
-            rows.iter()
-                .flat_map(|&i| &x[i * k..(i + 1) * k])
-                .copied()
-                .collect()
-        };
-        let xg = gather(&rg);
+        let xg = step_rows::gather(x, k, &rg);
         let mut og = vec![0f32; rg.len() * n];
         let beside = Beside {
             x: &xg,
@@ -50,20 +46,9 @@ impl QuantMatrix {
             self.tiles(team, (x, &rp), out, Some((&beside, &mut og)));
         }
         if !tiles {
-            let (a, b) = (rp[0], rp[rp.len() - 1] + 1);
-            if b - a == rp.len() {
-                // One run of prompt rows (a step's one prefill chunk, the usual case) is read
-                // and written in place: copying it cost a 256-row chunk beside 4 generated
-                // rows half again the two kinds' passes.
-                let (xr, or) = (&x[a * k..b * k], &mut out[a * n..b * n]);
-                self.prompt_pass(team, xr, b - a, precision, or);
-            } else {
-                let mut op = vec![0f32; rp.len() * n];
-                self.prompt_pass(team, &gather(&rp), rp.len(), precision, &mut op);
-                for (&i, o) in rp.iter().zip(op.chunks_exact(n)) {
-                    out[i * n..(i + 1) * n].copy_from_slice(o);
-                }
-            }
+            step_rows::on_rows((x, k), (&mut *out, n), &rp, |xr, mr, or| {
+                self.prompt_pass(team, xr, mr, precision, or)
+            });
             self.batch_with(team, &beside, &mut og);
         }
         for (&i, o) in rg.iter().zip(og.chunks_exact(n)) {

@@ -4,7 +4,7 @@
 //! Each kind goes through the kernels on its own rows, so a row's bits do not depend on what
 //! shares its step.
 
-use super::{ActivationBits, PromptPrecision, QuantMatrix, Rounding};
+use super::{step_rows, ActivationBits, PromptPrecision, QuantMatrix, Rounding};
 use crate::engine::team::Team;
 
 impl QuantMatrix {
@@ -19,7 +19,7 @@ impl QuantMatrix {
     }
 
     /// `matmul_rows` for such a step: prompt rows at 8 bits, generated rows at `decode`, each
-    /// kind in place where its rows are one run (a step's prefill chunk), gathered otherwise.
+    /// kind on its own rows (`step_rows::on_rows`).
     pub(super) fn prompt_rows_bytes(
         &self,
         team: &Team,
@@ -33,23 +33,10 @@ impl QuantMatrix {
         assert_eq!(out.len(), m * n, "output shape");
         for (kind, bits) in [(true, ActivationBits::Eight), (false, decode)] {
             let rows: Vec<usize> = (0..m).filter(|&i| prompt[i] == kind).collect();
-            let (Some(&a), Some(&last)) = (rows.first(), rows.last()) else {
-                continue;
-            };
-            if last + 1 - a == rows.len() {
-                let b = last + 1;
-                self.batch(team, &x[a * k..b * k], b - a, bits, &mut out[a * n..b * n]);
-                continue;
-            }
-            let xs: Vec<f32> = rows
-                .iter()
-                .flat_map(|&i| &x[i * k..(i + 1) * k])
-                .copied()
-                .collect();
-            let mut o = vec![0f32; rows.len() * n];
-            self.batch(team, &xs, rows.len(), bits, &mut o);
-            for (&i, o) in rows.iter().zip(o.chunks_exact(n)) {
-                out[i * n..(i + 1) * n].copy_from_slice(o);
+            if !rows.is_empty() {
+                step_rows::on_rows((x, k), (&mut *out, n), &rows, |xr, mr, or| {
+                    self.batch(team, xr, mr, bits, or)
+                });
             }
         }
     }

@@ -175,9 +175,10 @@ unsafe fn chunk<const F: u8, const G: usize, const WIDE: bool>(
                         let l = _mm256_loadu_si256(lo.add(at).cast());
                         let lp = _mm256_maddubs_epi16(l, signed);
                         let high = _mm256_slli_epi32::<8>(_mm256_madd_epi16(hp, sv));
-                        *ia = scaled_add(_mm256_add_epi32(*ia, high), lp, sv);
+                        let sum = _mm256_add_epi32(high, _mm256_madd_epi16(lp, sv));
+                        *ia = _mm256_add_epi32(*ia, sum);
                     } else {
-                        *ia = scaled_add(*ia, hp, sv);
+                        *ia = _mm256_add_epi32(*ia, _mm256_madd_epi16(hp, sv));
                     }
                 }
             }
@@ -193,12 +194,6 @@ unsafe fn chunk<const F: u8, const G: usize, const WIDE: bool>(
         }
     }
     acc
-}
-
-/// `acc` plus `p`'s 16-bit pairs times the scales `s`, added per i32 lane.
-#[inline(always)]
-unsafe fn scaled_add(acc: __m256i, p: __m256i, s: __m256i) -> __m256i {
-    _mm256_add_epi32(acc, _mm256_madd_epi16(p, s))
 }
 
 /// One super-block's runs of 32 values as bytes in element order (`w[v]`: elements

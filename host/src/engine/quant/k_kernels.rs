@@ -71,20 +71,7 @@ pub(super) struct KActs {
         all(target_feature = "avx2", target_feature = "fma")
     )
 ))]
-/// Activation rows as bytes, in element order: rounded to 16 bits, `q = 256·hi + lo`; to 8,
-/// the values are `hi` and there is no `lo`.
-///
-/// A row's weights are read once from memory, so the one-row kernel's cost is the unpacking:
-/// it multiplies the packed 4-6-bit values as bytes (`maddubs`, no widening and no per-vector
-/// 16-bit scale multiply), high and low activation bytes apart, and applies the sub-block
-/// scales to the 16-bit pair sums.
-pub(super) struct RowBytes {
-    hi: Aligned<i8, 64>,
-    lo: Option<Aligned<u8, 64>>,
-    /// `[k / 2]`: `32·(hi[2i] + hi[2i + 1])`, Q6_K's offset of 32 on the high bytes of a pair.
-    hs: Aligned<i16, 32>,
-}
-
+mod row_bytes;
 #[cfg(all(
     target_arch = "x86_64",
     any(
@@ -92,62 +79,7 @@ pub(super) struct RowBytes {
         all(target_feature = "avx2", target_feature = "fma")
     )
 ))]
-impl RowBytes {
-    /// From rows of stored activations (`deinterleave` order) rounded to `bits`, runs of 64
-    /// split across the team (AVX2 converts every prompt row of a prefill chunk).
-    fn new(team: &Team, q: &[i16], bits: ActivationBits) -> Self {
-        use crate::engine::team::{split, split_mut};
-        let k = q.len();
-        let wide = bits == ActivationBits::Sixteen;
-        let (mut hi, mut hs) = (
-            Aligned::<i8, 64>::zeroed(k),
-            Aligned::<i16, 32>::zeroed(k / 2),
-        );
-        let mut lo = wide.then(|| Aligned::<u8, 64>::zeroed(k));
-        let runs = k / 64;
-        // A few rows (decode, a small batch) are converted here rather than waking the team.
-        let parts = if k < 1 << 16 { 1 } else { team.threads() };
-        let ranges: Vec<_> = (0..parts).map(|p| split(runs, 1, p, parts)).collect();
-        let his = split_mut(hi.as_mut_slice(), ranges.iter().map(|r| 64 * r.len()));
-        let hss = split_mut(hs.as_mut_slice(), ranges.iter().map(|r| 32 * r.len()));
-        let los = lo
-            .as_mut()
-            .map(|lo| split_mut(lo.as_mut_slice(), ranges.iter().map(|r| 64 * r.len())));
-        let job = |p: usize, _: usize| {
-            let Some(range) = ranges.get(p) else { return };
-            let mut hi = his[p].lock().unwrap_or_else(|e| e.into_inner());
-            let mut hs = hss[p].lock().unwrap_or_else(|e| e.into_inner());
-            let mut lo = los
-                .as_ref()
-                .map(|l| l[p].lock().unwrap_or_else(|e| e.into_inner()));
-            let stored = &q[64 * range.start..64 * range.end];
-            for (r, run) in stored.chunks_exact(64).enumerate() {
-                let (hi, hs) = (&mut hi[64 * r..64 * r + 64], &mut hs[32 * r..32 * r + 32]);
-                let mut lo = lo.as_mut().map(|lo| &mut lo[64 * r..64 * r + 64]);
-                // A stored run is its 32 even elements, then its 32 odd ones.
-                let (even, odd) = run.split_at(32);
-                for (m, (&e, &o)) in even.iter().zip(odd).enumerate() {
-                    let (he, ho) = match wide {
-                        true => ((e >> 8) as i8, (o >> 8) as i8),
-                        false => (e as i8, o as i8),
-                    };
-                    (hi[2 * m], hi[2 * m + 1]) = (he, ho);
-                    hs[m] = 32 * (i16::from(he) + i16::from(ho));
-                    if let Some(lo) = lo.as_mut() {
-                        (lo[2 * m], lo[2 * m + 1]) = (e as u8, o as u8);
-                    }
-                }
-            }
-        };
-        if parts > 1 {
-            team.run(&job);
-        } else {
-            job(0, 1);
-        }
-        drop((his, hss, los));
-        Self { hi, lo, hs }
-    }
-}
+use row_bytes::RowBytes;
 
 /// Reorders a block quantized in element order into the stored order: each run of 64 holds
 /// its even elements, then its odd ones, so a `vpdpwssd` lane (two neighbouring 16-bit values
@@ -184,7 +116,7 @@ impl KActs {
                 )
             ))]
             bytes: (m == 1 || cfg!(not(target_feature = "avx512bw")))
-                .then(|| RowBytes::new(team, q.as_slice(), bits)),
+                .then(|| RowBytes::new(team, q.as_slice(), k, bits)),
             #[cfg(all(target_arch = "x86_64", target_feature = "avx512bw"))]
             bytes8: None,
             q,
@@ -216,7 +148,7 @@ impl KActs {
         target_feature = "fma"
     ))]
     pub(super) fn with_row_bytes(mut self, bits: ActivationBits) -> Self {
-        self.bytes = Some(RowBytes::new(&Team::new(1), self.q(), bits));
+        self.bytes = Some(RowBytes::new(&Team::new(1), self.q(), self.k, bits));
         self
     }
 

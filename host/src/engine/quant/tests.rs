@@ -190,7 +190,8 @@ fn k_kernels_agree_with_the_scalar_dot() {
 }
 
 /// The AVX2 kernel (what machines without AVX-512BW run), at 16 and 8 bits, does the scalar
-/// sums too, and gives a row the same bits alone as in a group of eight.
+/// sums too, and gives a row the same bits alone as in its group: a whole group of eight and
+/// the short last one (rows are kept in groups, `RowBytes`).
 #[cfg(all(
     target_arch = "x86_64",
     target_feature = "avx2",
@@ -199,8 +200,8 @@ fn k_kernels_agree_with_the_scalar_dot() {
 #[test]
 fn avx2_k_kernel_agrees_with_the_scalar_dot_whatever_the_group() {
     let team = Team::new(1);
-    // 2048 columns: two chunks (6 + 2 super-blocks) per row.
-    let (n, k, m) = (9, 2048, 8);
+    // 2048 columns: two chunks (6 + 2 super-blocks) per row; 11 rows: groups of 8 and 3.
+    let (n, k, m) = (9, 2048, 11);
     for dtype in [GgmlDType::Q4K, GgmlDType::Q5K, GgmlDType::Q6K] {
         let (q, _) = quantize(&weights(n, k, 5), n, k, dtype);
         let qm = QuantMatrix::from_qtensor(&q).unwrap();
@@ -210,15 +211,23 @@ fn avx2_k_kernel_agrees_with_the_scalar_dot_whatever_the_group() {
         for bits in [Sixteen, Eight] {
             let acts = KActs::new(&team, &x, m, k, bits).with_row_bytes(bits);
             let seg = &qm.segments[0];
-            let mut group = vec![0f32; n * m];
-            k_kernels::avx2::tile(seg, 0, n, &acts, 0, m, &mut group, Walk::Stream);
+            let mut grouped = vec![0f32; n * m];
+            for (i0, g) in [(0, 8), (8, 3)] {
+                let mut out = vec![0f32; n * g];
+                k_kernels::avx2::tile(seg, 0, n, &acts, i0, g, &mut out, Walk::Stream);
+                for (r, o) in out.chunks_exact(g).enumerate() {
+                    grouped[r * m + i0..r * m + i0 + g].copy_from_slice(o);
+                }
+            }
             for i in 0..m {
+                let one = KActs::new(&team, &x[i * k..(i + 1) * k], 1, k, bits);
+                let one = one.with_row_bytes(bits);
                 let mut alone = vec![0f32; n];
-                k_kernels::avx2::tile(seg, 0, n, &acts, i, 1, &mut alone, Walk::Stream);
+                k_kernels::avx2::tile(seg, 0, n, &one, 0, 1, &mut alone, Walk::Stream);
                 for r in 0..n {
                     let row = &seg.bytes()[r * seg.row_bytes()..(r + 1) * seg.row_bytes()];
                     let want = k_kernels::dot_row(seg.format, row, &acts, i);
-                    let got = group[r * m + i];
+                    let got = grouped[r * m + i];
                     assert!(
                         (got - want).abs() <= 1e-4 * want.abs().max(1.0),
                         "{dtype:?} {bits:?} ({i},{r}): {got} vs {want}"

@@ -95,26 +95,49 @@ fn rows<const F: u8, const G: usize, const WIDE: bool>(
     let (k, rb, bb) = (s.cols, s.row_bytes(), s.format.block_bytes());
     let nb = k / QK;
     let data = s.bytes();
-    let rows_of = |len: usize, per: usize| len >= (i0 + G) * per;
+    // The group's bytes: G rows of k from `base`, kept run by run (`RowBytes`).
+    let base = x.group(i0, G, k);
+    let holds = |len: usize, per: usize| len >= (base + G * k) / per;
     assert!(
         data.len() >= (r0 + nr) * rb
             && a.k == k
-            && rows_of(x.hi.as_slice().len(), k)
-            && rows_of(x.hs.as_slice().len(), k / 2)
-            && x.lo.as_ref().map(|lo| rows_of(lo.as_slice().len(), k)) == WIDE.then_some(true)
-            && rows_of(a.scale.len(), nb)
-            && rows_of(a.sums.len(), nb * SUMS)
+            && holds(x.hi.as_slice().len(), 1)
+            && holds(x.hs.as_slice().len(), 2)
+            && holds(x.bs.as_slice().len(), 16)
+            && x.lo.as_ref().map(|lo| holds(lo.as_slice().len(), 1)) == WIDE.then_some(true)
+            && a.scale.len() >= (i0 + G) * nb
+            && a.sums.len() >= (i0 + G) * nb * SUMS
             && dst.len() >= nr * G
     );
+    // SAFETY (pointer offsets): inside the slices by the assert above.
+    let group = unsafe {
+        Group {
+            hi: x.hi.as_slice().as_ptr().add(base),
+            lo: x
+                .lo
+                .as_ref()
+                .map_or(std::ptr::null(), |lo| lo.as_slice().as_ptr().add(base)),
+            hs: x.hs.as_slice().as_ptr().add(base / 2),
+            bs: x.bs.as_slice().as_ptr().add(base / 16),
+            a,
+            i0,
+            stream,
+        }
+    };
     for t in 0..nr {
         let row = &data[(r0 + t) * rb..(r0 + t + 1) * rb];
         let out = &mut dst[t * G..(t + 1) * G];
         out.fill(0.0);
         for c0 in (0..nb).step_by(CHUNK) {
             // SAFETY: AVX2 and FMA are enabled for this module; the assert above bounds every
-            // activation row and block read (rows < i0 + G, blocks < nb).
+            // activation row and block read (G rows of the group, blocks < nb).
             let blocks = c0..nb.min(c0 + CHUNK);
-            let acc = unsafe { chunk::<F, G, WIDE>(row, bb, (a, x), (i0, stream), blocks) };
+            let acc = unsafe {
+                match WIDE {
+                    true => chunk::<F, G>(row, bb, &group, blocks),
+                    false => chunk8::<F, G>(row, bb, &group, blocks),
+                }
+            };
             for (o, acc) in out.iter_mut().zip(acc) {
                 *o += unsafe { hsum(acc) };
             }
@@ -122,64 +145,62 @@ fn rows<const F: u8, const G: usize, const WIDE: bool>(
     }
 }
 
-/// One weight row's super-blocks `blocks` against the G rows: 8-lane partials.
+/// A group's activation bytes (`RowBytes`: run `v` of super-block `b`, row `j` at
+/// `(8b + v)·32·G + 32j` from `hi` and `lo`, half that from `hs`; the row's 16 sums of block
+/// `b` at `16·(G·b + j)` from `bs`) and the prepared rows `i0..i0 + G` they are.
+struct Group<'a> {
+    hi: *const i8,
+    lo: *const u8,
+    hs: *const i16,
+    bs: *const i16,
+    a: &'a KActs,
+    i0: usize,
+    /// Whether the weights stream from memory (prefetched ahead).
+    stream: bool,
+}
+
+/// One weight row's super-blocks `blocks` against the G rows rounded to 16 bits (high and
+/// low bytes): 8-lane partials.
 #[inline(always)]
-unsafe fn chunk<const F: u8, const G: usize, const WIDE: bool>(
+unsafe fn chunk<const F: u8, const G: usize>(
     row: &[u8],
     bb: usize,
-    (a, x): (&KActs, &RowBytes),
-    (i0, stream): (usize, bool),
+    x: &Group,
     blocks: std::ops::Range<usize>,
 ) -> [__m256; G] {
-    let (k, nb) = (a.k, a.k / QK);
-    let (hi, hs) = (x.hi.as_slice().as_ptr(), x.hs.as_slice().as_ptr());
-    let lo =
-        x.lo.as_ref()
-            .map_or(std::ptr::null(), |lo| lo.as_slice().as_ptr());
+    let (a, i0) = (x.a, x.i0);
+    let nb = a.k / QK;
     let mut acc = [_mm256_setzero_ps(); G];
     let (mut w, mut sc) = ([_mm256_setzero_si256(); 8], [_mm256_setzero_si256(); 8]);
     for b in blocks {
-        if stream {
-            // Three or four lines (super-blocks are 144 to 210 bytes), 4 KiB ahead as the
-            // AVX-512 one-row kernel fetches; a prefetch past the matrix never faults.
-            let ahead = row.as_ptr().wrapping_add(b * bb + PREFETCH);
-            for line in (0..bb).step_by(64) {
-                _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(line).cast());
-            }
+        if x.stream {
+            prefetch(row, b, bb);
         }
         let (d, mins) = prep::<F>(&row[b * bb..(b + 1) * bb], &mut w, &mut sc);
         // As floats, broadcast where used: G vectors held across the runs spilled the sums.
         let scale: [f32; G] = std::array::from_fn(|j| d * a.scale[(i0 + j) * nb + b]);
-        // 16-bit rows go to float per half super-block (exact, and inside i32), 8-bit ones
-        // once per super-block: Q4_K/Q5_K's lanes stay exact (32 · 31 · 63 · 127 < 2²⁴), Q6_K's
-        // round past 2²⁴ the same way in any group; the conversion and its FMA were a tenth
-        // of prefill's instructions.
-        let parts = if WIDE { 2 } else { 1 };
-        for part in 0..parts {
+        // Each half super-block goes to float (exact, and inside i32).
+        for part in 0..2 {
             // Run by run, every row: the run's values and scales stay in registers and each
             // row's sum in one.
             let mut ia = [_mm256_setzero_si256(); G];
-            for v in part * 8 / parts..(part + 1) * 8 / parts {
+            for v in part * 4..part * 4 + 4 {
                 let (wv, sv) = (w[v], sc[v]);
                 let signed = match F == Q6K {
                     true => _mm256_sub_epi8(wv, _mm256_set1_epi8(32)),
                     false => wv,
                 };
                 for (j, ia) in ia.iter_mut().enumerate() {
-                    let at = (i0 + j) * k + b * QK + 32 * v;
-                    let mut hp = _mm256_maddubs_epi16(wv, _mm256_loadu_si256(hi.add(at).cast()));
+                    let at = (8 * b + v) * 32 * G + 32 * j;
+                    let mut hp = _mm256_maddubs_epi16(wv, _mm256_loadu_si256(x.hi.add(at).cast()));
                     if F == Q6K {
-                        hp = _mm256_sub_epi16(hp, _mm256_loadu_si256(hs.add(at / 2).cast()));
+                        hp = _mm256_sub_epi16(hp, _mm256_loadu_si256(x.hs.add(at / 2).cast()));
                     }
-                    if WIDE {
-                        let l = _mm256_loadu_si256(lo.add(at).cast());
-                        let lp = _mm256_maddubs_epi16(l, signed);
-                        let high = _mm256_slli_epi32::<8>(_mm256_madd_epi16(hp, sv));
-                        let sum = _mm256_add_epi32(high, _mm256_madd_epi16(lp, sv));
-                        *ia = _mm256_add_epi32(*ia, sum);
-                    } else {
-                        *ia = _mm256_add_epi32(*ia, _mm256_madd_epi16(hp, sv));
-                    }
+                    let l = _mm256_loadu_si256(x.lo.add(at).cast());
+                    let lp = _mm256_maddubs_epi16(l, signed);
+                    let high = _mm256_slli_epi32::<8>(_mm256_madd_epi16(hp, sv));
+                    let sum = _mm256_add_epi32(high, _mm256_madd_epi16(lp, sv));
+                    *ia = _mm256_add_epi32(*ia, sum);
                 }
             }
             for ((acc, ia), &scale) in acc.iter_mut().zip(ia).zip(&scale) {
@@ -187,13 +208,103 @@ unsafe fn chunk<const F: u8, const G: usize, const WIDE: bool>(
             }
         }
         if F != Q6K {
-            for (j, acc) in acc.iter_mut().enumerate() {
-                let sums = _mm256_loadu_ps(a.sums[((i0 + j) * nb + b) * SUMS..].as_ptr());
-                *acc = _mm256_fnmadd_ps(mins, sums, *acc);
-            }
+            minus_mins(&mut acc, mins, a, i0, b);
         }
     }
     acc
+}
+
+/// `chunk` for rows rounded to 8 bits, whose whole super-block goes to float once: Q4_K/Q5_K's
+/// lanes stay exact (32 · 31 · 63 · 127 < 2²⁴), Q6_K's round past 2²⁴ the same way in any
+/// group. Q6_K's values meet the rows unsigned (`q`, not `q − 32`), and the offset comes off
+/// once per super-block: `32·Σ_j sc_j·Σ_{i∈j} x_i`, one `vpmaddwd` of the scales with the
+/// row's sums of 16 (`RowBytes::bs`) where subtracting `hs` took one per run (Q6_K prefill
+/// 1.1x).
+#[inline(always)]
+unsafe fn chunk8<const F: u8, const G: usize>(
+    row: &[u8],
+    bb: usize,
+    x: &Group,
+    blocks: std::ops::Range<usize>,
+) -> [__m256; G] {
+    let (a, i0) = (x.a, x.i0);
+    let nb = a.k / QK;
+    let mut acc = [_mm256_setzero_ps(); G];
+    let (mut w, mut sc) = ([_mm256_setzero_si256(); 8], [_mm256_setzero_si256(); 8]);
+    for b in blocks {
+        if x.stream {
+            prefetch(row, b, bb);
+        }
+        let blk = &row[b * bb..(b + 1) * bb];
+        let (d, mins) = prep::<F>(blk, &mut w, &mut sc);
+        let mut ia = [_mm256_setzero_si256(); G];
+        // A loop over the runs, not unrolled: indexed by the run, the values and scales stay
+        // in memory and the G sums in registers. Unrolled, LLVM held all eight runs and
+        // spilled the sums (Q4_K prefill 0.9x); an opaque trip count keeps the loop.
+        for v in 0..std::hint::black_box(8) {
+            let (wv, sv, xv) = (w[v], sc[v], x.hi.add((8 * b + v) * 32 * G));
+            for (j, ia) in ia.iter_mut().enumerate() {
+                let hp = _mm256_maddubs_epi16(wv, _mm256_loadu_si256(xv.add(32 * j).cast()));
+                *ia = _mm256_add_epi32(*ia, _mm256_madd_epi16(hp, sv));
+            }
+        }
+        if F == Q6K {
+            // Each sub-block of 16's scale times 32, against the rows' sums of 16: at most
+            // 2 · 128 · 32 · 16 · 127 a lane, beside the runs' 8 · 2 · 2 · 63 · 127 · 128.
+            let sc = _mm256_cvtepi8_epi16(_mm_loadu_si128(blk.as_ptr().add(192).cast()));
+            let sc = _mm256_slli_epi16::<5>(sc);
+            let sums = x.bs.add(16 * G * b);
+            for (j, ia) in ia.iter_mut().enumerate() {
+                let bsum = _mm256_loadu_si256(sums.add(16 * j).cast());
+                *ia = _mm256_sub_epi32(*ia, _mm256_madd_epi16(bsum, sc));
+            }
+        }
+        for (j, (acc, ia)) in acc.iter_mut().zip(ia).enumerate() {
+            let scale = _mm256_set1_ps(d * a.scale[(i0 + j) * nb + b]);
+            *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia), scale, *acc);
+        }
+        if F != Q6K {
+            minus_mins(&mut acc, mins, a, i0, b);
+        }
+    }
+    acc
+}
+
+/// Three or four lines (super-blocks are 144 to 210 bytes), 4 KiB ahead of super-block `b` as
+/// the AVX-512 one-row kernel fetches; a prefetch past the matrix never faults.
+#[inline(always)]
+unsafe fn prefetch(row: &[u8], b: usize, bb: usize) {
+    let ahead = row.as_ptr().wrapping_add(b * bb + PREFETCH);
+    for line in (0..bb).step_by(64) {
+        _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(line).cast());
+    }
+}
+
+/// The mins' term, `dmin·m_j` times each row's sub-block sums, off the G rows' partials.
+#[inline(always)]
+unsafe fn minus_mins<const G: usize>(
+    acc: &mut [__m256; G],
+    mins: __m256,
+    a: &KActs,
+    i0: usize,
+    b: usize,
+) {
+    let nb = a.k / QK;
+    for (j, acc) in acc.iter_mut().enumerate() {
+        let sums = _mm256_loadu_ps(a.sums[((i0 + j) * nb + b) * SUMS..].as_ptr());
+        *acc = _mm256_fnmadd_ps(mins, sums, *acc);
+    }
+}
+
+/// A Q4_K / Q5_K super-block's `d` and `dmin·m_j` per sub-block, from its mins `mn`.
+#[inline(always)]
+unsafe fn k4_mins(blk: &[u8], mn: [u8; 8]) -> (f32, __m256) {
+    let (d, dmin) = (f16_at(blk, 0), f16_at(blk, 2));
+    let mins = _mm256_mul_ps(
+        _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(mn.as_ptr().cast()))),
+        _mm256_set1_ps(dmin),
+    );
+    (d, mins)
 }
 
 /// One super-block's runs of 32 values as bytes in element order (`w[v]`: elements
@@ -210,52 +321,42 @@ unsafe fn prep<const F: u8>(
     let p = blk.as_ptr();
     if F == Q6K {
         let s = |j: usize| _mm_set1_epi16(i16::from(blk[192 + j] as i8));
-        for n in 0..2 {
-            for (i, q) in q6k_runs(p, n).into_iter().enumerate() {
-                let v = 4 * n + i;
-                w[v] = q;
-                sc[v] = _mm256_set_m128i(s(2 * v + 1), s(2 * v));
-            }
+        for v in 0..8 {
+            w[v] = q6k_run(p, v);
+            sc[v] = _mm256_set_m128i(s(2 * v + 1), s(2 * v));
         }
         return (f16_at(blk, 208), _mm256_setzero_ps());
     }
-    let (d, dmin) = (f16_at(blk, 0), f16_at(blk, 2));
     let (scales, mn) = k4_scales_mins(&blk[4..16]);
-    let mins = _mm256_mul_ps(
-        _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(mn.as_ptr().cast()))),
-        _mm256_set1_ps(dmin),
-    );
-    for (j, v) in k45_runs::<F>(p).into_iter().enumerate() {
-        w[j] = v;
-        sc[j] = _mm256_set1_epi16(i16::from(scales[j]));
+    let qh = _mm256_loadu_si256(p.add(16).cast());
+    for (v, &s) in scales.iter().enumerate() {
+        w[v] = k45_run::<F>(p, qh, v);
+        sc[v] = _mm256_set1_epi16(i16::from(s));
     }
-    (d, mins)
+    k4_mins(blk, mn)
 }
 
-/// A Q4_K / Q5_K super-block's values as bytes, run `j` (elements `32j..32j + 32`, sub-block
-/// `j`) in element order, Q5_K's fifth bits merged.
+/// Run `j` of a Q4_K / Q5_K super-block at `p` (elements `32j..32j + 32`, sub-block `j`) as
+/// bytes in element order, Q5_K's fifth bits (`qh`, its 32 bytes at `p + 16`) merged.
 #[inline(always)]
-unsafe fn k45_runs<const F: u8>(p: *const u8) -> [__m256i; 8] {
+unsafe fn k45_run<const F: u8>(p: *const u8, qh: __m256i, j: usize) -> __m256i {
     let qs = if F == Q5K { p.add(48) } else { p.add(16) };
-    let qh = _mm256_loadu_si256(p.add(16).cast());
     let m4 = _mm256_set1_epi8(0x0F);
-    std::array::from_fn(|j| {
-        let q = _mm256_loadu_si256(qs.add(32 * (j / 2)).cast());
-        // Sub-block 2c is the low nibbles of bytes 32c.., 2c + 1 their high ones.
-        let q = if j % 2 == 1 {
-            _mm256_srli_epi16::<4>(q)
-        } else {
-            q
-        };
-        let v = _mm256_and_si256(q, m4);
-        if F != Q5K {
-            return v;
-        }
-        // Bit j of each `qh` byte is the fifth bit of that weight in sub-block j.
-        let bit = _mm256_set1_epi8((1u8 << j) as i8);
-        let set = _mm256_cmpeq_epi8(_mm256_and_si256(qh, bit), bit);
-        _mm256_or_si256(v, _mm256_and_si256(set, _mm256_set1_epi8(16)))
-    })
+    let q = _mm256_loadu_si256(qs.add(32 * (j / 2)).cast());
+    // Sub-block 2c is the low nibbles of bytes 32c.., 2c + 1 their high ones.
+    let q = if j % 2 == 1 {
+        _mm256_srli_epi16::<4>(q)
+    } else {
+        q
+    };
+    let v = _mm256_and_si256(q, m4);
+    if F != Q5K {
+        return v;
+    }
+    // Bit j of each `qh` byte is the fifth bit of that weight in sub-block j.
+    let bit = _mm256_set1_epi8((1u8 << j) as i8);
+    let set = _mm256_cmpeq_epi8(_mm256_and_si256(qh, bit), bit);
+    _mm256_or_si256(v, _mm256_and_si256(set, _mm256_set1_epi8(16)))
 }
 
 #[inline(always)]
@@ -265,32 +366,24 @@ unsafe fn hsum(v: __m256) -> f32 {
     _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps::<1>(s, s)))
 }
 
-/// A Q6_K block's 6-bit values for elements `128n..128n + 128`, as four runs of 32 bytes in
-/// element order: low nibbles from `ql`, the two high bits from `qh` (bits 0-1, 2-3, 4-5, 6-7
-/// for the four runs). 16-bit shifts are safe because the masks keep each byte's own bits.
+/// Run `v` of a Q6_K block at `b` (elements `32v..32v + 32`) as 6-bit values in element order.
+/// Elements `128n..128n + 128` are four runs: low nibbles of `ql`'s 64 bytes at `64n` (runs 0
+/// and 1), then their high nibbles (runs 2 and 3); the two high bits from `qh`'s 32 bytes at
+/// `128 + 32n`, bits 0-1, 2-3, 4-5, 6-7 for the four runs. 16-bit shifts are safe because the
+/// masks keep each byte's own bits.
 #[inline(always)]
-unsafe fn q6k_runs(b: *const u8, n: usize) -> [__m256i; 4] {
-    use std::arch::x86_64::*;
+unsafe fn q6k_run(b: *const u8, v: usize) -> __m256i {
+    let (n, i) = (v / 4, v % 4);
     let (m4, m30) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x30));
-    let lo = _mm256_loadu_si256(b.add(64 * n).cast());
-    let hi = _mm256_loadu_si256(b.add(64 * n + 32).cast());
+    let l = _mm256_loadu_si256(b.add(64 * n + 32 * (i % 2)).cast());
+    let l = if i >= 2 { _mm256_srli_epi16::<4>(l) } else { l };
     let h = _mm256_loadu_si256(b.add(128 + 32 * n).cast());
-    [
-        _mm256_or_si256(
-            _mm256_and_si256(lo, m4),
-            _mm256_and_si256(_mm256_slli_epi16(h, 4), m30),
-        ),
-        _mm256_or_si256(
-            _mm256_and_si256(hi, m4),
-            _mm256_and_si256(_mm256_slli_epi16(h, 2), m30),
-        ),
-        _mm256_or_si256(
-            _mm256_and_si256(_mm256_srli_epi16(lo, 4), m4),
-            _mm256_and_si256(h, m30),
-        ),
-        _mm256_or_si256(
-            _mm256_and_si256(_mm256_srli_epi16(hi, 4), m4),
-            _mm256_and_si256(_mm256_srli_epi16(h, 2), m30),
-        ),
-    ]
+    // High bits of run i are bits 2i, 2i + 1 of h, moved to bits 4 and 5.
+    let h = match i {
+        0 => _mm256_slli_epi16::<4>(h),
+        1 => _mm256_slli_epi16::<2>(h),
+        2 => h,
+        _ => _mm256_srli_epi16::<2>(h),
+    };
+    _mm256_or_si256(_mm256_and_si256(l, m4), _mm256_and_si256(h, m30))
 }

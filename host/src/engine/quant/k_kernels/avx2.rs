@@ -1,7 +1,7 @@
 //! AVX2 + FMA kernel for the many x86 machines without AVX-512BW (Zen 2/3, client Intel).
 //!
 //! The packed 4-, 5- and 6-bit values stay bytes, and each run of 32 (a Q4_K/Q5_K sub-block,
-//! two of Q6_K's) meets the activation row's bytes (`RowBytes`, element order) in
+//! two of Q6_K's) meets the activation rows' bytes (`RowBytes`: a group's rows run by run) in
 //! `vpmaddubsw` (32 products into 16-bit pair sums) and one `vpmaddwd` that applies the
 //! sub-block scale as it adds the pairs: llama.cpp's Q8_K arithmetic. Rounded to 16 bits, a row
 //! is its high bytes (signed) and low bytes (unsigned), the low ones meeting the values as the
@@ -11,10 +11,11 @@
 //! `vpmaddwd` and an add per 16 products per row): Qwen2.5-1.5B decode ran at half
 //! llama.cpp's speed on AVX2.
 //!
-//! Q6_K's values carry an offset of 32: the high bytes meet `q` and lose `32·(hi + hi')` per
-//! pair (`RowBytes::hs`), the low ones meet `q − 32`.
+//! Q6_K's values carry an offset of 32. At 16 bits the high bytes meet `q` and lose
+//! `32·(hi + hi')` per pair (`RowBytes::hs`), the low ones meet `q − 32`; at 8 bits the
+//! offset comes off once per super-block (`chunk8`).
 //!
-//! Bounds: a pair sum is at most 2·63·128 + 32·256 (high, Q6_K) or 2·255·32 (low), inside
+//! Bounds: a pair sum is at most 2·63·128 + 32·256 (high, Q6_K at 16 bits) or 2·255·32 (low), inside
 //! i16; at 16 bits a lane adds 16 products per half super-block, at most 16 · 4096 · 32767 <
 //! 2³¹ (`k_kernels`' header), and each half goes to float once; at 8 bits the whole
 //! super-block's 32 products a lane do (below 2²⁴ but for Q6_K's largest sums). Each result is

@@ -47,7 +47,7 @@ fn check(file: &str, tensors: &[&str]) {
                         .sum();
                     // k-quants round activations to 16 bits per 256 (≤ amax/65534 each), and
                     // so do Q4_0, Q5_0, Q8_0 and Q4_1 on AVX-512 (`quant::q32_batch`,
-                    // `q4_1_batch`); on AVX2 every format rounds to 16 bits per 32
+                    // `q4_1_batch`); on AVX2 every format rounds to 16 bits per 256
                     // (`quant::q32_avx2`), within the same bound.
                     let l1: f64 = w.iter().map(|v| v.abs() as f64).sum();
                     let avx2 = cfg!(all(

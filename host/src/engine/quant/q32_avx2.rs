@@ -6,10 +6,17 @@
 //! (Q4_1) and Gemma 3 (Q5_0, Q8_0) then ran at a third of llama.cpp's speed or less on AVX2
 //! (decode 35.7 against 102.3 tok/s, prefill 108 against 343). Here a block's values widen to
 //! two vectors of i16 once per weight row (offsets applied: Q4_0 `q − 8`, Q5_0 `q − 16`), and
-//! each activation row, rounded to 16-bit integers per block, meets them in two `vpmaddwd`:
-//! 32 products into eight exact i32 lanes (at most 4 · 128 · 32767 < 2²⁴, so the conversion
-//! to float is exact too), scaled once by `d` and the row's block scale. Q4_1/Q5_1's mins add
-//! `m · Σx` per block, with the sum of the same rounded activations.
+//! each activation row meets them in two `vpmaddwd`: 32 products into eight exact i32 lanes (at
+//! most 4 · 128 · 32767 < 2²⁴, so the conversion to float is exact too), scaled by the block's
+//! `d` in one multiply-add.
+//!
+//! The rows are rounded to 16-bit integers per 256 elements, as the k-quants' are (the last
+//! group of a row may be shorter): a group's eight blocks add up in float, then the group's
+//! scale multiplies them once. Rounded per block, every block and row took a scalar product of
+//! the two scales, its broadcast and its own multiply-add, ten instructions per 32 products
+//! where now there are five, and a batch of rows paid that ten times over. Q4_1/Q5_1's mins
+//! add `m·Σx` per block, the sums of the same rounded activations, eight blocks in one
+//! multiply-add.
 //!
 //! A weight row meets its activation rows one at a time with the same steps whatever the
 //! group, and its blocks add up in column order, so a row's bits do not depend on its batch.
@@ -24,27 +31,34 @@ use crate::engine::team::Team;
 
 /// Elements per block.
 const BLOCK: usize = 32;
+/// Elements per activation scale, and the blocks they hold.
+const GROUP: usize = 256;
+const PER: usize = GROUP / BLOCK;
 /// How far ahead of the block being multiplied a stream of weights is prefetched (decode).
 const PREFETCH: usize = 2048;
 
-/// Activation rows rounded to 16-bit integers per 32-element block, once per matmul.
+/// Activation rows rounded to 16-bit integers per 256 elements, once per matmul.
 pub(super) struct Acts32 {
     k: usize,
     /// `[m][k]`, element order.
     q: Aligned<i16, 32>,
-    /// `[m][k / 32]`: each block's scale (`x ≈ q · scale`).
+    /// `[m][groups]`: each group's scale (`x ≈ q · scale`).
     scale: Vec<f32>,
-    /// `[m][k / 32]`: each block's sum of its rounded activations times its scale (the
-    /// integers added exactly, then scaled once), for the mins of Q4_1 and Q5_1.
+    /// `[m][groups][8]`: each block's sum of its rounded activations times its group's scale
+    /// (the integers added exactly, then scaled once; zero past a short group's blocks), for
+    /// the mins of Q4_1 and Q5_1.
     sums: Vec<f32>,
 }
 
 impl Acts32 {
     /// The `m` rows of `x` (`[m][k]`, `k` a multiple of 32), rows split across the team.
     pub(super) fn new(team: &Team, x: &[f32], m: usize, k: usize) -> Self {
-        let (q, scale, sums) = round_rows::<BLOCK, 1>(team, x, m, k, |xb, q, u| {
-            let scale = quantize_block(xb, q, 32767.0);
-            u[0] = q.iter().map(|&v| i32::from(v)).sum::<i32>() as f32 * scale;
+        assert!(k.is_multiple_of(BLOCK), "rows of whole blocks");
+        let (q, scale, sums) = round_rows::<GROUP, PER>(team, x, m, k, |xg, q, u| {
+            let scale = quantize_block(xg, q, 32767.0);
+            for (u, block) in u.iter_mut().zip(q.chunks_exact(BLOCK)) {
+                *u = block.iter().map(|&v| i32::from(v)).sum::<i32>() as f32 * scale;
+            }
             scale
         });
         Self { k, q, scale, sums }
@@ -105,48 +119,56 @@ fn rows<const F: u8, const G: usize>(
     (s, r0, nr, a, i0, dst, stream): (&Segment, usize, usize, &Acts32, usize, &mut [f32], bool),
 ) {
     let (k, rb, bb) = (s.cols, s.row_bytes(), s.format.block_bytes());
-    let nb = k / BLOCK;
+    let (nb, groups) = (k / BLOCK, k.div_ceil(GROUP));
     let data = s.bytes();
     assert!(
         data.len() >= (r0 + nr) * rb
             && a.k == k
             && a.q.as_slice().len() >= (i0 + G) * k
-            && a.scale.len() >= (i0 + G) * nb
-            && a.sums.len() >= (i0 + G) * nb
+            && a.scale.len() >= (i0 + G) * groups
+            && a.sums.len() >= (i0 + G) * groups * PER
             && dst.len() >= nr * G
     );
     let xq = a.q.as_slice().as_ptr();
     for t in 0..nr {
         let row = &data[(r0 + t) * rb..(r0 + t + 1) * rb];
         // SAFETY: AVX2 and FMA are enabled for this module; the assert above bounds every
-        // activation row and block read (rows < i0 + G, blocks < nb), and a prefetch never
-        // faults.
+        // activation row, group and block read (rows < i0 + G, blocks < nb), and a prefetch
+        // never faults.
         unsafe {
             let mut acc = [_mm256_setzero_ps(); G];
-            let mut mins = [0f32; G];
-            for b in 0..nb {
-                let blk = &row[b * bb..(b + 1) * bb];
-                if stream {
-                    let ahead = blk.as_ptr().wrapping_add(PREFETCH);
-                    _mm_prefetch::<_MM_HINT_T0>(ahead.cast());
+            for gi in 0..groups {
+                let mut part = [_mm256_setzero_ps(); G];
+                let mut mins = [0f32; PER];
+                for b in gi * PER..nb.min(gi * PER + PER) {
+                    let blk = &row[b * bb..(b + 1) * bb];
+                    if stream {
+                        let ahead = blk.as_ptr().wrapping_add(PREFETCH);
+                        _mm_prefetch::<_MM_HINT_T0>(ahead.cast());
+                    }
+                    let (w0, w1, d, m) = unpack::<F>(blk);
+                    let d = _mm256_set1_ps(d);
+                    mins[b % PER] = m;
+                    for (j, part) in part.iter_mut().enumerate() {
+                        let x = xq.add((i0 + j) * k + b * BLOCK);
+                        let ia = _mm256_add_epi32(
+                            _mm256_madd_epi16(w0, _mm256_load_si256(x.cast())),
+                            _mm256_madd_epi16(w1, _mm256_load_si256(x.add(16).cast())),
+                        );
+                        *part = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia), d, *part);
+                    }
                 }
-                let (w0, w1, d, m) = unpack::<F>(blk);
-                for (j, (acc, mins)) in acc.iter_mut().zip(&mut mins).enumerate() {
-                    let i = i0 + j;
-                    let x = xq.add(i * k + b * BLOCK);
-                    let ia = _mm256_add_epi32(
-                        _mm256_madd_epi16(w0, _mm256_load_si256(x.cast())),
-                        _mm256_madd_epi16(w1, _mm256_load_si256(x.add(16).cast())),
-                    );
-                    let scale = _mm256_set1_ps(d * a.scale[i * nb + b]);
-                    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia), scale, *acc);
+                for (j, (acc, part)) in acc.iter_mut().zip(part).enumerate() {
+                    let at = (i0 + j) * groups + gi;
+                    *acc = _mm256_fmadd_ps(part, _mm256_set1_ps(a.scale[at]), *acc);
                     if has_min(F) {
-                        *mins = m.mul_add(a.sums[i * nb + b], *mins);
+                        let sums = _mm256_loadu_ps(a.sums[at * PER..].as_ptr());
+                        *acc = _mm256_fmadd_ps(_mm256_loadu_ps(mins.as_ptr()), sums, *acc);
                     }
                 }
             }
-            for (j, (acc, mins)) in acc.into_iter().zip(mins).enumerate() {
-                dst[t * G + j] = hsum(acc) + mins;
+            for (j, acc) in acc.into_iter().enumerate() {
+                dst[t * G + j] = hsum(acc);
             }
         }
     }

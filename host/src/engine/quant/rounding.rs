@@ -6,9 +6,9 @@ use super::aligned::Aligned;
 use crate::engine::team::{split, split_mut, Team};
 
 /// The `m` rows of `x` (`[m][k]`) rounded to i16 block by block, rows split across the team:
-/// `block(x, q, sums)` rounds one block of `B` elements into `q`, writes its `S` float sums
-/// and returns its scale. Returns the rounded rows, the scales (`[m][k / B]`) and the sums
-/// (`[m][k / B][S]`).
+/// `block(x, q, sums)` rounds one block of `B` elements (a row's last may be shorter) into
+/// `q`, writes its `S` float sums and returns its scale. Returns the rounded rows, the scales
+/// (`[m][blocks]`, `k / B` rounded up) and the sums (`[m][blocks][S]`).
 pub(super) fn round_rows<const B: usize, const S: usize>(
     team: &Team,
     x: &[f32],
@@ -16,8 +16,8 @@ pub(super) fn round_rows<const B: usize, const S: usize>(
     k: usize,
     block: impl Fn(&[f32], &mut [i16], &mut [f32]) -> f32 + Sync,
 ) -> (Aligned<i16, 32>, Vec<f32>, Vec<f32>) {
-    assert!(k.is_multiple_of(B) && x.len() == m * k);
-    let nb = k / B;
+    assert!(x.len() == m * k);
+    let nb = k.div_ceil(B);
     let mut q = Aligned::zeroed(m * k);
     let mut scale = vec![0f32; m * nb];
     let mut sums = vec![0f32; m * nb * S];
@@ -31,10 +31,16 @@ pub(super) fn round_rows<const B: usize, const S: usize>(
         let mut q = qs[p].lock().unwrap_or_else(|e| e.into_inner());
         let mut s = ss[p].lock().unwrap_or_else(|e| e.into_inner());
         let mut u = us[p].lock().unwrap_or_else(|e| e.into_inner());
-        let blocks = x[range.start * k..range.end * k].chunks_exact(B);
-        let outs = q.chunks_exact_mut(B).zip(u.chunks_exact_mut(S));
-        for ((xb, (qb, ub)), sb) in blocks.zip(outs).zip(s.iter_mut()) {
-            *sb = block(xb, qb, ub);
+        // (`max(1)`: rows of no elements have no blocks to round.)
+        let rows = x[range.start * k..range.end * k].chunks_exact(k.max(1));
+        let outs = q
+            .chunks_exact_mut(k.max(1))
+            .zip(u.chunks_exact_mut((nb * S).max(1)));
+        for ((xr, (qr, ur)), sr) in rows.zip(outs).zip(s.chunks_exact_mut(nb.max(1))) {
+            let outs = qr.chunks_mut(B).zip(ur.chunks_exact_mut(S));
+            for ((xb, (qb, ub)), sb) in xr.chunks(B).zip(outs).zip(sr.iter_mut()) {
+                *sb = block(xb, qb, ub);
+            }
         }
     };
     // A single row (decode) is rounded here rather than waking the team for it.

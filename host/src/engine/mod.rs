@@ -7,6 +7,7 @@
 
 pub mod batch;
 pub mod block_manager;
+mod buffers;
 pub mod chat_template;
 pub mod constraint;
 mod cpu_ops;

@@ -13,19 +13,22 @@ use std::time::Instant;
 use candle_core::quantized::{QMatMul, QTensor};
 use candle_core::{Device, Tensor};
 
+use super::buffers::{Buf, Buffers};
 use super::cpu_ops::{geglu, rms_norm, rms_norm_in_place, swiglu};
 use super::profile::{Phase, StepProfile};
 use super::quant::{
     ActivationBits, PromptPrecision, QuantMatrix, Rounding, PROMPT_KERNEL_MIN, PROMPT_SPAN_ROWS,
 };
-use super::team::Team;
+use super::team::{split_mut, Team};
 
-use super::paged_attention::{AttnSeq, KvCache};
+use super::paged_attention::KvCache;
 use super::ModelError;
 
+mod step;
+use step::Step;
+
 /// The most bytes of gate/up output one slice of a step's feed-forward block may take
-/// (`Model::ffn_block`): under glibc's largest mmap threshold (32 MiB), so the buffer is reused
-/// from the heap instead of mapped afresh in every layer.
+/// (`Model::ffn_block`): it bounds the largest buffer a model keeps between steps.
 const FFN_SLICE_BYTES: usize = 24 << 20;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -212,6 +215,8 @@ pub struct Model {
     rounding: Rounding,
     /// Where this model's steps spend their time (shared with the engine that runs it).
     profile: Arc<StepProfile>,
+    /// The steps' intermediates, reused from step to step.
+    buffers: Buffers,
 }
 
 impl Model {
@@ -242,6 +247,7 @@ impl Model {
             team: Team::new(0),
             rounding: Rounding::default(),
             profile: Arc::default(),
+            buffers: Buffers::default(),
         }
     }
 
@@ -293,11 +299,50 @@ impl Model {
         self.profile = profile;
     }
 
-    /// `layer`'s projection `w` of `x`, timed.
-    fn project(&self, w: &Linear, x: &[f32], prompt: &[bool]) -> Result<Vec<f32>, ModelError> {
+    /// `layer`'s projection `w` of `x`, timed, into a reused buffer.
+    fn project(&self, w: &Linear, x: &[f32], prompt: &[bool]) -> Result<Buf<'_>, ModelError> {
         self.profile.time(Phase::Projections, || {
-            w.forward(self.kernels(), x, prompt, &self.device)
+            if let Linear::Native(m) = w {
+                let mut out = self.buffers.take(prompt.len() * m.rows());
+                m.matmul_rows(&self.team, x, prompt, self.rounding, &mut out);
+                return Ok(out);
+            }
+            let y = w.forward(self.kernels(), x, prompt, &self.device)?;
+            let mut out = self.buffers.take(y.len());
+            out.copy_from_slice(&y);
+            Ok(out)
         })
+    }
+
+    /// Frees the buffers kept for the next step's intermediates (about 100 MB after a long
+    /// prefill of a 1.5B model), for an engine with nothing to run.
+    pub fn release_buffers(&self) {
+        self.buffers.release();
+        super::quant::release_scratch();
+    }
+
+    /// `rms_norm` of `x`'s rows by `w`, across the team, into a reused buffer.
+    fn norm_rows(&self, x: &[f32], w: &[f32]) -> Buf<'_> {
+        let (width, eps) = (w.len(), self.shape.rms_eps);
+        let mut h = self.buffers.take(x.len());
+        self.team.rows_mut(&mut h, width, &|r0, h| {
+            rms_norm(&x[r0 * width..r0 * width + h.len()], w, eps, h)
+        });
+        h
+    }
+
+    /// `x += norm(d)` row by row across the team (Gemma 3 norms a block's output, `post`,
+    /// before adding it).
+    fn residual(&self, x: &mut [f32], d: &mut [f32], post: Option<&[f32]>) {
+        let (width, eps) = (self.shape.hidden, self.shape.rms_eps);
+        if let Some(w) = post {
+            self.team
+                .rows_mut(d, width, &|_, d| rms_norm_in_place(d, w, eps));
+        }
+        self.team.rows_mut(x, width, &|r0, x| {
+            let d = &d[r0 * width..r0 * width + x.len()];
+            x.iter_mut().zip(d).for_each(|(x, d)| *x += d);
+        });
     }
 
     /// What every projection runs with.
@@ -337,48 +382,74 @@ impl Model {
         let s = &self.shape;
         let (hd, nh, nkv) = (s.head_dim, s.num_heads, s.num_kv_heads);
         let (qdim, kvdim, rows) = (nh * hd, nkv * hd, step.rows());
-        let mut h = vec![0f32; x.len()];
-        rms_norm(x, &layer.attn_norm, s.rms_eps, &mut h);
-        let mut qkv = self.project(&layer.qkv, &h, &step.prompt)?;
-        let width = qdim + 2 * kvdim;
-        if let Some(b) = &layer.qkv_bias {
-            for r in qkv.chunks_mut(width) {
-                r.iter_mut().zip(b).for_each(|(x, b)| *x += b);
-            }
-        }
-        let mut q = vec![0f32; rows * qdim];
-        let mut k = vec![0f32; rows * kvdim];
-        let mut v = vec![0f32; rows * kvdim];
-        let local = s.window(li).is_some();
-        for (r, row) in qkv.chunks(width).enumerate() {
-            let (qr, kr) = (
-                &mut q[r * qdim..(r + 1) * qdim],
-                &mut k[r * kvdim..(r + 1) * kvdim],
-            );
-            qr.copy_from_slice(&row[..qdim]);
-            kr.copy_from_slice(&row[qdim..qdim + kvdim]);
-            v[r * kvdim..(r + 1) * kvdim].copy_from_slice(&row[qdim + kvdim..]);
-            if let Some(g) = &layer.gemma {
-                rms_norm_in_place(qr, &g.q_norm, s.rms_eps);
-                rms_norm_in_place(kr, &g.k_norm, s.rms_eps);
-            }
-            self.rope(qr, step.positions[r], local);
-            self.rope(kr, step.positions[r], local);
-        }
+        let h = self.norm_rows(x, &layer.attn_norm);
+        let qkv = self.project(&layer.qkv, &h, &step.prompt)?;
+        drop(h);
+        let mut q = self.buffers.take(rows * qdim);
+        let mut k = self.buffers.take(rows * kvdim);
+        let mut v = self.buffers.take(rows * kvdim);
+        self.split_heads(li, layer, step, &qkv, (&mut q, &mut k, &mut v));
+        drop(qkv);
         let t = Instant::now();
         cache.write(li, &step.slots, &k, &v);
-        let mut attn = vec![0f32; rows * qdim];
+        let mut attn = self.buffers.take(rows * qdim);
         let scale = 1.0 / (hd as f32).sqrt();
         let window = s.window(li);
         let seqs = &step.attn_seqs;
         cache.attention(&self.team, li, &q, seqs, nh, scale, window, &mut attn);
         self.profile.add(Phase::Attention, t);
+        drop((q, k, v));
         let mut o = self.project(&layer.o, &attn, &step.prompt)?;
-        if let Some(g) = &layer.gemma {
-            rms_norm_in_place(&mut o, &g.post_attn, s.rms_eps);
-        }
-        x.iter_mut().zip(&o).for_each(|(x, o)| *x += o);
+        drop(attn);
+        let post = layer.gemma.as_ref().map(|g| &g.post_attn[..]);
+        self.residual(x, &mut o, post);
         Ok(())
+    }
+
+    /// Each row's Q, K and V out of the fused projection `qkv`, with the bias, Gemma 3's
+    /// per-head norms and RoPE; rows across the team.
+    fn split_heads(
+        &self,
+        li: usize,
+        layer: &Layer,
+        step: &Step,
+        qkv: &[f32],
+        (q, k, v): (&mut [f32], &mut [f32], &mut [f32]),
+    ) {
+        let s = &self.shape;
+        let (qdim, kvdim) = (s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim);
+        let (width, rows, local) = (qdim + 2 * kvdim, step.rows(), s.window(li).is_some());
+        let ranges = self.team.row_ranges(rows, rows * width);
+        let qs = split_mut(q, ranges.iter().map(|r| r.len() * qdim));
+        let ks = split_mut(k, ranges.iter().map(|r| r.len() * kvdim));
+        let vs = split_mut(v, ranges.iter().map(|r| r.len() * kvdim));
+        self.team.each(ranges.len(), &|i| {
+            let mut q = qs[i].lock().unwrap_or_else(|e| e.into_inner());
+            let mut k = ks[i].lock().unwrap_or_else(|e| e.into_inner());
+            let mut v = vs[i].lock().unwrap_or_else(|e| e.into_inner());
+            for (j, r) in ranges[i].clone().enumerate() {
+                let row = &qkv[r * width..(r + 1) * width];
+                let qr = &mut q[j * qdim..(j + 1) * qdim];
+                let kr = &mut k[j * kvdim..(j + 1) * kvdim];
+                let vr = &mut v[j * kvdim..(j + 1) * kvdim];
+                qr.copy_from_slice(&row[..qdim]);
+                kr.copy_from_slice(&row[qdim..qdim + kvdim]);
+                vr.copy_from_slice(&row[qdim + kvdim..]);
+                if let Some(b) = &layer.qkv_bias {
+                    let (bq, bkv) = b.split_at(qdim);
+                    let (bk, bv) = bkv.split_at(kvdim);
+                    qr.iter_mut().zip(bq).for_each(|(x, b)| *x += b);
+                    kr.iter_mut().zip(bk).for_each(|(x, b)| *x += b);
+                    vr.iter_mut().zip(bv).for_each(|(x, b)| *x += b);
+                }
+                if let Some(g) = &layer.gemma {
+                    rms_norm_in_place(qr, &g.q_norm, s.rms_eps);
+                    rms_norm_in_place(kr, &g.k_norm, s.rms_eps);
+                }
+                self.rope(qr, step.positions[r], local);
+                self.rope(kr, step.positions[r], local);
+            }
+        });
     }
 
     /// `x += ffn(norm(x))`: SwiGLU, or Gemma's GeGLU with a norm on the output.
@@ -386,8 +457,10 @@ impl Model {
     /// A long prefill step goes through in slices of rows, a span of the prompt kernel each
     /// where that fits FFN_SLICE_BYTES (256 rows of Qwen2.5 1.5B: 17.5 MiB). Unsliced, the
     /// gate/up output of 512 Qwen2.5 rows (35 MiB) was mapped afresh in every layer at a page
-    /// fault per 4 KiB: a quarter of a million faults per 512-token prefill. A row's result
-    /// does not depend on the other rows of its matmul, so slicing changes no bits.
+    /// fault per 4 KiB, before the buffers were reused. Slices of a whole span (512 rows) were
+    /// no faster: the prompt kernel's packing halved, and its activations came from further
+    /// out. A row's result does not depend on the other rows of its matmul, so slicing changes
+    /// no bits.
     fn ffn_block(&self, layer: &Layer, prompt: &[bool], x: &mut [f32]) -> Result<(), ModelError> {
         // `max(1)`: a malformed shape with no width must not divide by zero or chunk by zero.
         let per_row = (2 * self.shape.intermediate * std::mem::size_of::<f32>()).max(1);
@@ -400,25 +473,26 @@ impl Model {
     }
 
     fn ffn_slice(&self, layer: &Layer, prompt: &[bool], x: &mut [f32]) -> Result<(), ModelError> {
-        let (s, rows) = (&self.shape, prompt.len());
-        let mut h = vec![0f32; x.len()];
-        rms_norm(x, &layer.ffn_norm, s.rms_eps, &mut h);
+        let (inter, rows) = (self.shape.intermediate, prompt.len());
+        let h = self.norm_rows(x, &layer.ffn_norm);
         let gu = self.project(&layer.gate_up, &h, prompt)?;
-        let inter = s.intermediate;
-        let mut act = vec![0f32; rows * inter];
-        for (a, row) in act.chunks_mut(inter).zip(gu.chunks(2 * inter)) {
-            let (g, u) = row.split_at(inter);
-            a.copy_from_slice(g);
-            match layer.gemma {
-                Some(_) => geglu(a, u),
-                None => swiglu(a, u),
+        drop(h);
+        let mut act = self.buffers.take(rows * inter);
+        let gelu = layer.gemma.is_some();
+        self.team.rows_mut(&mut act, inter, &|r0, act| {
+            for (j, a) in act.chunks_mut(inter.max(1)).enumerate() {
+                let (g, u) = gu[(r0 + j) * 2 * inter..][..2 * inter].split_at(inter);
+                match gelu {
+                    true => geglu(a, g, u),
+                    false => swiglu(a, g, u),
+                }
             }
-        }
+        });
+        drop(gu);
         let mut d = self.project(&layer.down, &act, prompt)?;
-        if let Some(g) = &layer.gemma {
-            rms_norm_in_place(&mut d, &g.post_ffn, s.rms_eps);
-        }
-        x.iter_mut().zip(&d).for_each(|(x, d)| *x += d);
+        drop(act);
+        let post = layer.gemma.as_ref().map(|g| &g.post_ffn[..]);
+        self.residual(x, &mut d, post);
         Ok(())
     }
 
@@ -520,81 +594,4 @@ fn rope_table(shape: &ModelShape, theta: f32, scale: f32) -> (Vec<f32>, Vec<f32>
         }
     }
     (cos, sin)
-}
-
-/// The positions, cache slots and attention spans of one step's rows.
-struct Step<'a> {
-    tokens: Vec<u32>,
-    positions: Vec<usize>,
-    slots: Vec<usize>,
-    attn_seqs: Vec<AttnSeq<'a>>,
-    /// Whether each row takes the prompt kernels (`prompt_kernel_rows`).
-    prompt: Vec<bool>,
-}
-
-/// A prompt's last KV block takes the batch kernels when it holds at most this many rows:
-/// they are what a full prefix-cache hit recomputes (the cache never covers a prompt's last
-/// token). On the prompt kernels that recompute costs about two decode steps whatever its
-/// rows (dequantizing every weight for the tiles); on the batch kernels, one for one row and
-/// about 1.5 for four, beyond which they near the tiles. An uncached prefill of such a prompt
-/// pays one more pass of the batch kernels (`host/scripts/bench-prefix-hit.py`).
-const RECOMPUTED_ROWS: usize = 4;
-
-/// How many of a prompt's leading rows take the prompt kernels: none of a prompt shorter than
-/// `PROMPT_KERNEL_MIN`, and all but its last block's rows when that block holds at most
-/// `RECOMPUTED_ROWS` (`bs` tokens a block). It depends on the prompt alone, never on what
-/// the cache holds or what shares the step, so a row takes the same kernels, and gives the
-/// same bits, cached or not, alone or batched, whole or in chunks.
-fn prompt_kernel_rows(prompt_len: usize, bs: usize) -> usize {
-    if prompt_len < PROMPT_KERNEL_MIN {
-        return 0;
-    }
-    let last_block = (prompt_len - 1) % bs + 1;
-    match last_block <= RECOMPUTED_ROWS {
-        true => prompt_len - last_block,
-        false => prompt_len,
-    }
-}
-
-impl<'a> Step<'a> {
-    fn new(seqs: &[BatchSeq<'a>], bs: usize) -> Self {
-        let tokens = seqs.iter().flat_map(|q| q.tokens.iter().copied()).collect();
-        let positions = seqs
-            .iter()
-            .flat_map(|q| q.start..q.start + q.tokens.len())
-            .collect();
-        let slots = seqs
-            .iter()
-            .flat_map(|q| {
-                (q.start..q.start + q.tokens.len())
-                    .map(move |p| q.block_table[p / bs] as usize * bs + p % bs)
-            })
-            .collect();
-        let attn_seqs = seqs
-            .iter()
-            .map(|q| AttnSeq {
-                block_table: q.block_table,
-                start: q.start,
-                len: q.tokens.len(),
-            })
-            .collect();
-        let prompt = seqs
-            .iter()
-            .flat_map(|q| {
-                let rows = prompt_kernel_rows(q.prompt_len, bs);
-                (q.start..q.start + q.tokens.len()).map(move |p| p < rows)
-            })
-            .collect();
-        Self {
-            tokens,
-            positions,
-            slots,
-            attn_seqs,
-            prompt,
-        }
-    }
-
-    fn rows(&self) -> usize {
-        self.tokens.len()
-    }
 }

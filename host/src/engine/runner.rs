@@ -82,6 +82,16 @@ impl Runner {
         matches!(self, Runner::Cpu { .. })
     }
 
+    /// Frees what the model keeps from step to step (its intermediates' buffers), for an
+    /// engine that has had nothing to run for a while.
+    pub fn release_buffers(&self) {
+        match self {
+            Runner::Cpu { model, .. } => model.release_buffers(),
+            #[cfg(feature = "cuda")]
+            Runner::Cuda(_) => {}
+        }
+    }
+
     /// One step: writes every row's K/V into the pool and returns one logits row per
     /// sequence with `want_logits`, in order.
     pub fn forward(&mut self, seqs: &[BatchSeq]) -> Result<Vec<Vec<f32>>, ModelError> {

@@ -115,6 +115,44 @@ impl Team {
     }
 }
 
+/// Elementwise work under this many elements runs on the calling thread: starting a job
+/// costs a microsecond or two, more than one decode row's norm or activation takes.
+pub const PARALLEL_MIN: usize = 16 * 1024;
+
+impl Team {
+    /// `0..rows` in contiguous near-equal ranges, one per thread, for a job over `elems`
+    /// elements; a single range when that is under `PARALLEL_MIN`.
+    pub fn row_ranges(&self, rows: usize, elems: usize) -> Vec<std::ops::Range<usize>> {
+        let parts = match elems < PARALLEL_MIN {
+            true => 1,
+            false => self.threads().min(rows).max(1),
+        };
+        (0..parts).map(|p| split(rows, 1, p, parts)).collect()
+    }
+
+    /// `f(i)` for every `i < parts` across the team; on the calling thread when `parts` ≤ 1.
+    pub fn each(&self, parts: usize, f: &(dyn Fn(usize) + Sync)) {
+        if parts <= 1 {
+            return (0..parts).for_each(f);
+        }
+        self.run(&|p, n| (p..parts).step_by(n).for_each(f));
+    }
+
+    /// `f(first, rows)` over the `width`-wide rows of `out`, in contiguous shares across the
+    /// team (`row_ranges`). A row's result must not depend on the share it falls in (the
+    /// norms, activations and residual adds compute each row alone), so the split changes no
+    /// bits.
+    pub fn rows_mut(&self, out: &mut [f32], width: usize, f: &(dyn Fn(usize, &mut [f32]) + Sync)) {
+        let width = width.max(1);
+        let ranges = self.row_ranges(out.len() / width, out.len());
+        let parts = split_mut(out, ranges.iter().map(|r| r.len() * width));
+        self.each(ranges.len(), &|i| {
+            let mut o = parts[i].lock().unwrap_or_else(|e| e.into_inner());
+            f(ranges[i].start, &mut o);
+        });
+    }
+}
+
 fn worker(s: &Shared, index: usize, parts: usize) {
     let mut seen = 0;
     loop {

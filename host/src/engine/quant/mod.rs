@@ -119,7 +119,7 @@ use candle_core::quantized::{GgmlDType, QTensor};
 pub use crate::config::PromptPrecision;
 pub use blocks::{dequantize_block, Format};
 use k_kernels::KActs;
-use untranspose::untranspose;
+use untranspose::{release_transposed, untranspose, with_transposed};
 
 use super::team::{split, split_mut, Shares, Team};
 
@@ -428,10 +428,10 @@ impl QuantMatrix {
         }
         if m <= GROUP {
             // Parts write their outputs transposed ([rows][m]): disjoint contiguous chunks.
-            let mut out_t = vec![0f32; n * m];
-            self.pass(team, x, acts, m, &mut out_t);
-            untranspose(&out_t, (0, m), 0, n, out);
-            return;
+            return with_transposed(n * m, |out_t| {
+                self.pass(team, x, acts, m, out_t);
+                untranspose(out_t, (0, m), 0, n, out);
+            });
         }
         self.prefill(team, x, acts, m, out, false);
     }
@@ -505,50 +505,45 @@ impl QuantMatrix {
             .step_by(TILE)
             .map(|r0| r0..n.min(r0 + TILE))
             .collect();
-        let mut out_t = vec![0f32; n * m.min(GROUP * per_span)];
-        for p0 in (0..m).step_by(GROUP * per_span) {
-            let rows = (m - p0).min(GROUP * per_span);
-            let groups: Vec<_> = (p0..p0 + rows)
-                .step_by(GROUP)
-                .map(|i0| (i0, (p0 + rows - i0).min(GROUP)))
-                .collect();
-            // Tile t's outputs, group after group, each `[tile rows][g]`: disjoint
-            // contiguous chunks, in tile order.
-            let regions = split_mut(&mut out_t, tiles.iter().map(|t| t.len() * rows));
-            let next = AtomicUsize::new(0);
-            let number = SPANS.fetch_add(1, Ordering::Relaxed);
-            let span = if prompt {
-                Walk::Prompt(number)
-            } else {
-                Walk::Span(number)
-            };
-            team.run(&|_, _| loop {
-                let t = next.fetch_add(1, Ordering::Relaxed);
-                let Some(region) = regions.get(t) else { break };
-                let mut dst = region.lock().unwrap_or_else(|e| e.into_inner());
-                let len = tiles[t].len();
-                for &(i0, g) in &groups {
-                    let o = (i0 - p0) * len;
-                    let xg = &x[i0 * k..(i0 + g) * k];
-                    self.tile(
-                        xg,
-                        acts,
-                        (i0, g),
-                        tiles[t].clone(),
-                        &mut dst[o..o + g * len],
-                        span,
-                    );
-                }
-            });
-            drop(regions);
-            gather(
-                team,
-                &out_t,
-                &tiles,
-                rows,
-                &mut out[p0 * n..(p0 + rows) * n],
-            );
-        }
+        with_transposed(n * m.min(GROUP * per_span), |out_t| {
+            for p0 in (0..m).step_by(GROUP * per_span) {
+                let rows = (m - p0).min(GROUP * per_span);
+                let groups: Vec<_> = (p0..p0 + rows)
+                    .step_by(GROUP)
+                    .map(|i0| (i0, (p0 + rows - i0).min(GROUP)))
+                    .collect();
+                // Tile t's outputs, group after group, each `[tile rows][g]`: disjoint
+                // contiguous chunks, in tile order.
+                let regions = split_mut(&mut *out_t, tiles.iter().map(|t| t.len() * rows));
+                let next = AtomicUsize::new(0);
+                let number = SPANS.fetch_add(1, Ordering::Relaxed);
+                let span = if prompt {
+                    Walk::Prompt(number)
+                } else {
+                    Walk::Span(number)
+                };
+                team.run(&|_, _| loop {
+                    let t = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(region) = regions.get(t) else { break };
+                    let mut dst = region.lock().unwrap_or_else(|e| e.into_inner());
+                    let len = tiles[t].len();
+                    for &(i0, g) in &groups {
+                        let o = (i0 - p0) * len;
+                        let xg = &x[i0 * k..(i0 + g) * k];
+                        self.tile(
+                            xg,
+                            acts,
+                            (i0, g),
+                            tiles[t].clone(),
+                            &mut dst[o..o + g * len],
+                            span,
+                        );
+                    }
+                });
+                drop(regions);
+                gather(team, out_t, &tiles, rows, &mut out[p0 * n..(p0 + rows) * n]);
+            }
+        });
     }
 
     /// Weight rows `rows` times the group `x` (activation rows `i0..i0 + g` of the prepared
@@ -639,6 +634,12 @@ struct Acts {
         not(target_feature = "avx512bw")
     ))]
     r32: Option<q32_avx2::Acts32>,
+}
+
+/// Frees the calling thread's buffer for kernel outputs (kept from call to call), for an
+/// engine that has been idle a while.
+pub fn release_scratch() {
+    release_transposed();
 }
 
 /// Writes a prefill span's results (tile after tile, group after group, each `[tile

@@ -108,7 +108,9 @@ fn matmul_matches_the_dequantized_float_reference_for_every_format_and_batch() {
                 (true, Sixteen.into()),
                 (true, p8),
             ] {
-                let mut out = vec![0f32; m * n];
+                // NaN to start (here and below): the engine hands the kernels reused buffers
+                // (`engine::buffers`), so every kernel must write every output.
+                let mut out = vec![f32::NAN; m * n];
                 qm.matmul_rows(&team, &x, &vec![prompt; m], rounding, &mut out);
                 let bits = rounding.decode;
                 // k-quant prompt rows round to 8 bits at `int8` on every build (the prompt
@@ -312,7 +314,7 @@ fn a_row_result_does_not_depend_on_the_batch() {
             .collect();
         for bits in [Sixteen, Eight] {
             let run = |rows: std::ops::Range<usize>| {
-                let mut out = vec![0f32; rows.len() * n];
+                let mut out = vec![f32::NAN; rows.len() * n];
                 let x = &x[rows.start * k..rows.end * k];
                 qm.batch(&team, x, rows.len(), bits, &mut out);
                 out
@@ -358,7 +360,7 @@ fn prompt_rows_do_not_depend_on_the_batch_nor_change_generated_rows() {
             prompt,
         };
         let run = |rows: std::ops::Range<usize>, kinds: &[bool]| {
-            let mut out = vec![0f32; rows.len() * n];
+            let mut out = vec![f32::NAN; rows.len() * n];
             let x = &x[rows.start * k..rows.end * k];
             qm.matmul_rows(&team, x, kinds, rounding, &mut out);
             out
@@ -488,7 +490,7 @@ fn stacks_of_mixed_formats_multiply_as_one_matrix() {
         let x: Vec<f32> = (0..m * k)
             .map(|i| ((i * 7 % 11) as f32 - 5.0) * 0.2)
             .collect();
-        let mut out = vec![0f32; m * n];
+        let mut out = vec![f32::NAN; m * n];
         s.matmul_rows(&team, &x, &vec![prompt; m], rounding, &mut out);
         let want = reference(&x, &deq_all, m, n, k);
         for (i, (&g, &w)) in out.iter().zip(&want).enumerate() {

@@ -6,6 +6,30 @@
 //! weight rows of a group of eight (or four of four) are transposed in registers instead and
 //! stored as runs of the output rows.
 
+thread_local! {
+    static SPARE: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
+/// Frees this thread's buffer for `with_transposed`.
+pub(super) fn release_transposed() {
+    SPARE.take();
+}
+
+/// Runs `f` on a buffer of `len` floats for kernel outputs before they are untransposed,
+/// reused from the last call on this thread. Its contents are stale: the kernels write every
+/// element of it before `untranspose` reads one. (Zeroed afresh, a 512-row Qwen2.5 prefill
+/// cleared 1.3 GB of these on one thread while the other waited.) A nested call gets a buffer
+/// of its own.
+pub(super) fn with_transposed<R>(len: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
+    let mut buf = SPARE.take();
+    if buf.len() < len {
+        buf.resize(len, 0.0);
+    }
+    let r = f(&mut buf[..len]);
+    SPARE.set(buf);
+    r
+}
+
 /// Writes `block` (`[rows][g]`, weight rows from `r0`, activation rows `i0..i0 + g`) into
 /// `out` (`[m][n]`).
 pub(super) fn untranspose(

@@ -130,39 +130,25 @@ impl Block<'_> {
     /// `s[p][l] = q_l · k_p · scale` for every position of `union`.
     fn scores(&self, union: Range<usize>, sc: &mut Scratch) {
         let d = self.head_dim;
+        let (rows, qt, s) = (&mut sc.rows, &sc.qt, &mut sc.s);
         for c0 in union.clone().step_by(CHUNK) {
             let c1 = union.end.min(c0 + CHUNK);
             for p in c0..c1 {
                 let at = (self.offset)(p);
-                self.kc[at..at + d].convert_to_f32_slice(&mut sc.rows[(p - c0) * d..][..d]);
+                self.kc[at..at + d].convert_to_f32_slice(&mut rows[(p - c0) * d..][..d]);
             }
-            for p in c0..c1 {
-                let k = &sc.rows[(p - c0) * d..][..d];
-                // Fixed-size views, so the loops unroll and the sums stay in registers.
-                let mut acc = [[0f32; LANES]; 8];
-                for (k8, q8) in k.chunks_exact(8).zip(sc.qt.chunks_exact(8 * LANES)) {
-                    let k8: &[f32; 8] = k8.try_into().expect("eight elements");
-                    for c in 0..8 {
-                        let qrow: &[f32; LANES] =
-                            q8[c * LANES..][..LANES].try_into().expect("a lane row");
-                        for l in 0..LANES {
-                            acc[c][l] = qrow[l].mul_add(k8[c], acc[c][l]);
-                        }
-                    }
-                }
-                // `cpu_ops::dot`'s ending: the eight partial sums added in order from the
-                // empty sum, plus the (empty) tail, then the scale.
-                let zero: f32 = std::iter::empty::<f32>().sum();
-                let mut sum = [zero; LANES];
-                for part in &acc {
-                    for l in 0..LANES {
-                        sum[l] += part[l];
-                    }
-                }
-                let s = &mut sc.s[(p - union.start) * LANES..][..LANES];
-                for l in 0..LANES {
-                    s[l] = (sum[l] + zero) * self.scale;
-                }
+            let k = |p: usize| &rows[(p - c0) * d..][..d];
+            let mut p = c0;
+            #[cfg(all(target_arch = "x86_64", target_feature = "avx512f"))]
+            while p + 2 <= c1 {
+                let out = &mut s[(p - union.start) * LANES..][..2 * LANES];
+                // SAFETY: this build has AVX-512F.
+                unsafe { score_pair(qt, [k(p), k(p + 1)], self.scale, out) };
+                p += 2;
+            }
+            for p in p..c1 {
+                let out = &mut s[(p - union.start) * LANES..][..LANES];
+                out.copy_from_slice(&score_one(qt, k(p), self.scale));
             }
         }
     }
@@ -197,6 +183,70 @@ impl Block<'_> {
                 group_passes(&mut o[..group * d], rows, d, w);
             }
         }
+    }
+}
+
+/// `cpu_ops::dot`'s ending: the eight partial sums are added in order from the empty sum (a
+/// float sum starts at -0.0), plus the sum of the (empty) tail, then scaled.
+fn empty_sum() -> f32 {
+    std::iter::empty::<f32>().sum()
+}
+
+/// One position's scores against the block's queries (`qt`: `[head_dim][LANES]`): per lane,
+/// `cpu_ops::dot`'s steps (partial sums by element index modulo 8), then the scale.
+#[inline(always)]
+fn score_one(qt: &[f32], k: &[f32], scale: f32) -> [f32; LANES] {
+    // Fixed-size views, so the loops unroll and the sums stay in registers.
+    let mut acc = [[0f32; LANES]; 8];
+    for (k8, q8) in k.chunks_exact(8).zip(qt.chunks_exact(8 * LANES)) {
+        let k8: &[f32; 8] = k8.try_into().expect("eight elements");
+        for c in 0..8 {
+            let qrow: &[f32; LANES] = q8[c * LANES..][..LANES].try_into().expect("a lane row");
+            for l in 0..LANES {
+                acc[c][l] = qrow[l].mul_add(k8[c], acc[c][l]);
+            }
+        }
+    }
+    let zero = empty_sum();
+    let mut sum = [zero; LANES];
+    for part in &acc {
+        for l in 0..LANES {
+            sum[l] += part[l];
+        }
+    }
+    sum.map(|v| (v + zero) * scale)
+}
+
+/// `score_one` for two positions at once into `out` (`[2][LANES]`), in 512-bit vectors: each
+/// query row loaded serves both positions (one position at a time, every multiply-add took
+/// two loads, and LLVM kept the lanes in 256-bit halves). The same operations per lane, so
+/// the same bits.
+///
+/// # Safety
+/// AVX-512F must be present.
+#[cfg(all(target_arch = "x86_64", target_feature = "avx512f"))]
+#[inline(always)]
+unsafe fn score_pair(qt: &[f32], k: [&[f32]; 2], scale: f32, out: &mut [f32]) {
+    use std::arch::x86_64::*;
+    let d = k[0].len();
+    assert!(k[1].len() == d && qt.len() >= d * LANES && out.len() >= 2 * LANES);
+    let mut acc = [[_mm512_setzero_ps(); 8]; 2];
+    for j in 0..d / 8 {
+        for c in 0..8 {
+            let i = 8 * j + c;
+            // SAFETY: i < d, so the lane row i · LANES.. is inside `qt` (asserted).
+            let q = unsafe { _mm512_loadu_ps(qt.as_ptr().add(i * LANES)) };
+            for (acc, k) in acc.iter_mut().zip(k) {
+                acc[c] = _mm512_fmadd_ps(q, _mm512_set1_ps(k[i]), acc[c]);
+            }
+        }
+    }
+    let zero = _mm512_set1_ps(empty_sum());
+    for (t, acc) in acc.iter().enumerate() {
+        let sum = acc.iter().fold(zero, |s, &part| _mm512_add_ps(s, part));
+        let v = _mm512_mul_ps(_mm512_add_ps(sum, zero), _mm512_set1_ps(scale));
+        // SAFETY: out holds 2 · LANES floats (asserted).
+        unsafe { _mm512_storeu_ps(out.as_mut_ptr().add(t * LANES), v) };
     }
 }
 
@@ -235,6 +285,12 @@ fn heads_pass<const H: usize>(
 ) {
     let mut i0 = 0;
     while i0 + DIMS <= d {
+        #[cfg(all(target_arch = "x86_64", target_feature = "avx512f"))]
+        // SAFETY: this build has AVX-512F.
+        unsafe {
+            accumulate512::<H>(heads, rows, d, i0, w)
+        };
+        #[cfg(not(all(target_arch = "x86_64", target_feature = "avx512f")))]
         accumulate::<DIMS, H>(heads, rows, d, i0, w);
         i0 += DIMS;
     }
@@ -269,27 +325,73 @@ fn accumulate<const N: usize, const H: usize>(
     }
 }
 
+/// `accumulate::<DIMS, H>` in 512-bit vectors (LLVM kept its sums in 256-bit halves, two
+/// multiply-adds and loads where one does); the same operations per output, so the same bits.
+///
+/// # Safety
+/// AVX-512F must be present.
+#[cfg(all(target_arch = "x86_64", target_feature = "avx512f"))]
+#[inline(always)]
+unsafe fn accumulate512<const H: usize>(
+    heads: &mut [f32],
+    rows: &[f32],
+    d: usize,
+    i0: usize,
+    w: impl Fn(usize, usize) -> f32,
+) {
+    use std::arch::x86_64::*;
+    const V: usize = DIMS / 16;
+    assert!(i0 + DIMS <= d && heads.len() >= H * d && rows.len().is_multiple_of(d));
+    let at = |k: usize, t: usize| k * d + i0 + 16 * t;
+    // SAFETY (loads and stores of `heads`): at(k, t) + 16 ≤ (H − 1)·d + i0 + DIMS ≤ H·d.
+    let mut acc: [[__m512; V]; H] = std::array::from_fn(|k| {
+        std::array::from_fn(|t| unsafe { _mm512_loadu_ps(heads.as_ptr().add(at(k, t))) })
+    });
+    for (p, v) in rows.chunks_exact(d).enumerate() {
+        // SAFETY: i0 + 16t + 16 ≤ i0 + DIMS ≤ d, inside the row.
+        let v: [__m512; V] =
+            std::array::from_fn(|t| unsafe { _mm512_loadu_ps(v.as_ptr().add(i0 + 16 * t)) });
+        for (k, acc) in acc.iter_mut().enumerate() {
+            let w = _mm512_set1_ps(w(p, k));
+            for t in 0..V {
+                acc[t] = _mm512_fmadd_ps(v[t], w, acc[t]);
+            }
+        }
+    }
+    for (k, acc) in acc.iter().enumerate() {
+        for (t, &a) in acc.iter().enumerate() {
+            unsafe { _mm512_storeu_ps(heads.as_mut_ptr().add(at(k, t)), a) };
+        }
+    }
+}
+
 /// `cpu_ops::softmax` of each lane over its own positions (`s`: `[positions][LANES]`), lanes
-/// side by side: the same steps in the same order per lane.
+/// side by side: the same steps in the same order per lane. Positions outside a lane's span
+/// are selected away rather than branched around, so the loops vectorise (branching, this was
+/// a quarter of a prefill's attention): a lane's sum adds 0.0 for them, which leaves it as it
+/// was (the sum starts at +0.0 and adds only non-negative values), and its values keep theirs.
 fn softmax_lanes(s: &mut [f32], spans: &[Range<usize>; LANES]) {
     let positions = s.len() / LANES;
-    let live = |p: usize, l: usize| spans[l].start <= p && p < spans[l].end;
+    let lanes = |f: fn(&Range<usize>) -> usize| -> [u32; LANES] {
+        std::array::from_fn(|l| f(&spans[l]).min(positions) as u32)
+    };
+    let (starts, ends) = (lanes(|r| r.start), lanes(|r| r.end));
     let mut max = [f32::NEG_INFINITY; LANES];
     for (p, row) in s.chunks_exact(LANES).enumerate() {
+        let p = p as u32;
         for l in 0..LANES {
-            if live(p, l) {
-                max[l] = max[l].max(row[l]);
-            }
+            let live = starts[l] <= p && p < ends[l];
+            max[l] = if live { max[l].max(row[l]) } else { max[l] };
         }
     }
     let mut sum = [0f32; LANES];
     for (p, row) in s.chunks_exact_mut(LANES).enumerate() {
+        let p = p as u32;
         for l in 0..LANES {
             let x = exp(row[l] - max[l]);
-            if live(p, l) {
-                row[l] = x;
-                sum[l] += x;
-            }
+            let live = starts[l] <= p && p < ends[l];
+            row[l] = if live { x } else { row[l] };
+            sum[l] += if live { x } else { 0.0 };
         }
     }
     let inv: [f32; LANES] = std::array::from_fn(|l| 1.0 / sum[l]);

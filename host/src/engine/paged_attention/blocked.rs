@@ -138,15 +138,21 @@ impl Block<'_> {
                 self.kc[at..at + d].convert_to_f32_slice(&mut rows[(p - c0) * d..][..d]);
             }
             let k = |p: usize| &rows[(p - c0) * d..][..d];
-            let mut p = c0;
+            // The positions scored in pairs, then the rest one at a time.
             #[cfg(all(target_arch = "x86_64", target_feature = "avx512f"))]
-            while p + 2 <= c1 {
-                let out = &mut s[(p - union.start) * LANES..][..2 * LANES];
-                // SAFETY: this build has AVX-512F.
-                unsafe { score_pair(qt, [k(p), k(p + 1)], self.scale, out) };
-                p += 2;
-            }
-            for p in p..c1 {
+            let paired = {
+                let mut p = c0;
+                while p + 2 <= c1 {
+                    let out = &mut s[(p - union.start) * LANES..][..2 * LANES];
+                    // SAFETY: this build has AVX-512F.
+                    unsafe { score_pair(qt, [k(p), k(p + 1)], self.scale, out) };
+                    p += 2;
+                }
+                p
+            };
+            #[cfg(not(all(target_arch = "x86_64", target_feature = "avx512f")))]
+            let paired = c0;
+            for p in paired..c1 {
                 let out = &mut s[(p - union.start) * LANES..][..LANES];
                 out.copy_from_slice(&score_one(qt, k(p), self.scale));
             }

@@ -137,10 +137,10 @@ impl Block<'_> {
                 let at = (self.offset)(p);
                 self.kc[at..at + d].convert_to_f32_slice(&mut rows[(p - c0) * d..][..d]);
             }
-            let k = |p: usize| &rows[(p - c0) * d..][..d];
             // The positions scored in pairs, then the rest one at a time.
             #[cfg(all(target_arch = "x86_64", target_feature = "avx512f"))]
             let paired = {
+                let k = |p: usize| &rows[(p - c0) * d..][..d];
                 let mut p = c0;
                 while p + 2 <= c1 {
                     let out = &mut s[(p - union.start) * LANES..][..2 * LANES];
@@ -153,8 +153,30 @@ impl Block<'_> {
             #[cfg(not(all(target_arch = "x86_64", target_feature = "avx512f")))]
             let paired = c0;
             for p in paired..c1 {
-                let out = &mut s[(p - union.start) * LANES..][..LANES];
-                out.copy_from_slice(&score_one(qt, k(p), self.scale));
+                let k = &rows[(p - c0) * d..][..d];
+                // Fixed-size views, so the loops unroll and the sums stay in registers.
+                let mut acc = [[0f32; LANES]; 8];
+                for (k8, q8) in k.chunks_exact(8).zip(qt.chunks_exact(8 * LANES)) {
+                    let k8: &[f32; 8] = k8.try_into().expect("eight elements");
+                    for c in 0..8 {
+                        let qrow: &[f32; LANES] =
+                            q8[c * LANES..][..LANES].try_into().expect("a lane row");
+                        for l in 0..LANES {
+                            acc[c][l] = qrow[l].mul_add(k8[c], acc[c][l]);
+                        }
+                    }
+                }
+                let zero = empty_sum();
+                let mut sum = [zero; LANES];
+                for part in &acc {
+                    for l in 0..LANES {
+                        sum[l] += part[l];
+                    }
+                }
+                let s = &mut s[(p - union.start) * LANES..][..LANES];
+                for l in 0..LANES {
+                    s[l] = (sum[l] + zero) * self.scale;
+                }
             }
         }
     }
@@ -198,32 +220,8 @@ fn empty_sum() -> f32 {
     std::iter::empty::<f32>().sum()
 }
 
-/// One position's scores against the block's queries (`qt`: `[head_dim][LANES]`): per lane,
-/// `cpu_ops::dot`'s steps (partial sums by element index modulo 8), then the scale.
-#[inline(always)]
-fn score_one(qt: &[f32], k: &[f32], scale: f32) -> [f32; LANES] {
-    // Fixed-size views, so the loops unroll and the sums stay in registers.
-    let mut acc = [[0f32; LANES]; 8];
-    for (k8, q8) in k.chunks_exact(8).zip(qt.chunks_exact(8 * LANES)) {
-        let k8: &[f32; 8] = k8.try_into().expect("eight elements");
-        for c in 0..8 {
-            let qrow: &[f32; LANES] = q8[c * LANES..][..LANES].try_into().expect("a lane row");
-            for l in 0..LANES {
-                acc[c][l] = qrow[l].mul_add(k8[c], acc[c][l]);
-            }
-        }
-    }
-    let zero = empty_sum();
-    let mut sum = [zero; LANES];
-    for part in &acc {
-        for l in 0..LANES {
-            sum[l] += part[l];
-        }
-    }
-    sum.map(|v| (v + zero) * scale)
-}
-
-/// `score_one` for two positions at once into `out` (`[2][LANES]`), in 512-bit vectors: each
+/// The scores of two positions at once into `out` (`[2][LANES]`), in 512-bit vectors, each lane
+/// with `cpu_ops::dot`'s steps (as `Block::scores` computes one position's): each
 /// query row loaded serves both positions (one position at a time, every multiply-add took
 /// two loads, and LLVM kept the lanes in 256-bit halves). The same operations per lane, so
 /// the same bits.

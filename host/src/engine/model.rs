@@ -318,7 +318,7 @@ impl Model {
     /// prefill of a 1.5B model), for an engine with nothing to run.
     pub fn release_buffers(&self) {
         self.buffers.release();
-        super::quant::release_scratch();
+        super::quant::release_transposed();
     }
 
     /// `rms_norm` of `x`'s rows by `w`, across the team, into a reused buffer.

@@ -36,6 +36,10 @@ struct Shared {
 unsafe impl Sync for Shared {}
 unsafe impl Send for Shared {}
 
+/// Elementwise work under this many elements runs on the calling thread: starting a job
+/// costs a microsecond or two, more than one decode row's norm or activation takes.
+pub const PARALLEL_MIN: usize = 16 * 1024;
+
 pub struct Team {
     shared: Arc<Shared>,
     workers: Vec<JoinHandle<()>>,
@@ -113,13 +117,7 @@ impl Team {
             panic!("a compute thread panicked");
         }
     }
-}
 
-/// Elementwise work under this many elements runs on the calling thread: starting a job
-/// costs a microsecond or two, more than one decode row's norm or activation takes.
-pub const PARALLEL_MIN: usize = 16 * 1024;
-
-impl Team {
     /// `0..rows` in contiguous near-equal ranges, one per thread, for a job over `elems`
     /// elements; a single range when that is under `PARALLEL_MIN`.
     pub fn row_ranges(&self, rows: usize, elems: usize) -> Vec<std::ops::Range<usize>> {

@@ -119,7 +119,8 @@ use candle_core::quantized::{GgmlDType, QTensor};
 pub use crate::config::PromptPrecision;
 pub use blocks::{dequantize_block, Format};
 use k_kernels::KActs;
-use untranspose::{release_transposed, untranspose, with_transposed};
+pub use untranspose::release_transposed;
+use untranspose::{untranspose, with_transposed};
 
 use super::team::{split, split_mut, Shares, Team};
 
@@ -634,12 +635,6 @@ struct Acts {
         not(target_feature = "avx512bw")
     ))]
     r32: Option<q32_avx2::Acts32>,
-}
-
-/// Frees the calling thread's buffer for kernel outputs (kept from call to call), for an
-/// engine that has been idle a while.
-pub fn release_scratch() {
-    release_transposed();
 }
 
 /// Writes a prefill span's results (tile after tile, group after group, each `[tile

@@ -10,8 +10,9 @@ thread_local! {
     static SPARE: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
 }
 
-/// Frees this thread's buffer for `with_transposed`.
-pub(super) fn release_transposed() {
+/// Frees the calling thread's buffer for `with_transposed` (kept from call to call), for an
+/// engine that has been idle a while.
+pub fn release_transposed() {
     SPARE.take();
 }
 

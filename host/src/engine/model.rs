@@ -93,28 +93,42 @@ pub enum Linear {
 }
 
 impl Linear {
+    /// Output features (weight rows).
+    fn out_features(&self) -> usize {
+        match self {
+            Linear::Native(m) => m.rows(),
+            Linear::Quantized(QMatMul::QTensor(t)) => t.shape().dims()[0],
+            Linear::Quantized(QMatMul::Tensor(t) | QMatMul::TensorF16(t)) | Linear::Dense(t) => {
+                t.dims()[0]
+            }
+        }
+    }
+
     /// `x` is `[rows, in]` row-major, `prompt[i]` whether row `i` is a prompt token's (see
-    /// `QuantMatrix::matmul_rows`); returns `[rows, out]`.
+    /// `QuantMatrix::matmul_rows`); writes `[rows, out]` into `out`.
     fn forward(
         &self,
         (team, rounding): (&Team, Rounding),
         x: &[f32],
         prompt: &[bool],
         dev: &Device,
-    ) -> Result<Vec<f32>, ModelError> {
+        out: &mut [f32],
+    ) -> Result<(), ModelError> {
         let rows = prompt.len();
-        if let Linear::Native(w) = self {
-            let mut out = vec![0f32; rows * w.rows()];
-            w.matmul_rows(team, x, prompt, rounding, &mut out);
-            return Ok(out);
-        }
-        let xt = Tensor::from_slice(x, (rows, x.len() / rows), dev)?;
+        let xt = match self {
+            Linear::Native(w) => {
+                w.matmul_rows(team, x, prompt, rounding, out);
+                return Ok(());
+            }
+            _ => Tensor::from_slice(x, (rows, x.len() / rows), dev)?,
+        };
         let y = match self {
             Linear::Quantized(m) => xt.apply(m)?,
             Linear::Native(_) => unreachable!("handled above"),
             Linear::Dense(w) => xt.matmul(&w.t()?)?,
         };
-        Ok(y.flatten_all()?.to_vec1()?)
+        out.copy_from_slice(&y.flatten_all()?.to_vec1::<f32>()?);
+        Ok(())
     }
 
     /// The weight dequantized, `[out][in]` row-major, with its shape (for the GPU path, which
@@ -302,14 +316,8 @@ impl Model {
     /// `layer`'s projection `w` of `x`, timed, into a reused buffer.
     fn project(&self, w: &Linear, x: &[f32], prompt: &[bool]) -> Result<Buf<'_>, ModelError> {
         self.profile.time(Phase::Projections, || {
-            if let Linear::Native(m) = w {
-                let mut out = self.buffers.take(prompt.len() * m.rows());
-                m.matmul_rows(&self.team, x, prompt, self.rounding, &mut out);
-                return Ok(out);
-            }
-            let y = w.forward(self.kernels(), x, prompt, &self.device)?;
-            let mut out = self.buffers.take(y.len());
-            out.copy_from_slice(&y);
+            let mut out = self.buffers.take(prompt.len() * w.out_features());
+            w.forward(self.kernels(), x, prompt, &self.device, &mut out)?;
             Ok(out)
         })
     }
@@ -515,10 +523,16 @@ impl Model {
         let n = last.len() / hidden;
         let mut normed = vec![0f32; last.len()];
         rms_norm(&last, &self.norm, self.shape.rms_eps, &mut normed);
-        let mut logits = self.profile.time(Phase::LmHead, || {
+        let mut logits = vec![0f32; n * self.lm_head.out_features()];
+        self.profile.time(Phase::LmHead, || {
             let generated = vec![false; n];
-            self.lm_head
-                .forward(self.kernels(), &normed, &generated, &self.device)
+            self.lm_head.forward(
+                self.kernels(),
+                &normed,
+                &generated,
+                &self.device,
+                &mut logits,
+            )
         })?;
         if let Some(cap) = self.shape.gemma.as_ref().and_then(|g| g.final_softcap) {
             logits.iter_mut().for_each(|l| *l = cap * (*l / cap).tanh());

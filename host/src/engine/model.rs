@@ -115,17 +115,14 @@ impl Linear {
         out: &mut [f32],
     ) -> Result<(), ModelError> {
         let rows = prompt.len();
-        let xt = match self {
+        let xt = || Tensor::from_slice(x, (rows, x.len() / rows), dev);
+        let y = match self {
             Linear::Native(w) => {
                 w.matmul_rows(team, x, prompt, rounding, out);
                 return Ok(());
             }
-            _ => Tensor::from_slice(x, (rows, x.len() / rows), dev)?,
-        };
-        let y = match self {
-            Linear::Quantized(m) => xt.apply(m)?,
-            Linear::Native(_) => unreachable!("handled above"),
-            Linear::Dense(w) => xt.matmul(&w.t()?)?,
+            Linear::Quantized(m) => xt()?.apply(m)?,
+            Linear::Dense(w) => xt()?.matmul(&w.t()?)?,
         };
         out.copy_from_slice(&y.flatten_all()?.to_vec1::<f32>()?);
         Ok(())

@@ -313,7 +313,8 @@ unsafe fn block<const F: u8, const G: usize>(
 /// to `vpmaddwd` + `vpaddd` when tuning for Intel cores, which shortens a chain of them (the
 /// add's latency, not the multiply's, is carried) but issues two instructions per 32
 /// multiply-adds; `block` has 2·G independent chains, enough to hide the fused latency.
-/// Qwen2.5-shaped layers, four to eight generated rows: about 5% faster a step.
+/// Qwen2.5-shaped layers, six alternating rounds: four generated rows 73–76 against 80–87 ms
+/// a step, eight 115–124 against 125–138.
 #[inline(always)]
 unsafe fn dpwssd(acc: __m512i, w: __m512i, x: __m512i) -> __m512i {
     #[cfg(target_feature = "avx512vnni")]

@@ -120,8 +120,9 @@ fn rows<const F: u8, const G: usize, const WIDE: bool>(
                 .map_or(std::ptr::null(), |lo| lo.as_slice().as_ptr().add(base)),
             hs: x.hs.as_slice().as_ptr().add(base / 2),
             bs: x.bs.as_slice().as_ptr().add(base / 16),
-            a,
-            i0,
+            scale: a.scale.as_ptr().add(i0 * nb),
+            sums: a.sums.as_ptr().add(i0 * nb * SUMS),
+            nb,
             stream,
         }
     };
@@ -148,14 +149,18 @@ fn rows<const F: u8, const G: usize, const WIDE: bool>(
 
 /// A group's activation bytes (`RowBytes`: run `v` of super-block `b`, row `j` at
 /// `(8b + v)·32·G + 32j` from `hi` and `lo`, half that from `hs`; the row's 16 sums of block
-/// `b` at `16·(G·b + j)` from `bs`) and the prepared rows `i0..i0 + G` they are.
-struct Group<'a> {
+/// `b` at `16·(G·b + j)` from `bs`) and the prepared rows' scales and sub-block sums (row `j`'s
+/// of block `b` at `j·nb + b` from `scale`, `SUMS` times that from `sums`): pointers checked
+/// once per call, where indexing the slices cost a multiply and a bounds check per row and
+/// super-block.
+struct Group {
     hi: *const i8,
     lo: *const u8,
     hs: *const i16,
     bs: *const i16,
-    a: &'a KActs,
-    i0: usize,
+    scale: *const f32,
+    sums: *const f32,
+    nb: usize,
     /// Whether the weights stream from memory (prefetched ahead).
     stream: bool,
 }
@@ -169,8 +174,6 @@ unsafe fn chunk<const F: u8, const G: usize>(
     x: &Group,
     blocks: std::ops::Range<usize>,
 ) -> [__m256; G] {
-    let (a, i0) = (x.a, x.i0);
-    let nb = a.k / QK;
     let mut acc = [_mm256_setzero_ps(); G];
     let (mut w, mut sc) = ([_mm256_setzero_si256(); 8], [_mm256_setzero_si256(); 8]);
     for b in blocks {
@@ -179,7 +182,7 @@ unsafe fn chunk<const F: u8, const G: usize>(
         }
         let (d, mins) = prep::<F>(&row[b * bb..(b + 1) * bb], &mut w, &mut sc);
         // As floats, broadcast where used: G vectors held across the runs spilled the sums.
-        let scale: [f32; G] = std::array::from_fn(|j| d * a.scale[(i0 + j) * nb + b]);
+        let scale: [f32; G] = std::array::from_fn(|j| d * *x.scale.add(j * x.nb + b));
         // Each half super-block goes to float (exact, and inside i32).
         for part in 0..2 {
             // Run by run, every row: the run's values and scales stay in registers and each
@@ -209,7 +212,7 @@ unsafe fn chunk<const F: u8, const G: usize>(
             }
         }
         if F != Q6K {
-            minus_mins(&mut acc, mins, a, i0, b);
+            minus_mins(&mut acc, mins, x, b);
         }
     }
     acc
@@ -228,8 +231,6 @@ unsafe fn chunk8<const F: u8, const G: usize>(
     x: &Group,
     blocks: std::ops::Range<usize>,
 ) -> [__m256; G] {
-    let (a, i0) = (x.a, x.i0);
-    let nb = a.k / QK;
     let mut acc = [_mm256_setzero_ps(); G];
     let (mut w, mut sc) = ([_mm256_setzero_si256(); 8], [_mm256_setzero_si256(); 8]);
     for b in blocks {
@@ -261,11 +262,11 @@ unsafe fn chunk8<const F: u8, const G: usize>(
             }
         }
         for (j, (acc, ia)) in acc.iter_mut().zip(ia).enumerate() {
-            let scale = _mm256_set1_ps(d * a.scale[(i0 + j) * nb + b]);
+            let scale = _mm256_set1_ps(d * *x.scale.add(j * x.nb + b));
             *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia), scale, *acc);
         }
         if F != Q6K {
-            minus_mins(&mut acc, mins, a, i0, b);
+            minus_mins(&mut acc, mins, x, b);
         }
     }
     acc
@@ -283,16 +284,9 @@ unsafe fn prefetch(row: &[u8], b: usize, bb: usize) {
 
 /// The mins' term, `dmin·m_j` times each row's sub-block sums, off the G rows' partials.
 #[inline(always)]
-unsafe fn minus_mins<const G: usize>(
-    acc: &mut [__m256; G],
-    mins: __m256,
-    a: &KActs,
-    i0: usize,
-    b: usize,
-) {
-    let nb = a.k / QK;
+unsafe fn minus_mins<const G: usize>(acc: &mut [__m256; G], mins: __m256, x: &Group, b: usize) {
     for (j, acc) in acc.iter_mut().enumerate() {
-        let sums = _mm256_loadu_ps(a.sums[((i0 + j) * nb + b) * SUMS..].as_ptr());
+        let sums = _mm256_loadu_ps(x.sums.add((j * x.nb + b) * SUMS));
         *acc = _mm256_fnmadd_ps(mins, sums, *acc);
     }
 }

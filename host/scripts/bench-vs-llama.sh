@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Side by side on one GGUF and the same cores, in one run: `gateway bench` against llama.cpp's
-# `llama-bench` (prefill and single-stream decode; the gateway's decode also with the opt-in
-# `--decode-activation-bits 8`), then both servers over HTTP at the same
+# `llama-bench` (prefill and single-stream decode; the gateway's decode also with the decode
+# activation bits its default did not take: 16 where `auto` took 8, else 8), then both servers
+# over HTTP at the same
 # concurrency levels (aggregate output tok/s, 128-token prompts, 64 tokens out, greedy).
 # Prints the figures and the ratios. Usage: host/scripts/bench-vs-llama.sh MODEL.gguf [CONC...]
 # GATEWAY_FLAGS adds engine flags to every gateway run (for example `--prompt-precision int8`,
@@ -59,9 +60,11 @@ echo "## engines without HTTP ($threads threads, $rounds alternating rounds)"
 for _ in $(seq "$rounds"); do
   "$gw" bench -m "$model" "${gwflags[@]}" --prompt-tokens 512 --gen-tokens 64 --repeat 1 --single-stream-only \
     2>/dev/null >>/tmp/bench-vs-llama.gateway
-  # The opt-in 8-bit decode activations (llama.cpp's own rounding), decode only.
-  "$gw" bench -m "$model" "${gwflags[@]}" --decode-activation-bits 8 --prompt-tokens 16 --gen-tokens 64 --repeat 1 \
-    --single-stream-only 2>/dev/null >>/tmp/bench-vs-llama.gateway8
+  # Decode only, with the other decode activation bits (8, llama.cpp's own rounding, or 16).
+  other=8
+  grep -q ', 8-bit decode activations' /tmp/bench-vs-llama.gateway && other=16
+  "$gw" bench -m "$model" "${gwflags[@]}" --decode-activation-bits "$other" --prompt-tokens 16 --gen-tokens 64 \
+    --repeat 1 --single-stream-only 2>/dev/null >>/tmp/bench-vs-llama.gateway8
   "$peer/llama-bench" -m "$model" -t "$threads" --repack "$repacks" -p 512 -n 64 -r 1 -o md 2>/dev/null \
     | best_of_repacks >>/tmp/bench-vs-llama.llama
 done
@@ -127,10 +130,11 @@ for n, c in enumerate(levels):
 def nums(pattern, text):
     return [float(v) for v in re.findall(pattern, text)]
 g, l, g8 = open(gw_table).read(), open(ll_table).read(), open(gw8_table).read()
+bits = lambda text: (re.findall(r", (\d+)-bit decode activations", text) or ["?"])[0]
 decode = r"decode, single stream \| ([\d.]+)"
 rows = [("prefill, 512-token prompt", nums(r"prefill, 512 prompt tokens \| ([\d.]+)", g), nums(r"pp512 \|\s+([\d.]+)", l)),
-        ("decode, single stream", nums(decode, g), nums(r"tg64 \|\s+([\d.]+)", l)),
-        ("decode, `--decode-activation-bits 8`", nums(decode, g8), nums(r"tg64 \|\s+([\d.]+)", l))]
+        (f"decode, single stream ({bits(g)}-bit activations, the default)", nums(decode, g), nums(r"tg64 \|\s+([\d.]+)", l)),
+        (f"decode, `--decode-activation-bits {bits(g8)}`", nums(decode, g8), nums(r"tg64 \|\s+([\d.]+)", l))]
 print()
 print("| engine, no HTTP | gateway tok/s, per round | llama-bench tok/s, per round | ratio per round | median ratio |")
 print("|---|---|---|---|---|")

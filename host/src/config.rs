@@ -253,10 +253,8 @@ pub struct EngineConfig {
     /// by reading the weights, not in large batches.
     pub speculative_max_seqs: usize,
     /// Bits the CPU batch kernels (decode, drafts, small batches) round activations to before
-    /// they meet k-quant weights: 16 (default; greedy output as the dense-f32 reference's) or
-    /// 8 (llama.cpp's Q8_K: faster decode, greedy output parts from the f32 reference's at
-    /// closer calls). Prompt rows take `prompt_precision`.
-    pub decode_activation_bits: u8,
+    /// they meet k-quant weights. Prompt rows take `prompt_precision`.
+    pub decode_activation_bits: DecodeBits,
     /// How prompt rows meet quantized weights on the CPU.
     pub prompt_precision: PromptPrecision,
 }
@@ -277,6 +275,54 @@ pub enum PromptPrecision {
     Auto,
     Int16,
     Int8,
+}
+
+/// `decode_activation_bits`: how finely the CPU batch kernels round activations for k-quant
+/// weights. `16`: greedy output as the dense-f32 reference's. `8`: llama.cpp's Q8_K rounding,
+/// whose KL divergence from f32 is level with llama.cpp's own (README, "Precision"); each
+/// weight byte is multiplied once instead of twice. `auto` (the default) takes 8 where that
+/// halves the arithmetic of a step (AVX2 without AVX-512BW, where batches are bound by it) and
+/// 16 elsewhere (`engine::quant::ActivationBits::auto`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DecodeBits {
+    #[default]
+    Auto,
+    Eight,
+    Sixteen,
+}
+
+impl std::str::FromStr for DecodeBits {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(Self::Auto),
+            "8" => Ok(Self::Eight),
+            "16" => Ok(Self::Sixteen),
+            _ => Err(format!(
+                "decode_activation_bits must be 8, 16 or \"auto\" (got {s:?})"
+            )),
+        }
+    }
+}
+
+/// A number (`8`, `16`) or a word (`"auto"`, `"8"`), as a config file may write either.
+impl<'de> Deserialize<'de> for DecodeBits {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Number(i64),
+            Word(String),
+            Other(serde::de::IgnoredAny),
+        }
+        let text = match Raw::deserialize(d)? {
+            Raw::Number(n) => n.to_string(),
+            Raw::Word(w) => w,
+            Raw::Other(_) => "a value of another type".to_string(),
+        };
+        text.parse().map_err(serde::de::Error::custom)
+    }
 }
 
 /// Where a model's engine computes.
@@ -453,7 +499,7 @@ impl Default for EngineConfig {
             gpu_memory_utilization: 0.9,
             speculative_tokens: 4,
             speculative_max_seqs: 2,
-            decode_activation_bits: 16,
+            decode_activation_bits: DecodeBits::default(),
             prompt_precision: PromptPrecision::default(),
         }
     }
@@ -506,12 +552,6 @@ impl Config {
             if e.block_size == 0 || !e.block_size.is_power_of_two() {
                 return bad(format!(
                     "models.{}: block_size must be a power of two",
-                    m.name
-                ));
-            }
-            if !matches!(e.decode_activation_bits, 8 | 16) {
-                return bad(format!(
-                    "models.{}: decode_activation_bits must be 8 or 16",
                     m.name
                 ));
             }
@@ -574,12 +614,6 @@ impl Config {
 mod tests {
     use super::*;
 
-    fn parse(engine: &str) -> Config {
-        let text =
-            format!("[[models]]\nname = \"m\"\npath = \"m.gguf\"\n[models.engine]\n{engine}\n");
-        toml::from_str(&text).unwrap()
-    }
-
     #[test]
     fn named_paths_split_at_the_first_equals_sign() {
         let unnamed = |_: &Path| "unnamed".to_string();
@@ -601,21 +635,31 @@ mod tests {
     }
 
     #[test]
-    fn decode_activation_bits_take_8_or_16_only() {
-        assert_eq!(parse("").models[0].engine.decode_activation_bits, 16);
-        for bits in [8, 16] {
-            parse(&format!("decode_activation_bits = {bits}"))
-                .validate()
-                .unwrap();
-        }
-        for bits in [0, 4, 12, 32] {
-            let err = parse(&format!("decode_activation_bits = {bits}"))
-                .validate()
-                .unwrap_err();
+    fn decode_activation_bits_take_8_16_or_auto_only() {
+        let bits = |text: &str| {
+            let text =
+                format!("[[models]]\nname = \"m\"\npath = \"m.gguf\"\n[models.engine]\n{text}\n");
+            toml::from_str::<Config>(&text).map(|c| c.models[0].engine.decode_activation_bits)
+        };
+        assert_eq!(bits("").unwrap(), DecodeBits::Auto);
+        assert_eq!(
+            bits("decode_activation_bits = 8").unwrap(),
+            DecodeBits::Eight
+        );
+        assert_eq!(
+            bits("decode_activation_bits = \"16\"").unwrap(),
+            DecodeBits::Sixteen
+        );
+        assert_eq!(
+            bits("decode_activation_bits = \"auto\"").unwrap(),
+            DecodeBits::Auto
+        );
+        for wrong in ["0", "4", "12", "32", "-8", "\"eight\"", "8.0"] {
+            let err = bits(&format!("decode_activation_bits = {wrong}")).unwrap_err();
             assert!(
                 err.to_string()
-                    .contains("decode_activation_bits must be 8 or 16"),
-                "{err}"
+                    .contains("decode_activation_bits must be 8, 16 or"),
+                "{wrong}: {err}"
             );
         }
     }

@@ -133,10 +133,11 @@ struct EngineArgs {
     /// Compute threads per model (0 = one per core).
     #[arg(long)]
     threads: Option<usize>,
-    /// Bits the CPU decode kernels round activations to for k-quant weights: 16 (default,
-    /// greedy output as the f32 reference's) or 8 (faster decode, as llama.cpp).
+    /// Bits the CPU decode kernels round activations to for k-quant weights: auto (default: 8
+    /// on CPUs without AVX-512, where it halves a batch's arithmetic, else 16), 16 (greedy
+    /// output as the f32 reference's) or 8 (llama.cpp's rounding, KL divergence level with it).
     #[arg(long)]
-    decode_activation_bits: Option<u8>,
+    decode_activation_bits: Option<gateway::config::DecodeBits>,
     /// How the CPU prompt kernels (prefill) meet quantized weights: auto (BF16 AMX tiles where
     /// the CPU has them, else int8), int8 (k-quant activations rounded to bytes as llama.cpp's)
     /// or int16 (greedy output as the f32 reference's).

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use crate::config::{ComputeDevice, ModelConfig};
 use crate::engine::profile::{Phase, Snapshot};
+use crate::engine::quant::ActivationBits;
 use crate::engine::{Engine, Event, GenerationRequest, SamplingParams};
 use crate::metrics::Metrics;
 
@@ -93,8 +94,9 @@ pub async fn run(cfg: &ModelConfig, o: &BenchOptions) -> anyhow::Result<()> {
     let engine = Arc::new(Engine::start(&cfg, metrics.clone())?);
     let device = match cfg.engine.device {
         ComputeDevice::Cpu => format!(
-            "cpu, {} threads",
-            std::thread::available_parallelism().map_or(1, |n| n.get())
+            "cpu, {} threads, {}-bit decode activations",
+            std::thread::available_parallelism().map_or(1, |n| n.get()),
+            ActivationBits::configured(cfg.engine.decode_activation_bits).bits()
         ),
         d => format!("{d}, {:?}", cfg.engine.dtype).to_lowercase(),
     };

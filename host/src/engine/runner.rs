@@ -36,10 +36,7 @@ impl Runner {
         match e.device {
             ComputeDevice::Cpu => {
                 model.set_threads(e.threads);
-                model.set_activation_bits(match e.decode_activation_bits {
-                    8 => ActivationBits::Eight,
-                    _ => ActivationBits::Sixteen,
-                });
+                model.set_activation_bits(ActivationBits::configured(e.decode_activation_bits));
                 model.set_prompt_precision(e.prompt_precision);
                 let s = &model.shape;
                 let block_bytes =

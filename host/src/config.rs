@@ -282,7 +282,7 @@ pub enum PromptPrecision {
 /// whose KL divergence from f32 is level with llama.cpp's own (README, "Precision"); each
 /// weight byte is multiplied once instead of twice. `auto` (the default) takes 8 where that
 /// halves the arithmetic of a step (AVX2 without AVX-512BW, where batches are bound by it) and
-/// 16 elsewhere (`engine::quant::ActivationBits::auto`).
+/// 16 elsewhere (`engine::quant::ActivationBits::configured`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum DecodeBits {
     #[default]

@@ -287,6 +287,15 @@ pub(super) mod avx2;
 ))]
 pub(super) use avx2::tile;
 
+/// Whether this build's k-quant kernel is `avx2`'s (the condition above), where 16-bit rows
+/// cost twice the byte products of 8-bit ones (`ActivationBits::auto`).
+pub(super) const AVX2_BYTES: bool = cfg!(all(
+    target_arch = "x86_64",
+    target_feature = "avx2",
+    target_feature = "fma",
+    not(target_feature = "avx512bw")
+));
+
 /// Portable path: the same integer sums, one weight row and activation row at a time.
 #[cfg(not(all(
     target_arch = "x86_64",

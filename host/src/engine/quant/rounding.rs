@@ -1,8 +1,9 @@
 //! Activation rows rounded to integers block by block, each block with its own scale: what the
 //! k-quant kernels (`k_kernels.rs`) and the 32-element formats' prompt kernels (`lanes/q32.rs`)
-//! multiply.
+//! multiply, and how finely they are rounded (`ActivationBits`, `Rounding`).
 
 use super::aligned::Aligned;
+use super::PromptPrecision;
 use crate::engine::team::{split, split_mut, Team};
 
 /// The `m` rows of `x` (`[m][k]`) rounded to i16 block by block, rows split across the team:
@@ -93,4 +94,82 @@ pub(super) fn quantize_block(x: &[f32], q: &mut [i16], max: f32) -> f32 {
         *q = ((v * inv + ROUND).to_bits() as i32 - ROUND.to_bits() as i32) as i16;
     }
     amax / max
+}
+
+/// How finely the batch kernels (decode, drafts, small batches) round activations before they
+/// meet k-quant weights (Q4_K, Q5_K, Q6_K). Prompt rows take `PromptPrecision`; Q4_0, Q5_0,
+/// Q8_0 and Q4_1 batch rows on AVX-512 take 16 bits whatever this says, Q5_1 there floats, and
+/// on AVX2 every 32-element format takes 16 bits per 256 elements (`q32_avx2`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ActivationBits {
+    /// 16-bit integers per 256-element block: greedy output equals the dense-f32 reference's
+    /// on every real-model prompt of `tests/float_reference.rs`.
+    #[default]
+    Sixteen,
+    /// 8 bits per 256-element block, as llama.cpp's Q8_K: decode multiplies each weight byte
+    /// once instead of twice (Qwen2.5-1.5B single-stream decode 12–26% faster, measured side
+    /// by side), but greedy output leaves the f32 reference's at closer calls: Qwen2.5 at a
+    /// float margin of 0.098, Gemma 3 at 0.054, where 16 bits only part at margins under 0.05.
+    /// The default on AVX2 (`auto`).
+    Eight,
+}
+
+impl ActivationBits {
+    /// `decode_activation_bits = "auto"`: 8 bits where the k-quant batch kernels are AVX2's
+    /// (`k_kernels/avx2.rs`). There a 16-bit row is its high and low bytes, two `vpmaddubsw`
+    /// and two `vpmaddwd` per 32 products where a byte row takes one of each, and a batch of
+    /// generated rows is bound by that arithmetic, not by the weight stream: on a Zen 3,
+    /// Qwen2.5-1.5B's weight products took 146 against 251 ms a step for ~7 rows (`gateway
+    /// bench`, concurrency 4) and 48 against 77 for one or two. The KL divergence of 8 bits
+    /// from f32 is llama.cpp's (README, "Precision"). With AVX-512BW `vpdpwssd` takes 16-bit
+    /// rows in one instruction that hides under the weight stream, so 16 bits stay there.
+    fn auto() -> Self {
+        match super::k_kernels::AVX2_BYTES {
+            true => ActivationBits::Eight,
+            false => ActivationBits::Sixteen,
+        }
+    }
+
+    /// The configured `decode_activation_bits`, `auto` resolved for this build's kernels.
+    pub fn configured(bits: crate::config::DecodeBits) -> Self {
+        use crate::config::DecodeBits;
+        match bits {
+            DecodeBits::Eight => ActivationBits::Eight,
+            DecodeBits::Sixteen => ActivationBits::Sixteen,
+            DecodeBits::Auto => ActivationBits::auto(),
+        }
+    }
+
+    /// How many bits a block is rounded to.
+    pub fn bits(self) -> u8 {
+        match self {
+            ActivationBits::Sixteen => 16,
+            ActivationBits::Eight => 8,
+        }
+    }
+
+    /// The largest magnitude a block is rounded to.
+    pub(super) fn max(self) -> f32 {
+        match self {
+            ActivationBits::Sixteen => 32767.0,
+            ActivationBits::Eight => 127.0,
+        }
+    }
+}
+
+/// How a model's kernels round: the batch kernels' activations and the prompt rows'.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Rounding {
+    pub decode: ActivationBits,
+    pub prompt: PromptPrecision,
+}
+
+/// Batch kernels at `bits`, prompt rows in 16-bit integers.
+impl From<ActivationBits> for Rounding {
+    fn from(decode: ActivationBits) -> Self {
+        Rounding {
+            decode,
+            prompt: PromptPrecision::Int16,
+        }
+    }
 }

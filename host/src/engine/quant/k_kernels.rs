@@ -288,13 +288,42 @@ pub(super) mod avx2;
 pub(super) use avx2::tile;
 
 /// Whether this build's k-quant kernel is `avx2`'s (the condition above), where 16-bit rows
-/// cost twice the byte products of 8-bit ones (`ActivationBits::auto`).
-pub(super) const AVX2_BYTES: bool = cfg!(all(
+/// cost twice the byte products of 8-bit ones (`ActivationBits::auto` below).
+const AVX2_BYTES: bool = cfg!(all(
     target_arch = "x86_64",
     target_feature = "avx2",
     target_feature = "fma",
     not(target_feature = "avx512bw")
 ));
+
+// `auto` lives here, beside the condition that picks the kernel, so that `rounding.rs` (which
+// the kernels use) does not use the kernels back.
+impl ActivationBits {
+    /// `decode_activation_bits = "auto"`: 8 bits where the k-quant batch kernels are AVX2's
+    /// (`k_kernels/avx2.rs`). There a 16-bit row is its high and low bytes, two `vpmaddubsw`
+    /// and two `vpmaddwd` per 32 products where a byte row takes one of each, and a batch of
+    /// generated rows is bound by that arithmetic, not by the weight stream: on a Zen 3,
+    /// Qwen2.5-1.5B's weight products took 146 against 251 ms a step for ~7 rows (`gateway
+    /// bench`, concurrency 4) and 48 against 77 for one or two. The KL divergence of 8 bits
+    /// from f32 is llama.cpp's (README, "Precision"). With AVX-512BW `vpdpwssd` takes 16-bit
+    /// rows in one instruction that hides under the weight stream, so 16 bits stay there.
+    fn auto() -> Self {
+        match AVX2_BYTES {
+            true => ActivationBits::Eight,
+            false => ActivationBits::Sixteen,
+        }
+    }
+
+    /// The configured `decode_activation_bits`, `auto` resolved for this build's kernels.
+    pub fn configured(bits: crate::config::DecodeBits) -> Self {
+        use crate::config::DecodeBits;
+        match bits {
+            DecodeBits::Eight => ActivationBits::Eight,
+            DecodeBits::Sixteen => ActivationBits::Sixteen,
+            DecodeBits::Auto => ActivationBits::auto(),
+        }
+    }
+}
 
 /// Portable path: the same integer sums, one weight row and activation row at a time.
 #[cfg(not(all(

@@ -115,31 +115,6 @@ pub enum ActivationBits {
 }
 
 impl ActivationBits {
-    /// `decode_activation_bits = "auto"`: 8 bits where the k-quant batch kernels are AVX2's
-    /// (`k_kernels/avx2.rs`). There a 16-bit row is its high and low bytes, two `vpmaddubsw`
-    /// and two `vpmaddwd` per 32 products where a byte row takes one of each, and a batch of
-    /// generated rows is bound by that arithmetic, not by the weight stream: on a Zen 3,
-    /// Qwen2.5-1.5B's weight products took 146 against 251 ms a step for ~7 rows (`gateway
-    /// bench`, concurrency 4) and 48 against 77 for one or two. The KL divergence of 8 bits
-    /// from f32 is llama.cpp's (README, "Precision"). With AVX-512BW `vpdpwssd` takes 16-bit
-    /// rows in one instruction that hides under the weight stream, so 16 bits stay there.
-    fn auto() -> Self {
-        match super::k_kernels::AVX2_BYTES {
-            true => ActivationBits::Eight,
-            false => ActivationBits::Sixteen,
-        }
-    }
-
-    /// The configured `decode_activation_bits`, `auto` resolved for this build's kernels.
-    pub fn configured(bits: crate::config::DecodeBits) -> Self {
-        use crate::config::DecodeBits;
-        match bits {
-            DecodeBits::Eight => ActivationBits::Eight,
-            DecodeBits::Sixteen => ActivationBits::Sixteen,
-            DecodeBits::Auto => ActivationBits::auto(),
-        }
-    }
-
     /// How many bits a block is rounded to.
     pub fn bits(self) -> u8 {
         match self {

@@ -46,6 +46,8 @@ impl RowBytes {
         );
         let m = q.len() / k;
         let wide = bits == ActivationBits::Sixteen;
+        // Rounded to 16 bits the high byte is `q >> 8`; to 8 bits it is `q`.
+        let shift = if wide { 8 } else { 0 };
         let (mut hi, mut hs, mut bs) = (
             Aligned::<i8, 64>::zeroed(m * k),
             Aligned::<i16, 32>::zeroed(m * k / 2),
@@ -76,23 +78,38 @@ impl RowBytes {
             for r in range.clone() {
                 let i0 = r - r % GROUP;
                 let (g, j, base) = (GROUP.min(m - i0), r - i0, (i0 - range.start) * k);
-                // Element e of row r: its run's place in the group, then the row's 32 bytes.
+                // Element e of row r: its run's place in the group, then the row's 32 bytes;
+                // its sum of 16 the same way.
                 let at = |e: usize| base + (e / 32) * 32 * g + j * 32 + e % 32;
                 let sum_at = |e: usize| base / 16 + (e / QK) * 16 * g + j * 16 + e % QK / 16;
-                // A stored run of 64 is its 32 even elements, then its 32 odd ones.
+                // A stored run of 64 is its 32 even elements, then its 32 odd ones: each half
+                // of 32 elements in order (a run of the group) is 16 of each, interleaved,
+                // written through slices so that the loops vectorize (element by element, this
+                // took 4% of a Qwen2.5 prefill).
                 for (run, stored) in q[r * k..(r + 1) * k].chunks_exact(64).enumerate() {
-                    let (even, odd) = stored.split_at(32);
-                    for (i, (&e, &o)) in even.iter().zip(odd).enumerate() {
-                        let (he, ho) = match wide {
-                            true => ((e >> 8) as i8, (o >> 8) as i8),
-                            false => (e as i8, o as i8),
-                        };
-                        let el = 64 * run + 2 * i;
-                        (hi[at(el)], hi[at(el + 1)]) = (he, ho);
-                        hs[at(el) / 2] = 32 * (i16::from(he) + i16::from(ho));
-                        bs[sum_at(el)] += i16::from(he) + i16::from(ho);
+                    for half in 0..2 {
+                        let e0 = 64 * run + 32 * half;
+                        let even = &stored[16 * half..16 * half + 16];
+                        let odd = &stored[32 + 16 * half..32 + 16 * half + 16];
+                        let (h, pairs) = (at(e0), at(e0) / 2);
+                        let high: [[i8; 2]; 16] = std::array::from_fn(|i| {
+                            [(even[i] >> shift) as i8, (odd[i] >> shift) as i8]
+                        });
+                        for (d, p) in hi[h..h + 32].chunks_exact_mut(2).zip(&high) {
+                            d.copy_from_slice(p);
+                        }
+                        let sums: [i16; 16] =
+                            std::array::from_fn(|i| i16::from(high[i][0]) + i16::from(high[i][1]));
+                        for (d, s) in hs[pairs..pairs + 16].iter_mut().zip(&sums) {
+                            *d = 32 * s;
+                        }
+                        let s = sum_at(e0);
+                        bs[s] = sums[..8].iter().sum();
+                        bs[s + 1] = sums[8..].iter().sum();
                         if let Some(lo) = lo.as_mut() {
-                            (lo[at(el)], lo[at(el + 1)]) = (e as u8, o as u8);
+                            for (i, d) in lo[h..h + 32].chunks_exact_mut(2).enumerate() {
+                                d.copy_from_slice(&[even[i] as u8, odd[i] as u8]);
+                            }
                         }
                     }
                 }

@@ -69,6 +69,7 @@ macro_rules! by_group {
 #[cfg(all(target_arch = "x86_64", target_feature = "avx512bw"))]
 use by_group;
 
+mod acts;
 mod aligned;
 pub mod amx;
 mod blocks;
@@ -95,6 +96,14 @@ mod q32_avx2;
     target_feature = "avx512vl"
 ))]
 mod q32_batch;
+/// The 32-element formats on AVX2 against 8-bit activations (built as `q32_avx2` is).
+#[cfg(all(
+    target_arch = "x86_64",
+    target_feature = "avx2",
+    target_feature = "fma",
+    any(test, not(target_feature = "avx512bw"))
+))]
+mod q32_bytes;
 #[cfg(all(
     target_arch = "x86_64",
     target_feature = "avx512bw",
@@ -117,8 +126,8 @@ use std::sync::Arc;
 use candle_core::quantized::{GgmlDType, QTensor};
 
 pub use crate::config::PromptPrecision;
+use acts::{Acts, Beside};
 pub use blocks::{dequantize_block, Format};
-use k_kernels::KActs;
 pub use rounding::{ActivationBits, Rounding};
 pub use untranspose::release_transposed;
 use untranspose::{untranspose, with_transposed};
@@ -342,37 +351,6 @@ impl QuantMatrix {
         self.batch_with(team, &Beside { x, m, acts }, out);
     }
 
-    /// Generated rows `x` (`m` of them) as the batch kernels take them.
-    fn batch_acts(&self, team: &Team, x: &[f32], m: usize, bits: ActivationBits) -> Acts {
-        assert_eq!(x.len(), m * self.cols, "activation shape");
-        Acts {
-            k: self
-                .segments
-                .iter()
-                .any(|s| s.format.is_k())
-                .then(|| KActs::new(team, x, m, self.cols, bits)),
-            #[cfg(all(target_arch = "x86_64", target_feature = "avx512bw"))]
-            q32: None,
-            #[cfg(all(
-                target_arch = "x86_64",
-                target_feature = "avx512bw",
-                target_feature = "avx512vl"
-            ))]
-            q16: self.batch_acts16(team, x, m),
-            #[cfg(all(
-                target_arch = "x86_64",
-                target_feature = "avx2",
-                target_feature = "fma",
-                not(target_feature = "avx512bw")
-            ))]
-            r32: self
-                .segments
-                .iter()
-                .any(|s| !s.format.is_k())
-                .then(|| q32_avx2::Acts32::new(team, x, m, self.cols)),
-        }
-    }
-
     /// `batch` on prepared rows.
     fn batch_with(&self, team: &Team, rows: &Beside, out: &mut [f32]) {
         let (n, x, m, acts) = (self.rows, rows.x, rows.m, &rows.acts);
@@ -557,41 +535,19 @@ impl QuantMatrix {
                 q32_avx2::tile(s, (r0, nr), a, (i0, g), d, walk == Walk::Stream);
                 continue;
             }
+            #[cfg(all(
+                target_arch = "x86_64",
+                target_feature = "avx2",
+                target_feature = "fma",
+                not(target_feature = "avx512bw")
+            ))]
+            if let Some(a) = &acts.b32 {
+                q32_bytes::tile(s, (r0, nr), a, (i0, g), d, walk == Walk::Stream);
+                continue;
+            }
             f32_kernels::tile(s, r0, nr, x, g, d, walk == Walk::Stream);
         }
     }
-}
-
-/// Generated rows and their activations as the batch kernels take them.
-struct Beside<'a> {
-    x: &'a [f32],
-    m: usize,
-    acts: Acts,
-}
-
-/// Activations as the kernels take them, prepared once per matmul.
-struct Acts {
-    /// Rounded for the k-quant kernels, when the matrix has k-quant rows.
-    k: Option<KActs>,
-    /// Rounded for the 32-element formats' prompt kernel, in a prompt pass over such rows.
-    #[cfg(all(target_arch = "x86_64", target_feature = "avx512bw"))]
-    q32: Option<lanes::q32::Acts32>,
-    /// Rounded for the batch kernels of Q4_0 / Q5_0 / Q8_0 rows (`q32_batch`) and Q4_1 rows
-    /// (`q4_1_batch`), in a pass of generated rows over such rows (never in a prompt pass).
-    #[cfg(all(
-        target_arch = "x86_64",
-        target_feature = "avx512bw",
-        target_feature = "avx512vl"
-    ))]
-    q16: Option<q32_batch::Acts16>,
-    /// Rounded for the 32-element formats' AVX2 kernel (`q32_avx2`), every row.
-    #[cfg(all(
-        target_arch = "x86_64",
-        target_feature = "avx2",
-        target_feature = "fma",
-        not(target_feature = "avx512bw")
-    ))]
-    r32: Option<q32_avx2::Acts32>,
 }
 
 /// Writes a prefill span's results (tile after tile, group after group, each `[tile

@@ -1,6 +1,7 @@
 //! Prompt rows where the prompt kernels are not built (no AVX-512BW): they take the batch
 //! kernels on activations rounded to 8 bits (`prompt_precision` `auto` or `int8`; on AVX2 the
-//! byte kernel, `k_kernels::avx2::eight`), the generated rows of the step the decode rounding.
+//! byte kernels, `k_kernels::avx2::eight` and `q32_bytes`), the generated rows of the step
+//! the decode rounding.
 //! Each kind goes through the kernels on its own rows, so a row's bits do not depend on what
 //! shares its step.
 
@@ -9,13 +10,19 @@ use crate::engine::team::Team;
 
 impl QuantMatrix {
     /// Whether `matmul_rows` splits this step's rows by kind: some are prompt rows, they take
-    /// 8 bits where the generated rows do not, and k-quant rows read them (the other formats'
-    /// kernels here take the rows unrounded).
+    /// 8 bits where the generated rows do not, and some rows' kernel reads the bits (k-quant
+    /// rows everywhere, every row on AVX2; the other formats' kernels elsewhere take the rows
+    /// unrounded).
     pub(super) fn splits_prompt_rows(&self, prompt: &[bool], rounding: Rounding) -> bool {
+        let avx2 = cfg!(all(
+            target_arch = "x86_64",
+            target_feature = "avx2",
+            target_feature = "fma"
+        ));
         rounding.prompt != PromptPrecision::Int16
             && rounding.decode != ActivationBits::Eight
             && prompt.contains(&true)
-            && self.segments.iter().any(|s| s.format.is_k())
+            && (avx2 || self.segments.iter().any(|s| s.format.is_k()))
     }
 
     /// `matmul_rows` for such a step: prompt rows at 8 bits, generated rows at `decode`, each

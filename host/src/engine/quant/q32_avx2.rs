@@ -221,7 +221,7 @@ unsafe fn unpack<const F: u8>(b: &[u8]) -> (__m256i, __m256i, f32, f32) {
 
 /// Byte `e` all ones where bit `e` of `bits` is set, zero elsewhere.
 #[inline(always)]
-unsafe fn bit_bytes(bits: u32) -> __m256i {
+pub(super) unsafe fn bit_bytes(bits: u32) -> __m256i {
     // Byte e takes byte e / 8 of the word (both 128-bit lanes hold the broadcast word).
     let spread = _mm256_shuffle_epi8(
         _mm256_set1_epi32(bits as i32),
@@ -236,7 +236,7 @@ unsafe fn bit_bytes(bits: u32) -> __m256i {
 }
 
 #[inline(always)]
-unsafe fn hsum(v: __m256) -> f32 {
+pub(super) unsafe fn hsum(v: __m256) -> f32 {
     let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
     let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps::<1>(s, s)))

@@ -97,9 +97,10 @@ pub(super) fn quantize_block(x: &[f32], q: &mut [i16], max: f32) -> f32 {
 }
 
 /// How finely the batch kernels (decode, drafts, small batches) round activations before they
-/// meet k-quant weights (Q4_K, Q5_K, Q6_K). Prompt rows take `PromptPrecision`; Q4_0, Q5_0,
-/// Q8_0 and Q4_1 batch rows on AVX-512 take 16 bits whatever this says, Q5_1 there floats, and
-/// on AVX2 every 32-element format takes 16 bits per 256 elements (`q32_avx2`).
+/// meet k-quant weights (Q4_K, Q5_K, Q6_K), and on AVX2 the 32-element formats too: 16 bits
+/// per 256 elements there (`q32_avx2`), or 8 bits per 32 (`q32_bytes`, llama.cpp's `Q8_0`
+/// rounding for these formats). Prompt rows take `PromptPrecision`; Q4_0, Q5_0, Q8_0 and Q4_1
+/// batch rows on AVX-512 take 16 bits whatever this says, and Q5_1 there floats.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum ActivationBits {
     /// 16-bit integers per 256-element block: greedy output equals the dense-f32 reference's

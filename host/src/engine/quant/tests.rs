@@ -1,3 +1,4 @@
+use super::k_kernels::KActs;
 use super::*;
 use candle_core::{Device, Tensor};
 use ActivationBits::{Eight, Sixteen};
@@ -118,7 +119,8 @@ fn matmul_matches_the_dequantized_float_reference_for_every_format_and_batch() {
                 // `int16`; the AVX-512 prompt kernels round the other formats to 16 bits too.
                 // The batch kernels round k-quants to `bits`; Q4_0, Q5_0, Q8_0 and Q4_1 to 16
                 // bits on AVX-512 (`q32_batch`, `q4_1_batch`), every 32-element format on AVX2
-                // (`q32_avx2`), and give the others floats.
+                // to `bits` too (`q32_avx2`, `q32_bytes`, where 8-bit prompt rows also go),
+                // and give the others floats.
                 let avx512 = cfg!(all(target_arch = "x86_64", target_feature = "avx512bw"));
                 let avx2 = cfg!(all(
                     target_arch = "x86_64",
@@ -140,6 +142,8 @@ fn matmul_matches_the_dequantized_float_reference_for_every_format_and_batch() {
                     (true, true, _) | (false, true, Sixteen) => Some(32767.0),
                     (false, true, Eight) => Some(127.0),
                     (true, false, _) if avx512 => Some(32767.0),
+                    (true, false, _) if avx2 && rounding == p8 => Some(127.0),
+                    (false, false, Eight) if avx2 => Some(127.0),
                     (_, false, _) if q16 => Some(32767.0),
                     (_, false, _) => None,
                 };
@@ -251,7 +255,7 @@ fn avx2_k_kernel_agrees_with_the_scalar_dot_whatever_the_group() {
     target_feature = "fma"
 ))]
 #[test]
-fn avx2_q32_kernel_matches_the_float_reference_whatever_the_group() {
+fn avx2_q32_kernels_match_the_float_reference_whatever_the_group() {
     let team = Team::new(1);
     let (n, k, m) = (9, 576, 8);
     for dtype in &ALL[..5] {
@@ -264,33 +268,41 @@ fn avx2_q32_kernel_matches_the_float_reference_whatever_the_group() {
         x[k..k + 32].fill(0.0);
         x[2 * k + 32] = 1e-30;
         let want = reference(&x, &deq, m, n, k);
-        let acts = q32_avx2::Acts32::new(&team, &x, m, k);
         let seg = &qm.segments[0];
-        for g in [8, 3] {
-            let mut group = vec![0f32; n * g];
-            for i0 in (0..m).step_by(g) {
-                let g = g.min(m - i0);
-                q32_avx2::tile(
-                    seg,
-                    (0, n),
-                    &acts,
-                    (i0, g),
-                    &mut group[..n * g],
-                    i0 % 2 == 0,
-                );
-                for i in i0..i0 + g {
-                    let mut alone = vec![0f32; n];
-                    q32_avx2::tile(seg, (0, n), &acts, (i, 1), &mut alone, false);
-                    for r in 0..n {
-                        let got = group[r * g + i - i0];
-                        let row = &deq[r * k..(r + 1) * k];
-                        let tol = tolerance(Some(32767.0), &x[i * k..(i + 1) * k], row);
-                        let w = want[i * n + r];
-                        assert!(
-                            (got as f64 - w).abs() <= tol,
-                            "{dtype:?} ({i},{r}): {got} vs {w}"
-                        );
-                        assert_eq!(got.to_bits(), alone[r].to_bits(), "{dtype:?} ({i},{r})");
+        // The 16-bit kernel, then the 8-bit one (576 columns: a short last group of both).
+        let a16 = q32_avx2::Acts32::new(&team, &x, m, k);
+        let a8 = q32_bytes::Acts8::new(&team, &x, m, k);
+        type Kernel<'a> = Box<dyn Fn((usize, usize), &mut [f32], bool) + 'a>;
+        let kernels: [(f64, Kernel); 2] = [
+            (
+                32767.0,
+                Box::new(|rows, d, stream| q32_avx2::tile(seg, (0, n), &a16, rows, d, stream)),
+            ),
+            (
+                127.0,
+                Box::new(|rows, d, stream| q32_bytes::tile(seg, (0, n), &a8, rows, d, stream)),
+            ),
+        ];
+        for (max, tile) in &kernels {
+            for g in [8, 3] {
+                let mut group = vec![0f32; n * g];
+                for i0 in (0..m).step_by(g) {
+                    let g = g.min(m - i0);
+                    tile((i0, g), &mut group[..n * g], i0 % 2 == 0);
+                    for i in i0..i0 + g {
+                        let mut alone = vec![0f32; n];
+                        tile((i, 1), &mut alone, false);
+                        for r in 0..n {
+                            let got = group[r * g + i - i0];
+                            let row = &deq[r * k..(r + 1) * k];
+                            let tol = tolerance(Some(*max), &x[i * k..(i + 1) * k], row);
+                            let w = want[i * n + r];
+                            assert!(
+                                (got as f64 - w).abs() <= tol,
+                                "{dtype:?} at {max} ({i},{r}): {got} vs {w}"
+                            );
+                            assert_eq!(got.to_bits(), alone[r].to_bits(), "{dtype:?} ({i},{r})");
+                        }
                     }
                 }
             }
@@ -472,7 +484,8 @@ fn stacks_of_mixed_formats_multiply_as_one_matrix() {
     // Tiles straddle the segments (rows 0..32 are Q4_K and Q6_K, 32..64 Q6_K and Q8_0); nine
     // prompt rows go through the prompt kernels of all three formats, one or two through
     // `across`, the same pass handing each piece to its format's kernel. At `int8` the k-quant
-    // pieces take `lanes8` and the Q8_0 piece its 16-bit kernel, in the same pass.
+    // pieces take `lanes8` and the Q8_0 piece its 16-bit kernel, in the same pass (on AVX2
+    // every piece takes the 8-bit batch kernels).
     let p8 = Rounding {
         decode: Sixteen,
         prompt: PromptPrecision::Int8,
@@ -495,8 +508,14 @@ fn stacks_of_mixed_formats_multiply_as_one_matrix() {
         let want = reference(&x, &deq_all, m, n, k);
         for (i, (&g, &w)) in out.iter().zip(&want).enumerate() {
             let (row, col) = (i / n, i % n);
-            let tol = match rounding == p8 && col < 26 {
-                // The k-quant rows, on activations rounded to 8 bits.
+            let avx2 = cfg!(all(
+                target_arch = "x86_64",
+                target_feature = "avx2",
+                target_feature = "fma",
+                not(target_feature = "avx512bw")
+            ));
+            let tol = match rounding == p8 && (col < 26 || avx2) {
+                // The rows on activations rounded to 8 bits.
                 true => tolerance(
                     Some(127.0),
                     &x[row * k..(row + 1) * k],

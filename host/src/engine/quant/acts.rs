@@ -1,0 +1,106 @@
+//! Activation rows prepared once per matmul for the batch kernels: each kernel family's own
+//! rounding, made only where the matrix has rows of its formats.
+
+#[cfg(all(target_arch = "x86_64", target_feature = "avx512bw"))]
+use super::lanes;
+#[cfg(all(
+    target_arch = "x86_64",
+    target_feature = "avx512bw",
+    target_feature = "avx512vl"
+))]
+use super::q32_batch;
+use super::{k_kernels::KActs, ActivationBits, QuantMatrix};
+#[cfg(all(
+    target_arch = "x86_64",
+    target_feature = "avx2",
+    target_feature = "fma",
+    not(target_feature = "avx512bw")
+))]
+use super::{q32_avx2, q32_bytes};
+use crate::engine::team::Team;
+
+impl QuantMatrix {
+    /// Generated rows `x` (`m` of them) as the batch kernels take them.
+    pub(super) fn batch_acts(
+        &self,
+        team: &Team,
+        x: &[f32],
+        m: usize,
+        bits: ActivationBits,
+    ) -> Acts {
+        assert_eq!(x.len(), m * self.cols, "activation shape");
+        Acts {
+            k: self
+                .segments
+                .iter()
+                .any(|s| s.format.is_k())
+                .then(|| KActs::new(team, x, m, self.cols, bits)),
+            #[cfg(all(target_arch = "x86_64", target_feature = "avx512bw"))]
+            q32: None,
+            #[cfg(all(
+                target_arch = "x86_64",
+                target_feature = "avx512bw",
+                target_feature = "avx512vl"
+            ))]
+            q16: self.batch_acts16(team, x, m),
+            #[cfg(all(
+                target_arch = "x86_64",
+                target_feature = "avx2",
+                target_feature = "fma",
+                not(target_feature = "avx512bw")
+            ))]
+            r32: (bits == ActivationBits::Sixteen
+                && self.segments.iter().any(|s| !s.format.is_k()))
+            .then(|| q32_avx2::Acts32::new(team, x, m, self.cols)),
+            #[cfg(all(
+                target_arch = "x86_64",
+                target_feature = "avx2",
+                target_feature = "fma",
+                not(target_feature = "avx512bw")
+            ))]
+            b32: (bits == ActivationBits::Eight && self.segments.iter().any(|s| !s.format.is_k()))
+                .then(|| q32_bytes::Acts8::new(team, x, m, self.cols)),
+        }
+    }
+}
+
+/// Generated rows and their activations as the batch kernels take them.
+pub(super) struct Beside<'a> {
+    pub(super) x: &'a [f32],
+    pub(super) m: usize,
+    pub(super) acts: Acts,
+}
+
+/// Activations as the kernels take them, prepared once per matmul.
+pub(super) struct Acts {
+    /// Rounded for the k-quant kernels, when the matrix has k-quant rows.
+    pub(super) k: Option<KActs>,
+    /// Rounded for the 32-element formats' prompt kernel, in a prompt pass over such rows.
+    #[cfg(all(target_arch = "x86_64", target_feature = "avx512bw"))]
+    pub(super) q32: Option<lanes::q32::Acts32>,
+    /// Rounded for the batch kernels of Q4_0 / Q5_0 / Q8_0 rows (`q32_batch`) and Q4_1 rows
+    /// (`q4_1_batch`), in a pass of generated rows over such rows (never in a prompt pass).
+    #[cfg(all(
+        target_arch = "x86_64",
+        target_feature = "avx512bw",
+        target_feature = "avx512vl"
+    ))]
+    pub(super) q16: Option<q32_batch::Acts16>,
+    /// Rounded for the 32-element formats' AVX2 kernels, every row: to 16 bits per 256
+    /// elements (`q32_avx2`) at `ActivationBits::Sixteen`, to bytes per 32 (`q32_bytes`) at
+    /// `Eight`.
+    #[cfg(all(
+        target_arch = "x86_64",
+        target_feature = "avx2",
+        target_feature = "fma",
+        not(target_feature = "avx512bw")
+    ))]
+    pub(super) r32: Option<q32_avx2::Acts32>,
+    #[cfg(all(
+        target_arch = "x86_64",
+        target_feature = "avx2",
+        target_feature = "fma",
+        not(target_feature = "avx512bw")
+    ))]
+    pub(super) b32: Option<q32_bytes::Acts8>,
+}

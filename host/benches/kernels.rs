@@ -13,6 +13,7 @@
 
 use std::time::Instant;
 
+use gateway::config::DecodeBits;
 use gateway::engine::quant::{
     ActivationBits, Bytes, Format, PromptPrecision, QuantMatrix, Rounding,
 };
@@ -81,15 +82,11 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-/// GB/s of one activation row through `mats`, each `reps` times, median of `rounds`.
+/// GB/s of one activation row through `mats`, each `reps` times, median of `rounds`, at the
+/// activation bits decode takes by default here.
 fn rate(team: &Team, mats: &[QuantMatrix], reps: usize, rounds: usize) -> f64 {
-    rate_as(
-        team,
-        mats,
-        reps,
-        rounds,
-        Row::Decode(ActivationBits::Sixteen),
-    )
+    let bits = ActivationBits::configured(DecodeBits::Auto);
+    rate_as(team, mats, reps, rounds, Row::Decode(bits))
 }
 
 /// The kernels one row takes.
@@ -165,7 +162,9 @@ fn main() {
     let roof = stream_read(&all, &buf, rounds);
     drop(buf);
     println!(
-        "one activation row (decode) through {COLS}-column matrices, medians of {rounds} rounds"
+        "one activation row (decode, {}-bit activations: the default here) through \
+         {COLS}-column matrices, medians of {rounds} rounds",
+        ActivationBits::configured(DecodeBits::Auto).bits()
     );
     println!(
         "streaming read, {} threads: {roof:.1} GB/s\n",
@@ -254,7 +253,7 @@ fn mixed_rows(name: &str, team: &Team, step: &[QuantMatrix], rounds: usize) {
                 let x = &x[rows.start * w.cols()..rows.end * w.cols()];
                 let out = &mut out[..rows.len() * w.rows()];
                 let rounding = Rounding {
-                    decode: ActivationBits::Sixteen,
+                    decode: ActivationBits::configured(DecodeBits::Auto),
                     prompt: PromptPrecision::Auto,
                 };
                 w.matmul_rows(team, x, prompt, rounding, out);
@@ -278,7 +277,11 @@ fn mixed_rows(name: &str, team: &Team, step: &[QuantMatrix], rounds: usize) {
 /// A model-shaped step's matrices for 1–8 generated rows at once (continuous batching's decode
 /// step): what one weight pass for the whole batch costs against one row's.
 fn batch_rows(name: &str, team: &Team, step: &[QuantMatrix], rounds: usize) {
-    println!("\n{name}-shaped step, generated rows (16-bit), batch of m:");
+    let bits = ActivationBits::configured(DecodeBits::Auto);
+    println!(
+        "\n{name}-shaped step, generated rows ({}-bit, the default here), batch of m:",
+        bits.bits()
+    );
     println!("| m | ms per step | ms per row | rows/s against m = 1 |");
     println!("|---:|---:|---:|---:|");
     let mut one = 0.0;
@@ -295,7 +298,7 @@ fn batch_rows(name: &str, team: &Team, step: &[QuantMatrix], rounds: usize) {
                 let t = Instant::now();
                 for w in step {
                     let (x, out) = (&x[..m * w.cols()], &mut out[..m * w.rows()]);
-                    w.matmul_rows(team, x, &prompt, ActivationBits::Sixteen, out);
+                    w.matmul_rows(team, x, &prompt, bits, out);
                 }
                 t.elapsed().as_secs_f64() * 1e3
             })
@@ -328,7 +331,7 @@ fn step_rows(name: &str, team: &Team, step: &[QuantMatrix], rounds: usize) {
             Row::Prompt(PromptPrecision::Int16),
         ),
         (
-            "prompt (cached prompt's last row), default (BF16 tiles with AMX)",
+            "prompt (cached prompt's last row), default (BF16 tiles with AMX, else 8-bit)",
             Row::Prompt(PromptPrecision::Auto),
         ),
     ] {

@@ -62,11 +62,12 @@ pub enum PromptPrecision {
 }
 
 /// `decode_activation_bits`: how finely the CPU batch kernels round activations for k-quant
-/// weights. `16`: greedy output as the dense-f32 reference's. `8`: llama.cpp's Q8_K rounding,
-/// whose KL divergence from f32 is level with llama.cpp's own (README, "Precision"); each
-/// weight byte is multiplied once instead of twice. `auto` (the default) takes 8 where that
+/// weights (and on AVX2 for Q4_0-Q8_0). `16`: greedy output as the dense-f32 reference's.
+/// `8`: llama.cpp's rounding (Q8_K; on AVX2 Q8_0 per 32 for Q4_0-Q8_0), whose KL divergence
+/// from f32 is level with llama.cpp's own (README, "Precision"); each weight byte is
+/// multiplied once instead of twice. `auto` (the default) takes 8 for k-quants where that
 /// halves the arithmetic of a step (AVX2 without AVX-512BW, where batches are bound by it) and
-/// 16 elsewhere (`engine::quant::ActivationBits::configured`).
+/// 16 elsewhere and for Q4_0-Q8_0 (`engine::quant::ActivationBits::EightKQuants`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum DecodeBits {
     #[default]

@@ -49,16 +49,15 @@ impl QuantMatrix {
                 target_feature = "fma",
                 not(target_feature = "avx512bw")
             ))]
-            r32: (bits == ActivationBits::Sixteen
-                && self.segments.iter().any(|s| !s.format.is_k()))
-            .then(|| q32_avx2::Acts32::new(team, x, m, self.cols)),
+            r32: (!bits.q32_bytes() && self.segments.iter().any(|s| !s.format.is_k()))
+                .then(|| q32_avx2::Acts32::new(team, x, m, self.cols)),
             #[cfg(all(
                 target_arch = "x86_64",
                 target_feature = "avx2",
                 target_feature = "fma",
                 not(target_feature = "avx512bw")
             ))]
-            b32: (bits == ActivationBits::Eight && self.segments.iter().any(|s| !s.format.is_k()))
+            b32: (bits.q32_bytes() && self.segments.iter().any(|s| !s.format.is_k()))
                 .then(|| q32_bytes::Acts8::new(team, x, m, self.cols)),
         }
     }
@@ -86,9 +85,9 @@ pub(super) struct Acts {
         target_feature = "avx512vl"
     ))]
     pub(super) q16: Option<q32_batch::Acts16>,
-    /// Rounded for the 32-element formats' AVX2 kernels, every row: to 16 bits per 256
-    /// elements (`q32_avx2`) at `ActivationBits::Sixteen`, to bytes per 32 (`q32_bytes`) at
-    /// `Eight`.
+    /// Rounded for the 32-element formats' AVX2 kernels, every row: to bytes per 32
+    /// (`q32_bytes`) at `ActivationBits::Eight`, else to 16 bits per 256 elements
+    /// (`q32_avx2`).
     #[cfg(all(
         target_arch = "x86_64",
         target_feature = "avx2",

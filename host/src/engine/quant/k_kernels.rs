@@ -307,9 +307,10 @@ impl ActivationBits {
     /// bench`, concurrency 4) and 48 against 77 for one or two. The KL divergence of 8 bits
     /// from f32 is llama.cpp's (README, "Precision"). With AVX-512BW `vpdpwssd` takes 16-bit
     /// rows in one instruction that hides under the weight stream, so 16 bits stay there.
+    /// The 32-element formats keep 16 bits (`EightKQuants`).
     fn auto() -> Self {
         match AVX2_BYTES {
-            true => ActivationBits::Eight,
+            true => ActivationBits::EightKQuants,
             false => ActivationBits::Sixteen,
         }
     }

@@ -397,7 +397,8 @@ impl QuantMatrix {
         }
         #[cfg(not(all(target_arch = "x86_64", target_feature = "avx512bw")))]
         if self.splits_prompt_rows(prompt, rounding) {
-            return self.prompt_rows_bytes(team, x, prompt, rounding.decode, out);
+            let kinds = (rounding.prompt, rounding.decode);
+            return self.prompt_rows_bytes(team, x, prompt, kinds, out);
         }
         self.batch(team, x, prompt.len(), rounding.decode, out)
     }

@@ -1,7 +1,7 @@
 //! Prompt rows where the prompt kernels are not built (no AVX-512BW): they take the batch
-//! kernels on activations rounded to 8 bits (`prompt_precision` `auto` or `int8`; on AVX2 the
-//! byte kernels, `k_kernels::avx2::eight` and `q32_bytes`), the generated rows of the step
-//! the decode rounding.
+//! kernels on activations rounded to 8 bits (`prompt_precision` `auto`: the k-quants', `int8`:
+//! every format's; on AVX2 the byte kernels, `k_kernels::avx2::eight` and `q32_bytes`), the
+//! generated rows of the step the decode rounding.
 //! Each kind goes through the kernels on its own rows, so a row's bits do not depend on what
 //! shares its step.
 
@@ -10,35 +10,35 @@ use crate::engine::team::Team;
 
 impl QuantMatrix {
     /// Whether `matmul_rows` splits this step's rows by kind: some are prompt rows, they take
-    /// 8 bits where the generated rows do not, and some rows' kernel reads the bits (k-quant
-    /// rows everywhere, every row on AVX2; the other formats' kernels elsewhere take the rows
-    /// unrounded).
+    /// other bits than the generated rows, and some rows' kernel reads the bits (k-quant rows
+    /// everywhere, every row on AVX2; the other formats' kernels elsewhere take the rows
+    /// unrounded). At `int16` prompt rows take the generated rows' bits.
     pub(super) fn splits_prompt_rows(&self, prompt: &[bool], rounding: Rounding) -> bool {
         let avx2 = cfg!(all(
             target_arch = "x86_64",
             target_feature = "avx2",
             target_feature = "fma"
         ));
-        rounding.prompt != PromptPrecision::Int16
-            && rounding.decode != ActivationBits::Eight
+        prompt_bits(rounding.prompt).is_some_and(|bits| bits != rounding.decode)
             && prompt.contains(&true)
             && (avx2 || self.segments.iter().any(|s| s.format.is_k()))
     }
 
-    /// `matmul_rows` for such a step: prompt rows at 8 bits, generated rows at `decode`, each
-    /// kind on its own rows (`step_rows::on_rows`).
+    /// `matmul_rows` for such a step: prompt rows at `prompt_precision`'s bits, generated rows
+    /// at `decode`, each kind on its own rows (`step_rows::on_rows`).
     pub(super) fn prompt_rows_bytes(
         &self,
         team: &Team,
         x: &[f32],
         prompt: &[bool],
-        decode: ActivationBits,
+        (prompt_precision, decode): (PromptPrecision, ActivationBits),
         out: &mut [f32],
     ) {
         let (m, n, k) = (prompt.len(), self.rows, self.cols);
         assert_eq!(x.len(), m * k, "activation shape");
         assert_eq!(out.len(), m * n, "output shape");
-        for (kind, bits) in [(true, ActivationBits::Eight), (false, decode)] {
+        let bits = prompt_bits(prompt_precision).expect("int16 prompt rows are not split");
+        for (kind, bits) in [(true, bits), (false, decode)] {
             let rows: Vec<usize> = (0..m).filter(|&i| prompt[i] == kind).collect();
             if !rows.is_empty() {
                 step_rows::on_rows((x, k), (&mut *out, n), &rows, |xr, mr, or| {
@@ -46,5 +46,16 @@ impl QuantMatrix {
                 });
             }
         }
+    }
+}
+
+/// The bits prompt rows take: `int8` bytes for every format, `auto` bytes for the k-quants and
+/// 16 bits for the 32-element formats (as `decode_activation_bits = "auto"` takes on AVX2, and
+/// why), `int16` none of their own.
+fn prompt_bits(precision: PromptPrecision) -> Option<ActivationBits> {
+    match precision {
+        PromptPrecision::Int16 => None,
+        PromptPrecision::Auto => Some(ActivationBits::EightKQuants),
+        PromptPrecision::Int8 => Some(ActivationBits::Eight),
     }
 }

@@ -1,7 +1,7 @@
 use super::k_kernels::KActs;
 use super::*;
 use candle_core::{Device, Tensor};
-use ActivationBits::{Eight, Sixteen};
+use ActivationBits::{Eight, EightKQuants, Sixteen};
 
 const ALL: [GgmlDType; 8] = [
     GgmlDType::Q4_0,
@@ -106,6 +106,7 @@ fn matmul_matches_the_dequantized_float_reference_for_every_format_and_batch() {
             for (prompt, rounding) in [
                 (false, Sixteen.into()),
                 (false, Eight.into()),
+                (false, EightKQuants.into()),
                 (true, Sixteen.into()),
                 (true, p8),
             ] {
@@ -119,8 +120,8 @@ fn matmul_matches_the_dequantized_float_reference_for_every_format_and_batch() {
                 // `int16`; the AVX-512 prompt kernels round the other formats to 16 bits too.
                 // The batch kernels round k-quants to `bits`; Q4_0, Q5_0, Q8_0 and Q4_1 to 16
                 // bits on AVX-512 (`q32_batch`, `q4_1_batch`), every 32-element format on AVX2
-                // to `bits` too (`q32_avx2`, `q32_bytes`, where 8-bit prompt rows also go),
-                // and give the others floats.
+                // to 8 bits at `Eight` (`q32_bytes`, where `int8` prompt rows also go) and to
+                // 16 otherwise (`q32_avx2`), and give the others floats.
                 let avx512 = cfg!(all(target_arch = "x86_64", target_feature = "avx512bw"));
                 let avx2 = cfg!(all(
                     target_arch = "x86_64",
@@ -140,7 +141,7 @@ fn matmul_matches_the_dequantized_float_reference_for_every_format_and_batch() {
                 let rounded = match (prompt, is_k, bits) {
                     (true, true, _) if rounding == p8 => Some(127.0),
                     (true, true, _) | (false, true, Sixteen) => Some(32767.0),
-                    (false, true, Eight) => Some(127.0),
+                    (false, true, Eight | EightKQuants) => Some(127.0),
                     (true, false, _) if avx512 => Some(32767.0),
                     (true, false, _) if avx2 && rounding == p8 => Some(127.0),
                     (false, false, Eight) if avx2 => Some(127.0),

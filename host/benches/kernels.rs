@@ -162,9 +162,9 @@ fn main() {
     let roof = stream_read(&all, &buf, rounds);
     drop(buf);
     println!(
-        "one activation row (decode, {}-bit activations: the default here) through \
-         {COLS}-column matrices, medians of {rounds} rounds",
-        ActivationBits::configured(DecodeBits::Auto).bits()
+        "one activation row (decode; {}, the default here) through {COLS}-column matrices, \
+         medians of {rounds} rounds",
+        ActivationBits::configured(DecodeBits::Auto).describe()
     );
     println!(
         "streaming read, {} threads: {roof:.1} GB/s\n",
@@ -279,8 +279,8 @@ fn mixed_rows(name: &str, team: &Team, step: &[QuantMatrix], rounds: usize) {
 fn batch_rows(name: &str, team: &Team, step: &[QuantMatrix], rounds: usize) {
     let bits = ActivationBits::configured(DecodeBits::Auto);
     println!(
-        "\n{name}-shaped step, generated rows ({}-bit, the default here), batch of m:",
-        bits.bits()
+        "\n{name}-shaped step, generated rows ({}, the default here), batch of m:",
+        bits.describe()
     );
     println!("| m | ms per step | ms per row | rows/s against m = 1 |");
     println!("|---:|---:|---:|---:|");

@@ -94,9 +94,9 @@ pub async fn run(cfg: &ModelConfig, o: &BenchOptions) -> anyhow::Result<()> {
     let engine = Arc::new(Engine::start(&cfg, metrics.clone())?);
     let device = match cfg.engine.device {
         ComputeDevice::Cpu => format!(
-            "cpu, {} threads, {}-bit decode activations",
+            "cpu, {} threads, {}",
             std::thread::available_parallelism().map_or(1, |n| n.get()),
-            ActivationBits::configured(cfg.engine.decode_activation_bits).bits()
+            ActivationBits::configured(cfg.engine.decode_activation_bits).describe()
         ),
         d => format!("{d}, {:?}", cfg.engine.dtype).to_lowercase(),
     };
@@ -194,7 +194,7 @@ async fn single_stream_rows(engine: &Engine, o: &BenchOptions, salt: &mut usize)
 }
 
 /// KV waste is the unfilled tail of each sequence's last block, so it is measured on `seqs`
-/// prompts of realistic, mixed lengths.
+/// prompts of realistic, mixed lengths (`--kv-seqs 0`: not measured, no row).
 async fn kv_row(
     engine: &Arc<Engine>,
     metrics: &Arc<Metrics>,
@@ -202,6 +202,9 @@ async fn kv_row(
     seqs: usize,
     salt: usize,
 ) -> anyhow::Result<()> {
+    if seqs == 0 {
+        return Ok(());
+    }
     let lens: Vec<usize> = (0..seqs).map(|i| 64 + i * 960 / seqs.max(1)).collect();
     let reqs = lens
         .iter()

@@ -325,7 +325,10 @@ fn step_rows(name: &str, team: &Team, step: &[QuantMatrix], rounds: usize) {
     );
     for (label, row) in [
         ("generated, 16-bit", Row::Decode(ActivationBits::Sixteen)),
-        ("generated, 8-bit", Row::Decode(ActivationBits::Eight)),
+        (
+            "generated, 8-bit (`8-all`)",
+            Row::Decode(ActivationBits::Eight),
+        ),
         (
             "prompt (cached prompt's last row), 16-bit integer",
             Row::Prompt(PromptPrecision::Int16),

@@ -456,7 +456,7 @@ mod tests {
     }
 
     #[test]
-    fn decode_activation_bits_take_8_16_or_auto_only() {
+    fn decode_activation_bits_take_8_16_8_all_or_auto_only() {
         let bits = |text: &str| {
             let text =
                 format!("[[models]]\nname = \"m\"\npath = \"m.gguf\"\n[models.engine]\n{text}\n");
@@ -474,6 +474,10 @@ mod tests {
         assert_eq!(
             bits("decode_activation_bits = \"auto\"").unwrap(),
             DecodeBits::Auto
+        );
+        assert_eq!(
+            bits("decode_activation_bits = \"8-all\"").unwrap(),
+            DecodeBits::EightAll
         );
         for wrong in ["0", "4", "12", "32", "-8", "\"eight\"", "8.0"] {
             let err = bits(&format!("decode_activation_bits = {wrong}")).unwrap_err();

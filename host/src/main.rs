@@ -133,14 +133,15 @@ struct EngineArgs {
     /// Compute threads per model (0 = one per core).
     #[arg(long)]
     threads: Option<usize>,
-    /// Bits the CPU decode kernels round activations to: auto (default: on CPUs without
-    /// AVX-512 8 for k-quant weights, where it halves a batch's arithmetic, and 16 for
-    /// Q4_0-Q8_0; 16 elsewhere), 16 (greedy output as the f32 reference's) or 8 (llama.cpp's
-    /// rounding, KL divergence level with it; on AVX2 every format, Q4_0-Q8_0 ~1.5x faster).
+    /// Bits the CPU decode kernels round activations to for k-quant weights: auto (default: 8
+    /// on CPUs without AVX-512, where it halves a batch's arithmetic, else 16), 16 (greedy
+    /// output as the f32 reference's), 8 (llama.cpp's rounding, KL divergence level with it)
+    /// or 8-all (on AVX2 Q4_0-Q8_0 at 8 bits too: their decode ~1.5x faster, KL above
+    /// llama.cpp's on Gemma 3).
     #[arg(long)]
     decode_activation_bits: Option<gateway::config::DecodeBits>,
     /// How the CPU prompt kernels (prefill) meet quantized weights: auto (BF16 AMX tiles where
-    /// the CPU has them, else int8 for k-quants), int8 (activations rounded to bytes as llama.cpp's)
+    /// the CPU has them, else int8), int8 (k-quant activations rounded to bytes as llama.cpp's)
     /// or int16 (greedy output as the f32 reference's).
     #[arg(long, value_enum)]
     prompt_precision: Option<gateway::config::PromptPrecision>,

@@ -85,7 +85,7 @@ impl Setting {
                 rounding(ActivationBits::Sixteen, PromptPrecision::Int8),
             ),
             Setting::Decode16 => (false, ActivationBits::Sixteen.into()),
-            Setting::Decode8 => (false, ActivationBits::Eight.into()),
+            Setting::Decode8 => (false, ActivationBits::EightKQuants.into()),
         }
     }
 }

@@ -62,17 +62,19 @@ pub enum PromptPrecision {
 }
 
 /// `decode_activation_bits`: how finely the CPU batch kernels round activations for k-quant
-/// weights (and on AVX2 for Q4_0-Q8_0). `16`: greedy output as the dense-f32 reference's.
-/// `8`: llama.cpp's rounding (Q8_K; on AVX2 Q8_0 per 32 for Q4_0-Q8_0), whose KL divergence
-/// from f32 is level with llama.cpp's own (README, "Precision"); each weight byte is
-/// multiplied once instead of twice. `auto` (the default) takes 8 for k-quants where that
+/// weights. `16`: greedy output as the dense-f32 reference's. `8`: llama.cpp's Q8_K rounding,
+/// whose KL divergence from f32 is level with llama.cpp's own (README, "Precision"); each
+/// weight byte is multiplied once instead of twice. `auto` (the default) takes 8 where that
 /// halves the arithmetic of a step (AVX2 without AVX-512BW, where batches are bound by it) and
-/// 16 elsewhere and for Q4_0-Q8_0 (`engine::quant::ActivationBits::EightKQuants`).
+/// 16 elsewhere (`engine::quant::ActivationBits::configured`). `8-all`: on AVX2 also Q4_0-Q8_0
+/// at 8 bits per 32 (llama.cpp's Q8_0 rounding, their decode ~1.5x faster), whose KL
+/// divergence is llama.cpp's on SmolLM2 but above it on Gemma 3 (README).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum DecodeBits {
     #[default]
     Auto,
     Eight,
+    EightAll,
     Sixteen,
 }
 
@@ -83,15 +85,17 @@ impl std::str::FromStr for DecodeBits {
         match s {
             "auto" => Ok(Self::Auto),
             "8" => Ok(Self::Eight),
+            "8-all" => Ok(Self::EightAll),
             "16" => Ok(Self::Sixteen),
             _ => Err(format!(
-                "decode_activation_bits must be 8, 16 or \"auto\" (got {s:?})"
+                "decode_activation_bits must be 8, 16 or \"auto\" or \"8-all\" (got {s:?})"
             )),
         }
     }
 }
 
-/// A number (`8`, `16`) or a word (`"auto"`, `"8"`), as a config file may write either.
+/// A number (`8`, `16`) or a word (`"auto"`, `"8"`, `"8-all"`), as a config file may write
+/// either.
 impl<'de> Deserialize<'de> for DecodeBits {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         #[derive(Deserialize)]

@@ -49,7 +49,7 @@ impl QuantMatrix {
                 target_feature = "fma",
                 not(target_feature = "avx512bw")
             ))]
-            r32: (!bits.q32_bytes() && self.segments.iter().any(|s| !s.format.is_k()))
+            r32: (bits != ActivationBits::Eight && self.segments.iter().any(|s| !s.format.is_k()))
                 .then(|| q32_avx2::Acts32::new(team, x, m, self.cols)),
             #[cfg(all(
                 target_arch = "x86_64",
@@ -57,7 +57,7 @@ impl QuantMatrix {
                 target_feature = "fma",
                 not(target_feature = "avx512bw")
             ))]
-            b32: (bits.q32_bytes() && self.segments.iter().any(|s| !s.format.is_k()))
+            b32: (bits == ActivationBits::Eight && self.segments.iter().any(|s| !s.format.is_k()))
                 .then(|| q32_bytes::Acts8::new(team, x, m, self.cols)),
         }
     }

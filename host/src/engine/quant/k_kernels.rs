@@ -319,7 +319,8 @@ impl ActivationBits {
     pub fn configured(bits: crate::config::DecodeBits) -> Self {
         use crate::config::DecodeBits;
         match bits {
-            DecodeBits::Eight => ActivationBits::Eight,
+            DecodeBits::Eight => ActivationBits::EightKQuants,
+            DecodeBits::EightAll => ActivationBits::Eight,
             DecodeBits::Sixteen => ActivationBits::Sixteen,
             DecodeBits::Auto => ActivationBits::auto(),
         }

@@ -1,7 +1,7 @@
 //! Prompt rows where the prompt kernels are not built (no AVX-512BW): they take the batch
-//! kernels on activations rounded to 8 bits (`prompt_precision` `auto`: the k-quants', `int8`:
-//! every format's; on AVX2 the byte kernels, `k_kernels::avx2::eight` and `q32_bytes`), the
-//! generated rows of the step the decode rounding.
+//! kernels on activations rounded to 8 bits for the k-quants (`prompt_precision` `auto` or
+//! `int8`; on AVX2 the byte kernel, `k_kernels::avx2::eight`), the generated rows of the step
+//! the decode rounding.
 //! Each kind goes through the kernels on its own rows, so a row's bits do not depend on what
 //! shares its step.
 
@@ -49,13 +49,12 @@ impl QuantMatrix {
     }
 }
 
-/// The bits prompt rows take: `int8` bytes for every format, `auto` bytes for the k-quants and
-/// 16 bits for the 32-element formats (as `decode_activation_bits = "auto"` takes on AVX2, and
-/// why), `int16` none of their own.
+/// The bits prompt rows take: `auto` and `int8` bytes for the k-quants and 16 bits for the
+/// 32-element formats (as `decode_activation_bits = "auto"` takes on AVX2, and why), `int16`
+/// none of their own.
 fn prompt_bits(precision: PromptPrecision) -> Option<ActivationBits> {
     match precision {
         PromptPrecision::Int16 => None,
-        PromptPrecision::Auto => Some(ActivationBits::EightKQuants),
-        PromptPrecision::Int8 => Some(ActivationBits::Eight),
+        PromptPrecision::Auto | PromptPrecision::Int8 => Some(ActivationBits::EightKQuants),
     }
 }

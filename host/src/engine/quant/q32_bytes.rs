@@ -1,6 +1,6 @@
 //! Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 (32-weight blocks) against activations rounded to bytes, on
-//! AVX2: what `ActivationBits::Eight` (`--decode-activation-bits 8`, `--prompt-precision
-//! int8`) gives these formats. `auto` keeps them at 16 bits (`EightKQuants`, and why).
+//! AVX2: what `ActivationBits::Eight` (`--decode-activation-bits 8-all`) gives these formats.
+//! `auto` and `8` keep them at 16 bits (`EightKQuants`, and why).
 //!
 //! Each activation block of 32 is rounded to i8 with its own scale, as llama.cpp rounds its
 //! activations for these formats (`Q8_0`, `Q8_1`), so the rounding error per weight block is

@@ -99,7 +99,8 @@ pub(super) fn quantize_block(x: &[f32], q: &mut [i16], max: f32) -> f32 {
 /// How finely the batch kernels (decode, drafts, small batches) round activations before they
 /// meet k-quant weights (Q4_K, Q5_K, Q6_K), and on AVX2 the 32-element formats too: 16 bits
 /// per 256 elements there (`q32_avx2`), or 8 bits per 32 (`q32_bytes`, llama.cpp's `Q8_0`
-/// rounding for these formats) at `Eight`. Prompt rows take `PromptPrecision`; Q4_0, Q5_0,
+/// rounding for these formats) at `Eight` (`decode_activation_bits = "8-all"`). Prompt rows
+/// take `PromptPrecision`; Q4_0, Q5_0,
 /// Q8_0 and Q4_1 batch rows on AVX-512 take 16 bits whatever this says, and Q5_1 there floats.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum ActivationBits {
@@ -111,14 +112,16 @@ pub enum ActivationBits {
     /// once instead of twice (Qwen2.5-1.5B single-stream decode 12–26% faster, measured side
     /// by side), but greedy output leaves the f32 reference's at closer calls: Qwen2.5 at a
     /// float margin of 0.098, Gemma 3 at 0.054, where 16 bits only part at margins under 0.05.
-    /// On AVX2 the 32-element formats take 8 bits per 32 elements too (`q32_bytes`).
+    /// On AVX2 the 32-element formats take 8 bits per 32 elements too (`q32_bytes`): `8-all`.
     Eight,
-    /// 8 bits for the k-quants, 16 for the 32-element formats: `auto` on AVX2. There the
-    /// 32-element formats' byte kernel decodes SmolLM2 (Q4_1) about 1.5x faster with
+    /// 8 bits for the k-quants, 16 for the 32-element formats: `8`, and `auto` on AVX2. There
+    /// the 32-element formats' byte kernel decodes SmolLM2 (Q4_1) about 1.5x faster with
     /// llama.cpp's KL divergence, but at that rounding SmolLM2 answers "What is the capital of
-    /// France?" with a list of French words instead of Paris, as llama.cpp does: a model's
-    /// greedy answers on AVX2 should not differ from the f32 reference's (and AVX-512's) on a
-    /// question that plain, so these formats keep 16 bits unless 8 are asked for.
+    /// France?" with a list of French words instead of Paris, as llama.cpp does, and Gemma 3's
+    /// KL divergence rises above llama.cpp's (3.95e-3 against 3.64e-3 over 8 chunks, where
+    /// 16 bits for its Q5_0/Q8_0 rows give 2.56e-3): a model's greedy answers on AVX2 should not
+    /// differ from the f32 reference's (and AVX-512's) on a question that plain, so these
+    /// formats keep 16 bits unless `8-all` asks for bytes.
     EightKQuants,
 }
 
@@ -131,17 +134,11 @@ impl ActivationBits {
         }
     }
 
-    /// Whether the 32-element formats' AVX2 kernels take bytes (`q32_bytes`) rather than 16
-    /// bits (`q32_avx2`).
-    pub(super) fn q32_bytes(self) -> bool {
-        self == ActivationBits::Eight
-    }
-
     /// How a model's batch kernels are set, for a bench's header.
     pub fn describe(self) -> &'static str {
         match self {
             ActivationBits::Sixteen => "16-bit decode activations",
-            ActivationBits::Eight => "8-bit decode activations",
+            ActivationBits::Eight => "8-bit decode activations for every format",
             ActivationBits::EightKQuants => {
                 "8-bit decode activations for k-quants (16 for Q4_0-Q8_0)"
             }

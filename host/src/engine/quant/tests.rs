@@ -120,8 +120,8 @@ fn matmul_matches_the_dequantized_float_reference_for_every_format_and_batch() {
                 // `int16`; the AVX-512 prompt kernels round the other formats to 16 bits too.
                 // The batch kernels round k-quants to `bits`; Q4_0, Q5_0, Q8_0 and Q4_1 to 16
                 // bits on AVX-512 (`q32_batch`, `q4_1_batch`), every 32-element format on AVX2
-                // to 8 bits at `Eight` (`q32_bytes`, where `int8` prompt rows also go) and to
-                // 16 otherwise (`q32_avx2`), and give the others floats.
+                // to 8 bits at `Eight` (`q32_bytes`) and to 16 otherwise (`q32_avx2`), and give
+                // the others floats.
                 let avx512 = cfg!(all(target_arch = "x86_64", target_feature = "avx512bw"));
                 let avx2 = cfg!(all(
                     target_arch = "x86_64",
@@ -143,7 +143,6 @@ fn matmul_matches_the_dequantized_float_reference_for_every_format_and_batch() {
                     (true, true, _) | (false, true, Sixteen) => Some(32767.0),
                     (false, true, Eight | EightKQuants) => Some(127.0),
                     (true, false, _) if avx512 => Some(32767.0),
-                    (true, false, _) if avx2 && rounding == p8 => Some(127.0),
                     (false, false, Eight) if avx2 => Some(127.0),
                     (_, false, _) if q16 => Some(32767.0),
                     (_, false, _) => None,
@@ -485,8 +484,7 @@ fn stacks_of_mixed_formats_multiply_as_one_matrix() {
     // Tiles straddle the segments (rows 0..32 are Q4_K and Q6_K, 32..64 Q6_K and Q8_0); nine
     // prompt rows go through the prompt kernels of all three formats, one or two through
     // `across`, the same pass handing each piece to its format's kernel. At `int8` the k-quant
-    // pieces take `lanes8` and the Q8_0 piece its 16-bit kernel, in the same pass (on AVX2
-    // every piece takes the 8-bit batch kernels).
+    // pieces take `lanes8` and the Q8_0 piece its 16-bit kernel, in the same pass.
     let p8 = Rounding {
         decode: Sixteen,
         prompt: PromptPrecision::Int8,
@@ -509,14 +507,8 @@ fn stacks_of_mixed_formats_multiply_as_one_matrix() {
         let want = reference(&x, &deq_all, m, n, k);
         for (i, (&g, &w)) in out.iter().zip(&want).enumerate() {
             let (row, col) = (i / n, i % n);
-            let avx2 = cfg!(all(
-                target_arch = "x86_64",
-                target_feature = "avx2",
-                target_feature = "fma",
-                not(target_feature = "avx512bw")
-            ));
-            let tol = match rounding == p8 && (col < 26 || avx2) {
-                // The rows on activations rounded to 8 bits.
+            let tol = match rounding == p8 && col < 26 {
+                // The k-quant rows, on activations rounded to 8 bits.
                 true => tolerance(
                     Some(127.0),
                     &x[row * k..(row + 1) * k],

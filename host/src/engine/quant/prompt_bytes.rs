@@ -9,19 +9,25 @@ use super::{step_rows, ActivationBits, PromptPrecision, QuantMatrix, Rounding};
 use crate::engine::team::Team;
 
 impl QuantMatrix {
-    /// Whether `matmul_rows` splits this step's rows by kind: some are prompt rows, they take
-    /// other bits than the generated rows, and some rows' kernel reads the bits (k-quant rows
-    /// everywhere, every row on AVX2; the other formats' kernels elsewhere take the rows
-    /// unrounded). At `int16` prompt rows take the generated rows' bits.
+    /// Whether `matmul_rows` splits this step's rows by kind: some are prompt rows, and some
+    /// rows' kernel rounds them otherwise than the generated rows (k-quant rows at other bits;
+    /// on AVX2 the 32-element formats' rows where only one kind takes bytes, `8-all`; their
+    /// kernels elsewhere take the rows unrounded). At `int16` prompt rows take the generated
+    /// rows' bits.
     pub(super) fn splits_prompt_rows(&self, prompt: &[bool], rounding: Rounding) -> bool {
         let avx2 = cfg!(all(
             target_arch = "x86_64",
             target_feature = "avx2",
             target_feature = "fma"
         ));
-        prompt_bits(rounding.prompt).is_some_and(|bits| bits != rounding.decode)
-            && prompt.contains(&true)
-            && (avx2 || self.segments.iter().any(|s| s.format.is_k()))
+        let decode = rounding.decode;
+        let differs = |p: ActivationBits| {
+            self.segments.iter().any(|s| match s.format.is_k() {
+                true => p.bits() != decode.bits(),
+                false => avx2 && (p == ActivationBits::Eight) != (decode == ActivationBits::Eight),
+            })
+        };
+        prompt.contains(&true) && prompt_bits(rounding.prompt).is_some_and(differs)
     }
 
     /// `matmul_rows` for such a step: prompt rows at `prompt_precision`'s bits, generated rows

@@ -76,38 +76,46 @@ pub(super) fn tile(
     dst: &mut [f32],
     stream: bool,
 ) {
-    let args = (s, r0, nr, a, i0, dst, stream);
-    macro_rules! by_rows {
-        ($f:expr) => {
-            match g {
-                1 => rows::<{ $f }, 1>(args),
-                2 => rows::<{ $f }, 2>(args),
-                3 => rows::<{ $f }, 3>(args),
-                4 => rows::<{ $f }, 4>(args),
-                5 => rows::<{ $f }, 5>(args),
-                6 => rows::<{ $f }, 6>(args),
-                7 => rows::<{ $f }, 7>(args),
-                8 => rows::<{ $f }, 8>(args),
-                _ => unreachable!("groups hold at most eight rows"),
-            }
-        };
-    }
-    match s.format {
-        Format::Q4_0 => by_rows!(Q4_0),
-        Format::Q4_1 => by_rows!(Q4_1),
-        Format::Q5_0 => by_rows!(Q5_0),
-        Format::Q5_1 => by_rows!(Q5_1),
-        Format::Q8_0 => by_rows!(Q8_0),
-        other => unreachable!("{other:?} is a k-quant"),
-    }
+    by_format_and_group!(rows, s.format, g, (s, r0, nr, a, i0, dst, stream))
 }
 
+/// `$rows::<F, G>($args)` for the segment's format `$format` as its const parameter and the
+/// group of `$g` (≤ 8) rows: the dispatch of this kernel and of the byte kernel
+/// (`q32_bytes`), which monomorphise alike. The caller has `Format` and the format constants
+/// in scope.
+macro_rules! by_format_and_group {
+    ($rows:ident, $format:expr, $g:expr, $args:expr) => {
+        match $format {
+            Format::Q4_0 => by_format_and_group!(@group $rows, Q4_0, $g, $args),
+            Format::Q4_1 => by_format_and_group!(@group $rows, Q4_1, $g, $args),
+            Format::Q5_0 => by_format_and_group!(@group $rows, Q5_0, $g, $args),
+            Format::Q5_1 => by_format_and_group!(@group $rows, Q5_1, $g, $args),
+            Format::Q8_0 => by_format_and_group!(@group $rows, Q8_0, $g, $args),
+            other => unreachable!("{other:?} is a k-quant"),
+        }
+    };
+    (@group $rows:ident, $f:ident, $g:expr, $args:expr) => {
+        match $g {
+            1 => $rows::<{ $f }, 1>($args),
+            2 => $rows::<{ $f }, 2>($args),
+            3 => $rows::<{ $f }, 3>($args),
+            4 => $rows::<{ $f }, 4>($args),
+            5 => $rows::<{ $f }, 5>($args),
+            6 => $rows::<{ $f }, 6>($args),
+            7 => $rows::<{ $f }, 7>($args),
+            8 => $rows::<{ $f }, 8>($args),
+            _ => unreachable!("groups hold at most eight rows"),
+        }
+    };
+}
+pub(super) use by_format_and_group;
+
 /// The format parameter (a const generic, so each format gets its own loop).
-const Q4_0: u8 = 0;
-const Q4_1: u8 = 1;
-const Q5_0: u8 = 2;
-const Q5_1: u8 = 3;
-const Q8_0: u8 = 4;
+pub(super) const Q4_0: u8 = 0;
+pub(super) const Q4_1: u8 = 1;
+pub(super) const Q5_0: u8 = 2;
+pub(super) const Q5_1: u8 = 3;
+pub(super) const Q8_0: u8 = 4;
 
 /// Whether the format's weights are `d·q + m` (a min per block).
 const fn has_min(f: u8) -> bool {

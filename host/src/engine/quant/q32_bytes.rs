@@ -27,7 +27,7 @@
 use std::arch::x86_64::*;
 
 use super::aligned::Aligned;
-use super::q32_avx2::{bit_bytes, hsum};
+use super::q32_avx2::{bit_bytes, by_format_and_group, hsum, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0};
 use super::rounding::{quantize_block, round_rows};
 use super::{Format, Segment};
 use crate::engine::team::Team;
@@ -98,38 +98,8 @@ pub(super) fn tile(
     dst: &mut [f32],
     stream: bool,
 ) {
-    let args = (s, r0, nr, a, i0, dst, stream);
-    macro_rules! by_rows {
-        ($f:expr) => {
-            match g {
-                1 => rows::<{ $f }, 1>(args),
-                2 => rows::<{ $f }, 2>(args),
-                3 => rows::<{ $f }, 3>(args),
-                4 => rows::<{ $f }, 4>(args),
-                5 => rows::<{ $f }, 5>(args),
-                6 => rows::<{ $f }, 6>(args),
-                7 => rows::<{ $f }, 7>(args),
-                8 => rows::<{ $f }, 8>(args),
-                _ => unreachable!("groups hold at most eight rows"),
-            }
-        };
-    }
-    match s.format {
-        Format::Q4_0 => by_rows!(Q4_0),
-        Format::Q4_1 => by_rows!(Q4_1),
-        Format::Q5_0 => by_rows!(Q5_0),
-        Format::Q5_1 => by_rows!(Q5_1),
-        Format::Q8_0 => by_rows!(Q8_0),
-        other => unreachable!("{other:?} is a k-quant"),
-    }
+    by_format_and_group!(rows, s.format, g, (s, r0, nr, a, i0, dst, stream))
 }
-
-/// The format parameter (a const generic, so each format gets its own loop).
-const Q4_0: u8 = 0;
-const Q4_1: u8 = 1;
-const Q5_0: u8 = 2;
-const Q5_1: u8 = 3;
-const Q8_0: u8 = 4;
 
 #[allow(clippy::type_complexity)]
 fn rows<const F: u8, const G: usize>(

@@ -42,8 +42,10 @@ pub struct KlOptions {
     pub chunks: Option<usize>,
     /// Kernel settings to measure: `prompt` (the default prompt kernels, which prefill uses:
     /// BF16 AMX tiles where the CPU has them), `prompt16` and `prompt8` (the 16- and 8-bit
-    /// integer prompt kernels, `--prompt-precision int16` / `int8`), `decode16` and `decode8`
-    /// (the kernels of generated tokens with 16- or 8-bit activations for the k-quants).
+    /// integer prompt kernels, `--prompt-precision int16` / `int8`), `decode16`, `decode8` and
+    /// `decode8-all` (the kernels of generated tokens at `--decode-activation-bits 16`, `8`, which
+    /// rounds the activations of every format but Q8_0 to 8 bits, and `8-all`, an opt-in whose
+    /// KL divergence is above llama.cpp's on Gemma 3, so not measured unless named).
     #[arg(
         long,
         value_delimiter = ',',
@@ -67,6 +69,9 @@ pub enum Setting {
     Prompt8,
     Decode16,
     Decode8,
+    #[value(name = "decode8-all")]
+    #[serde(rename = "decode8-all")]
+    Decode8All,
 }
 
 impl Setting {
@@ -85,7 +90,8 @@ impl Setting {
                 rounding(ActivationBits::Sixteen, PromptPrecision::Int8),
             ),
             Setting::Decode16 => (false, ActivationBits::Sixteen.into()),
-            Setting::Decode8 => (false, ActivationBits::EightKQuants.into()),
+            Setting::Decode8 => (false, ActivationBits::EightButQ8_0.into()),
+            Setting::Decode8All => (false, ActivationBits::Eight.into()),
         }
     }
 }
@@ -424,7 +430,8 @@ pub fn print(r: &Report) {
         row("our f32", "llama.cpp f32", f);
     }
     for s in &r.settings {
-        let name = format!("{:?}", s.setting).to_lowercase();
+        let name = clap::ValueEnum::to_possible_value(&s.setting)
+            .map_or_else(String::new, |v| v.get_name().to_owned());
         row(&name, "our f32", &s.vs_f32);
         if let Some(f) = &s.vs_llama_f32 {
             row(&name, "llama.cpp f32", f);

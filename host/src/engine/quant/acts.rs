@@ -49,7 +49,10 @@ impl QuantMatrix {
                 target_feature = "fma",
                 not(target_feature = "avx512bw")
             ))]
-            r32: (bits != ActivationBits::Eight && self.segments.iter().any(|s| !s.format.is_k()))
+            r32: self
+                .segments
+                .iter()
+                .any(|s| !s.format.is_k() && !bits.q32_bytes(s.format))
                 .then(|| q32_avx2::Acts32::new(team, x, m, self.cols)),
             #[cfg(all(
                 target_arch = "x86_64",
@@ -57,8 +60,11 @@ impl QuantMatrix {
                 target_feature = "fma",
                 not(target_feature = "avx512bw")
             ))]
-            b32: (bits == ActivationBits::Eight && self.segments.iter().any(|s| !s.format.is_k()))
-                .then(|| q32_bytes::Acts8::new(team, x, m, self.cols)),
+            b32: self
+                .segments
+                .iter()
+                .any(|s| bits.q32_bytes(s.format))
+                .then(|| q32_bytes::Acts8::new(team, x, m, self.cols, bits)),
         }
     }
 }
@@ -85,9 +91,9 @@ pub(super) struct Acts {
         target_feature = "avx512vl"
     ))]
     pub(super) q16: Option<q32_batch::Acts16>,
-    /// Rounded for the 32-element formats' AVX2 kernels, every row: to bytes per 32
-    /// (`q32_bytes`) at `ActivationBits::Eight`, else to 16 bits per 256 elements
-    /// (`q32_avx2`).
+    /// Rounded for the 32-element formats' AVX2 kernels, every row: to 16 bits per 256
+    /// elements (`q32_avx2`) for the rows that do not take bytes, and to bytes per 32
+    /// (`q32_bytes`) for those that do (`ActivationBits::q32_bytes`).
     #[cfg(all(
         target_arch = "x86_64",
         target_feature = "avx2",

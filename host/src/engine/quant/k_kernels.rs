@@ -307,10 +307,10 @@ impl ActivationBits {
     /// bench`, concurrency 4) and 48 against 77 for one or two. The KL divergence of 8 bits
     /// from f32 is llama.cpp's (README, "Precision"). With AVX-512BW `vpdpwssd` takes 16-bit
     /// rows in one instruction that hides under the weight stream, so 16 bits stay there.
-    /// The 32-element formats keep 16 bits (`EightKQuants`).
+    /// The 32-element formats take bytes there too, but Q8_0 (`EightButQ8_0`).
     fn auto() -> Self {
         match AVX2_BYTES {
-            true => ActivationBits::EightKQuants,
+            true => ActivationBits::EightButQ8_0,
             false => ActivationBits::Sixteen,
         }
     }
@@ -319,7 +319,7 @@ impl ActivationBits {
     pub fn configured(bits: crate::config::DecodeBits) -> Self {
         use crate::config::DecodeBits;
         match bits {
-            DecodeBits::Eight => ActivationBits::EightKQuants,
+            DecodeBits::Eight => ActivationBits::EightButQ8_0,
             DecodeBits::EightAll => ActivationBits::Eight,
             DecodeBits::Sixteen => ActivationBits::Sixteen,
             DecodeBits::Auto => ActivationBits::auto(),

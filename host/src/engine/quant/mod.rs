@@ -532,8 +532,14 @@ impl QuantMatrix {
                 target_feature = "fma",
                 not(target_feature = "avx512bw")
             ))]
-            if let Some(a) = &acts.r32 {
-                q32_avx2::tile(s, (r0, nr), a, (i0, g), d, walk == Walk::Stream);
+            #[cfg(all(
+                target_arch = "x86_64",
+                target_feature = "avx2",
+                target_feature = "fma",
+                not(target_feature = "avx512bw")
+            ))]
+            if let Some(a) = acts.b32.as_ref().filter(|a| a.takes(s.format)) {
+                q32_bytes::tile(s, (r0, nr), a, (i0, g), d, walk == Walk::Stream);
                 continue;
             }
             #[cfg(all(
@@ -542,8 +548,8 @@ impl QuantMatrix {
                 target_feature = "fma",
                 not(target_feature = "avx512bw")
             ))]
-            if let Some(a) = &acts.b32 {
-                q32_bytes::tile(s, (r0, nr), a, (i0, g), d, walk == Walk::Stream);
+            if let Some(a) = &acts.r32 {
+                q32_avx2::tile(s, (r0, nr), a, (i0, g), d, walk == Walk::Stream);
                 continue;
             }
             f32_kernels::tile(s, r0, nr, x, g, d, walk == Walk::Stream);

@@ -11,20 +11,15 @@ use crate::engine::team::Team;
 impl QuantMatrix {
     /// Whether `matmul_rows` splits this step's rows by kind: some are prompt rows, and some
     /// rows' kernel rounds them otherwise than the generated rows (k-quant rows at other bits;
-    /// on AVX2 the 32-element formats' rows where only one kind takes bytes, `8-all`; their
-    /// kernels elsewhere take the rows unrounded). At `int16` prompt rows take the generated
-    /// rows' bits.
+    /// on AVX2 the 32-element formats' rows where only one kind takes bytes; their kernels
+    /// elsewhere take the rows unrounded). At `int16` prompt rows take the generated rows'
+    /// bits.
     pub(super) fn splits_prompt_rows(&self, prompt: &[bool], rounding: Rounding) -> bool {
-        let avx2 = cfg!(all(
-            target_arch = "x86_64",
-            target_feature = "avx2",
-            target_feature = "fma"
-        ));
         let decode = rounding.decode;
         let differs = |p: ActivationBits| {
             self.segments.iter().any(|s| match s.format.is_k() {
                 true => p.bits() != decode.bits(),
-                false => avx2 && (p == ActivationBits::Eight) != (decode == ActivationBits::Eight),
+                false => p.q32_bytes(s.format) != decode.q32_bytes(s.format),
             })
         };
         prompt.contains(&true) && prompt_bits(rounding.prompt).is_some_and(differs)
@@ -56,8 +51,7 @@ impl QuantMatrix {
 }
 
 /// The bits prompt rows take: `auto` and `int8` bytes for the k-quants and 16 bits for the
-/// 32-element formats (as `decode_activation_bits = "auto"` takes on AVX2, and why), `int16`
-/// none of their own.
+/// 32-element formats (`ActivationBits::EightKQuants` says why), `int16` none of their own.
 fn prompt_bits(precision: PromptPrecision) -> Option<ActivationBits> {
     match precision {
         PromptPrecision::Int16 => None,

@@ -3,7 +3,7 @@
 //! multiply, and how finely they are rounded (`ActivationBits`, `Rounding`).
 
 use super::aligned::Aligned;
-use super::PromptPrecision;
+use super::{Format, PromptPrecision};
 use crate::engine::team::{split, split_mut, Team};
 
 /// The `m` rows of `x` (`[m][k]`) rounded to i16 block by block, rows split across the team:
@@ -99,38 +99,54 @@ pub(super) fn quantize_block(x: &[f32], q: &mut [i16], max: f32) -> f32 {
 /// How finely the batch kernels (decode, drafts, small batches) round activations before they
 /// meet k-quant weights (Q4_K, Q5_K, Q6_K), and on AVX2 the 32-element formats too: 16 bits
 /// per 256 elements there (`q32_avx2`), or 8 bits per 32 (`q32_bytes`, llama.cpp's `Q8_0`
-/// rounding for these formats) at `Eight` (`decode_activation_bits = "8-all"`). Prompt rows
-/// take `PromptPrecision`; Q4_0, Q5_0,
-/// Q8_0 and Q4_1 batch rows on AVX-512 take 16 bits whatever this says, and Q5_1 there floats.
+/// rounding for these formats). Prompt rows take `PromptPrecision`; Q4_0, Q5_0, Q8_0 and Q4_1
+/// batch rows on AVX-512 take 16 bits whatever this says, and Q5_1 there floats.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum ActivationBits {
     /// 16-bit integers per 256-element block: greedy output equals the dense-f32 reference's
     /// on every real-model prompt of `tests/float_reference.rs`.
     #[default]
     Sixteen,
-    /// 8 bits per 256-element block, as llama.cpp's Q8_K: decode multiplies each weight byte
-    /// once instead of twice (Qwen2.5-1.5B single-stream decode 12–26% faster, measured side
-    /// by side), but greedy output leaves the f32 reference's at closer calls: Qwen2.5 at a
-    /// float margin of 0.098, Gemma 3 at 0.054, where 16 bits only part at margins under 0.05.
-    /// On AVX2 the 32-element formats take 8 bits per 32 elements too (`q32_bytes`): `8-all`.
+    /// 8 bits for every format: `8-all`. On AVX2 Q8_0 rows take bytes too, and a Q8_0 output
+    /// layer (SmolLM2's and Gemma 3's tied embeddings) then costs the most precision for the
+    /// least speed: Q8_0's own rounding is finer than the activations' there, and its 16-bit
+    /// kernel already reads at 80% of the memory rate. SmolLM2 answers "What is the capital of
+    /// France?" with a list of French words instead of Paris (as llama.cpp does), and its mean
+    /// KL divergence from f32 rises from 1.9e-3 to 2.7e-3 (llama.cpp 2.76e-3), Gemma 3's from
+    /// 3.3e-3 to 3.95e-3 (llama.cpp 3.64e-3).
     Eight,
-    /// 8 bits for the k-quants, 16 for the 32-element formats: `8`, and `auto` on AVX2. There
-    /// the 32-element formats' byte kernel decodes SmolLM2 (Q4_1) about 1.5x faster with
-    /// llama.cpp's KL divergence, but at that rounding SmolLM2 answers "What is the capital of
-    /// France?" with a list of French words instead of Paris, as llama.cpp does, and Gemma 3's
-    /// KL divergence rises above llama.cpp's (3.95e-3 against 3.64e-3 over 8 chunks, where
-    /// 16 bits for its Q5_0/Q8_0 rows give 2.56e-3): a model's greedy answers on AVX2 should not
-    /// differ from the f32 reference's (and AVX-512's) on a question that plain, so these
-    /// formats keep 16 bits unless `8-all` asks for bytes.
+    /// 8 bits for every format but Q8_0: `8`, and `auto` on AVX2. The k-quants are rounded as
+    /// llama.cpp's Q8_K per 256 elements, and on AVX2 Q4_0, Q4_1, Q5_0 and Q5_1 as its Q8_0
+    /// per 32 (`q32_bytes`: each weight byte multiplied once instead of widened and multiplied
+    /// twice; SmolLM2's decode 1.4x faster on a Zen 3). Their KL divergence from f32 is below
+    /// llama.cpp's on the same file (SmolLM2 1.9e-3 against 2.76e-3, Gemma 3 3.3e-3 against
+    /// 3.64e-3; README, "Precision"). Q8_0 rows keep 16 bits (`Eight` says why).
+    EightButQ8_0,
+    /// 8 bits for the k-quants, 16 for the 32-element formats: prompt rows at `prompt_precision`
+    /// `auto` and `int8` where there are no prompt kernels (`prompt_bytes`). A prompt step is
+    /// bound by arithmetic either way, and the 16-bit kernel prefills SmolLM2 as fast as the
+    /// byte kernel does (1.71x llama.cpp with either, on a Zen 3), while the finer rounding
+    /// stays in the KV cache for every token after: with its prompt rows in bytes too, SmolLM2
+    /// no longer answers "What is the capital of France?" with Paris.
     EightKQuants,
 }
+
+/// Whether this build has the 32-element formats' byte kernel (`q32_bytes`).
+const Q32_BYTES: bool = cfg!(all(
+    target_arch = "x86_64",
+    target_feature = "avx2",
+    target_feature = "fma",
+    not(target_feature = "avx512bw")
+));
 
 impl ActivationBits {
     /// How many bits a block is rounded to.
     pub fn bits(self) -> u8 {
         match self {
             ActivationBits::Sixteen => 16,
-            ActivationBits::Eight | ActivationBits::EightKQuants => 8,
+            ActivationBits::Eight | ActivationBits::EightButQ8_0 | ActivationBits::EightKQuants => {
+                8
+            }
         }
     }
 
@@ -138,18 +154,33 @@ impl ActivationBits {
     pub fn describe(self) -> &'static str {
         match self {
             ActivationBits::Sixteen => "16-bit decode activations",
-            ActivationBits::Eight => "8-bit decode activations for every format",
-            ActivationBits::EightKQuants => {
+            ActivationBits::Eight if Q32_BYTES => "8-bit decode activations for every format",
+            ActivationBits::EightButQ8_0 if Q32_BYTES => "8-bit decode activations (16 for Q8_0)",
+            ActivationBits::Eight | ActivationBits::EightButQ8_0 | ActivationBits::EightKQuants => {
                 "8-bit decode activations for k-quants (16 for Q4_0-Q8_0)"
             }
         }
+    }
+
+    /// Whether rows of the 32-element `format` meet bytes at these bits (`q32_bytes`, built on
+    /// AVX2 without AVX-512BW); else 16-bit or float activations.
+    pub(super) fn q32_bytes(self, format: Format) -> bool {
+        Q32_BYTES
+            && !format.is_k()
+            && match self {
+                ActivationBits::Eight => true,
+                ActivationBits::EightButQ8_0 => format != Format::Q8_0,
+                ActivationBits::Sixteen | ActivationBits::EightKQuants => false,
+            }
     }
 
     /// The largest magnitude a block is rounded to.
     pub(super) fn max(self) -> f32 {
         match self {
             ActivationBits::Sixteen => 32767.0,
-            ActivationBits::Eight | ActivationBits::EightKQuants => 127.0,
+            ActivationBits::Eight | ActivationBits::EightButQ8_0 | ActivationBits::EightKQuants => {
+                127.0
+            }
         }
     }
 }

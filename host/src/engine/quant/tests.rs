@@ -1,7 +1,7 @@
 use super::k_kernels::KActs;
 use super::*;
 use candle_core::{Device, Tensor};
-use ActivationBits::{Eight, EightKQuants, Sixteen};
+use ActivationBits::{Eight, EightButQ8_0, EightKQuants, Sixteen};
 
 const ALL: [GgmlDType; 8] = [
     GgmlDType::Q4_0,
@@ -106,6 +106,7 @@ fn matmul_matches_the_dequantized_float_reference_for_every_format_and_batch() {
             for (prompt, rounding) in [
                 (false, Sixteen.into()),
                 (false, Eight.into()),
+                (false, EightButQ8_0.into()),
                 (false, EightKQuants.into()),
                 (true, Sixteen.into()),
                 (true, p8),
@@ -119,9 +120,9 @@ fn matmul_matches_the_dequantized_float_reference_for_every_format_and_batch() {
                 // kernels on AVX-512, the batch kernels on 8-bit rows elsewhere), to 16 at
                 // `int16`; the AVX-512 prompt kernels round the other formats to 16 bits too.
                 // The batch kernels round k-quants to `bits`; Q4_0, Q5_0, Q8_0 and Q4_1 to 16
-                // bits on AVX-512 (`q32_batch`, `q4_1_batch`), every 32-element format on AVX2
-                // to 8 bits at `Eight` (`q32_bytes`) and to 16 otherwise (`q32_avx2`), and give
-                // the others floats.
+                // bits on AVX-512 (`q32_batch`, `q4_1_batch`); on AVX2 the 32-element formats to
+                // 8 bits at `Eight` and, but Q8_0, at `EightButQ8_0` (`q32_bytes`), to 16
+                // otherwise (`q32_avx2`; prompt rows at `int8` too); the others get floats.
                 let avx512 = cfg!(all(target_arch = "x86_64", target_feature = "avx512bw"));
                 let avx2 = cfg!(all(
                     target_arch = "x86_64",
@@ -138,12 +139,19 @@ fn matmul_matches_the_dequantized_float_reference_for_every_format_and_batch() {
                         target_feature = "avx512bw",
                         target_feature = "avx512vl"
                     ));
+                let bytes = avx2
+                    && !prompt
+                    && match bits {
+                        Eight => true,
+                        EightButQ8_0 => dtype != GgmlDType::Q8_0,
+                        Sixteen | EightKQuants => false,
+                    };
                 let rounded = match (prompt, is_k, bits) {
                     (true, true, _) if rounding == p8 => Some(127.0),
                     (true, true, _) | (false, true, Sixteen) => Some(32767.0),
-                    (false, true, Eight | EightKQuants) => Some(127.0),
+                    (false, true, Eight | EightButQ8_0 | EightKQuants) => Some(127.0),
                     (true, false, _) if avx512 => Some(32767.0),
-                    (false, false, Eight) if avx2 => Some(127.0),
+                    (_, false, _) if bytes => Some(127.0),
                     (_, false, _) if q16 => Some(32767.0),
                     (_, false, _) => None,
                 };
@@ -271,7 +279,7 @@ fn avx2_q32_kernels_match_the_float_reference_whatever_the_group() {
         let seg = &qm.segments[0];
         // The 16-bit kernel, then the 8-bit one (576 columns: a short last group of both).
         let a16 = q32_avx2::Acts32::new(&team, &x, m, k);
-        let a8 = q32_bytes::Acts8::new(&team, &x, m, k);
+        let a8 = q32_bytes::Acts8::new(&team, &x, m, k, ActivationBits::Eight);
         type Kernel<'a> = Box<dyn Fn((usize, usize), &mut [f32], bool) + 'a>;
         let kernels: [(f64, Kernel); 2] = [
             (

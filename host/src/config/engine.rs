@@ -61,14 +61,14 @@ pub enum PromptPrecision {
     Int8,
 }
 
-/// `decode_activation_bits`: how finely the CPU batch kernels round activations for k-quant
-/// weights. `16`: greedy output as the dense-f32 reference's. `8`: llama.cpp's Q8_K rounding,
-/// whose KL divergence from f32 is level with llama.cpp's own (README, "Precision"); each
-/// weight byte is multiplied once instead of twice. `auto` (the default) takes 8 where that
-/// halves the arithmetic of a step (AVX2 without AVX-512BW, where batches are bound by it) and
-/// 16 elsewhere (`engine::quant::ActivationBits::configured`). `8-all`: on AVX2 also Q4_0-Q8_0
-/// at 8 bits per 32 (llama.cpp's Q8_0 rounding, their decode ~1.5x faster), whose KL
-/// divergence is llama.cpp's on SmolLM2 but above it on Gemma 3 (README).
+/// `decode_activation_bits`: how finely the CPU batch kernels round activations. `16`: greedy
+/// output as the dense-f32 reference's. `8`: llama.cpp's rounding for the k-quants (Q8_K) and,
+/// on AVX2, for Q4_0/Q4_1/Q5_0/Q5_1 (Q8_0 per 32); each weight byte is multiplied once instead
+/// of twice, and the KL divergence from f32 is below llama.cpp's own on the same files (README,
+/// "Precision"); Q8_0 rows keep 16 bits. `auto` (the default) takes 8 where that halves the
+/// arithmetic of a step (AVX2 without AVX-512BW) and 16 elsewhere
+/// (`engine::quant::ActivationBits::configured`). `8-all`: on AVX2 Q8_0 at 8 bits too, whose KL
+/// divergence is above llama.cpp's on Gemma 3 (`engine::quant::ActivationBits::Eight`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum DecodeBits {
     #[default]

@@ -64,7 +64,14 @@ impl QuantMatrix {
                 .segments
                 .iter()
                 .any(|s| bits.q32_bytes(s.format))
-                .then(|| q32_bytes::Acts8::new(team, x, m, self.cols, bits)),
+                .then(|| q32_bytes::Acts8::new(team, x, m, self.cols)),
+            #[cfg(all(
+                target_arch = "x86_64",
+                target_feature = "avx2",
+                target_feature = "fma",
+                not(target_feature = "avx512bw")
+            ))]
+            bits,
         }
     }
 }
@@ -108,4 +115,12 @@ pub(super) struct Acts {
         not(target_feature = "avx512bw")
     ))]
     pub(super) b32: Option<q32_bytes::Acts8>,
+    /// The bits asked for: which rows take `b32` (`ActivationBits::q32_bytes`).
+    #[cfg(all(
+        target_arch = "x86_64",
+        target_feature = "avx2",
+        target_feature = "fma",
+        not(target_feature = "avx512bw")
+    ))]
+    pub(super) bits: ActivationBits,
 }

@@ -538,7 +538,7 @@ impl QuantMatrix {
                 target_feature = "fma",
                 not(target_feature = "avx512bw")
             ))]
-            if let Some(a) = acts.b32.as_ref().filter(|a| a.takes(s.format)) {
+            if let (Some(a), true) = (&acts.b32, acts.bits.q32_bytes(s.format)) {
                 q32_bytes::tile(s, (r0, nr), a, (i0, g), d, walk == Walk::Stream);
                 continue;
             }

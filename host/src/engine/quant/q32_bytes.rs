@@ -30,7 +30,7 @@ use std::arch::x86_64::*;
 use super::aligned::Aligned;
 use super::q32_avx2::{bit_bytes, by_format_and_group, hsum, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0};
 use super::rounding::{quantize_block, round_rows};
-use super::{ActivationBits, Format, Segment};
+use super::{Format, Segment};
 use crate::engine::team::Team;
 
 /// Elements per block (and per activation scale).
@@ -49,8 +49,6 @@ pub(super) struct Acts8 {
     e: Vec<f32>,
     /// `[k / 32][m]`, then `LANES` zeros: each block's `e·Σq`.
     s: Vec<f32>,
-    /// The bits asked for, which say which formats take these rows.
-    bits: ActivationBits,
 }
 
 /// Lanes of a float vector (and padding after the scales, so a group's load stays inside).
@@ -58,7 +56,7 @@ const LANES: usize = 8;
 
 impl Acts8 {
     /// The `m` rows of `x` (`[m][k]`, `k` a multiple of 32), rows split across the team.
-    pub(super) fn new(team: &Team, x: &[f32], m: usize, k: usize, bits: ActivationBits) -> Self {
+    pub(super) fn new(team: &Team, x: &[f32], m: usize, k: usize) -> Self {
         assert!(k.is_multiple_of(BLOCK), "rows of whole blocks");
         let (q16, e, s) = round_rows::<BLOCK, 1>(team, x, m, k, |xb, q, s| {
             let e = quantize_block(xb, q, 127.0);
@@ -86,13 +84,7 @@ impl Acts8 {
             q,
             e: by_block(e),
             s: by_block(s),
-            bits,
         }
-    }
-
-    /// Whether rows of `format` meet these activations.
-    pub(super) fn takes(&self, format: Format) -> bool {
-        self.bits.q32_bytes(format)
     }
 }
 

@@ -3,7 +3,7 @@
 //! multiply, and how finely they are rounded (`ActivationBits`, `Rounding`).
 
 use super::aligned::Aligned;
-use super::{Format, PromptPrecision};
+use super::PromptPrecision;
 use crate::engine::team::{split, split_mut, Team};
 
 /// The `m` rows of `x` (`[m][k]`) rounded to i16 block by block, rows split across the team:
@@ -164,12 +164,13 @@ impl ActivationBits {
 
     /// Whether rows of the 32-element `format` meet bytes at these bits (`q32_bytes`, built on
     /// AVX2 without AVX-512BW); else 16-bit or float activations.
-    pub(super) fn q32_bytes(self, format: Format) -> bool {
+    #[cfg(not(all(target_arch = "x86_64", target_feature = "avx512bw")))]
+    pub(super) fn q32_bytes(self, format: super::Format) -> bool {
         Q32_BYTES
             && !format.is_k()
             && match self {
                 ActivationBits::Eight => true,
-                ActivationBits::EightButQ8_0 => format != Format::Q8_0,
+                ActivationBits::EightButQ8_0 => format != super::Format::Q8_0,
                 ActivationBits::Sixteen | ActivationBits::EightKQuants => false,
             }
     }

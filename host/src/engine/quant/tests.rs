@@ -279,7 +279,7 @@ fn avx2_q32_kernels_match_the_float_reference_whatever_the_group() {
         let seg = &qm.segments[0];
         // The 16-bit kernel, then the 8-bit one (576 columns: a short last group of both).
         let a16 = q32_avx2::Acts32::new(&team, &x, m, k);
-        let a8 = q32_bytes::Acts8::new(&team, &x, m, k, ActivationBits::Eight);
+        let a8 = q32_bytes::Acts8::new(&team, &x, m, k);
         type Kernel<'a> = Box<dyn Fn((usize, usize), &mut [f32], bool) + 'a>;
         let kernels: [(f64, Kernel); 2] = [
             (

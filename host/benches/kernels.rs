@@ -315,7 +315,7 @@ fn batch_rows(name: &str, team: &Team, step: &[QuantMatrix], rounds: usize) {
     }
 }
 
-/// A model-shaped step's matrices for one generated row (16- and 8-bit activations) and for
+/// A model-shaped step's matrices for one generated row (16 bits, the default, `8-all`) and for
 /// one prompt row (what recomputing a fully cached prompt's last token costs).
 fn step_rows(name: &str, team: &Team, step: &[QuantMatrix], rounds: usize) {
     let gb = step.iter().map(bytes_of).sum::<usize>() as f64 / 1e9;
@@ -325,6 +325,10 @@ fn step_rows(name: &str, team: &Team, step: &[QuantMatrix], rounds: usize) {
     );
     for (label, row) in [
         ("generated, 16-bit", Row::Decode(ActivationBits::Sixteen)),
+        (
+            "generated, default (`auto` here)",
+            Row::Decode(ActivationBits::configured(DecodeBits::Auto)),
+        ),
         (
             "generated, 8-bit (`8-all`)",
             Row::Decode(ActivationBits::Eight),

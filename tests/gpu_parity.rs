@@ -28,7 +28,9 @@ fn main() {
 mod parity {
     use std::sync::Arc;
 
-    use gateway::config::{ComputeDevice, EngineConfig, GpuDtype, ModelConfig};
+    use gateway::config::{
+        ComputeDevice, DecodeBits, EngineConfig, GpuDtype, ModelConfig, PromptPrecision,
+    };
     use gateway::engine::{Engine, Event, GenerationRequest, ModelError, SamplingParams};
     use gateway::metrics::Metrics;
 
@@ -41,10 +43,16 @@ mod parity {
             path: super::model::model_path().into(),
             max_model_len: 2048,
             chat_template: None,
+            // The CPU side is the reference: its float-faithful kernels (16-bit activations,
+            // prompt rows too), not the defaults, which on some CPUs round to bytes or BF16 and
+            // part from f32 at calls far wider than a tie (judged by KL divergence instead:
+            // tests/kl_divergence.rs).
             engine: EngineConfig {
                 device,
                 dtype,
                 gpu_memory_utilization: 0.3,
+                decode_activation_bits: DecodeBits::Sixteen,
+                prompt_precision: PromptPrecision::Int16,
                 ..EngineConfig::default()
             },
             ..ModelConfig::default()

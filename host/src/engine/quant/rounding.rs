@@ -118,7 +118,7 @@ pub enum ActivationBits {
     /// 8 bits for every format but Q8_0: `8`, and `auto` on AVX2. The k-quants are rounded as
     /// llama.cpp's Q8_K per 256 elements, and on AVX2 Q4_0, Q4_1, Q5_0 and Q5_1 as its Q8_0
     /// per 32 (`q32_bytes`: each weight byte multiplied once instead of widened and multiplied
-    /// twice; SmolLM2's decode 1.4x faster on a Zen 3). Their KL divergence from f32 is below
+    /// twice; SmolLM2's decode 1.35x faster on a Zen 3). Their KL divergence from f32 is below
     /// llama.cpp's on the same file (SmolLM2 1.9e-3 against 2.76e-3, Gemma 3 3.3e-3 against
     /// 3.64e-3; README, "Precision"). Q8_0 rows keep 16 bits (`Eight` says why).
     EightButQ8_0,

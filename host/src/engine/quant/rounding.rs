@@ -6,6 +6,10 @@ use super::aligned::Aligned;
 use super::PromptPrecision;
 use crate::engine::team::{split, split_mut, Team};
 
+/// Elements a thread of the team rounds at least: waking the team costs more than rounding a
+/// few thousand elements (a batch of eight 576-wide rows) on one thread.
+const ROUND_PER_THREAD: usize = 16 * 1024;
+
 /// The `m` rows of `x` (`[m][k]`) rounded to i16 block by block, rows split across the team:
 /// `block(x, q, sums)` rounds one block of `B` elements (a row's last may be shorter) into
 /// `q`, writes its `S` float sums and returns its scale. Returns the rounded rows, the scales
@@ -22,7 +26,7 @@ pub(super) fn round_rows<const B: usize, const S: usize>(
     let mut q = Aligned::zeroed(m * k);
     let mut scale = vec![0f32; m * nb];
     let mut sums = vec![0f32; m * nb * S];
-    let parts = team.threads().min(m);
+    let parts = team.threads().min(m).min(1 + m * k / ROUND_PER_THREAD);
     let ranges: Vec<_> = (0..parts).map(|p| split(m, 1, p, parts)).collect();
     let qs = split_mut(q.as_mut_slice(), ranges.iter().map(|r| r.len() * k));
     let ss = split_mut(&mut scale, ranges.iter().map(|r| r.len() * nb));

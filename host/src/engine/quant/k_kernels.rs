@@ -20,7 +20,7 @@
 //! bits, are the same whichever kernel a row goes through.
 
 use super::aligned::Aligned;
-use super::rounding::{quantize_block, round_rows};
+use super::rounding::{quantize_block, round_rows, AVX2_BYTES};
 use super::ActivationBits;
 use crate::engine::team::Team;
 
@@ -286,15 +286,6 @@ pub(super) mod avx2;
     not(target_feature = "avx512bw")
 ))]
 pub(super) use avx2::tile;
-
-/// Whether this build's k-quant kernel is `avx2`'s (the condition above), where 16-bit rows
-/// cost twice the byte products of 8-bit ones (`ActivationBits::auto` below).
-const AVX2_BYTES: bool = cfg!(all(
-    target_arch = "x86_64",
-    target_feature = "avx2",
-    target_feature = "fma",
-    not(target_feature = "avx512bw")
-));
 
 // `auto` lives here, beside the condition that picks the kernel, so that `rounding.rs` (which
 // the kernels use) does not use the kernels back.

@@ -135,8 +135,10 @@ pub enum ActivationBits {
     EightKQuants,
 }
 
-/// Whether this build has the 32-element formats' byte kernel (`q32_bytes`).
-const Q32_BYTES: bool = cfg!(all(
+/// Whether this build's batch kernels are AVX2's byte kernels (AVX2 without AVX-512BW): the
+/// k-quants' (`k_kernels::avx2`), where 16-bit rows cost twice the byte products of 8-bit ones
+/// (`ActivationBits::auto`), and the 32-element formats' `q32_bytes`.
+pub(super) const AVX2_BYTES: bool = cfg!(all(
     target_arch = "x86_64",
     target_feature = "avx2",
     target_feature = "fma",
@@ -158,8 +160,8 @@ impl ActivationBits {
     pub fn describe(self) -> &'static str {
         match self {
             ActivationBits::Sixteen => "16-bit decode activations",
-            ActivationBits::Eight if Q32_BYTES => "8-bit decode activations for every format",
-            ActivationBits::EightButQ8_0 if Q32_BYTES => "8-bit decode activations (16 for Q8_0)",
+            ActivationBits::Eight if AVX2_BYTES => "8-bit decode activations for every format",
+            ActivationBits::EightButQ8_0 if AVX2_BYTES => "8-bit decode activations (16 for Q8_0)",
             ActivationBits::Eight | ActivationBits::EightButQ8_0 | ActivationBits::EightKQuants => {
                 "8-bit decode activations for k-quants (16 for Q4_0-Q8_0)"
             }
@@ -170,7 +172,7 @@ impl ActivationBits {
     /// AVX2 without AVX-512BW); else 16-bit or float activations.
     #[cfg(not(all(target_arch = "x86_64", target_feature = "avx512bw")))]
     pub(super) fn q32_bytes(self, format: super::Format) -> bool {
-        Q32_BYTES
+        AVX2_BYTES
             && !format.is_k()
             && match self {
                 ActivationBits::Eight => true,

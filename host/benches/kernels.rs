@@ -8,7 +8,8 @@
 //!
 //! `cargo bench --bench kernels [-- ROUNDS] [PART...]` (default 9 rounds, medians; every part
 //! unless some are named: a format (`Q4_K`, `Q6_K`, …), `calls`, `prompt`, `step`, which also
-//! times SmolLM2's step for batches of generated rows). Weights are
+//! times SmolLM2's step for batches of generated rows, or `batch`, SmolLM2's batches alone).
+//! Weights are
 //! random blocks with small, finite scales: the kernels' speed does not depend on the values.
 
 use std::time::Instant;
@@ -204,6 +205,10 @@ fn main() {
     if wanted("prompt") {
         prompt_rows(&all, &mut rng, rounds.min(5));
     }
+    if named == ["batch"] {
+        batch_rows("SmolLM2-135M", &all, &smollm2_step(&mut rng), rounds);
+        return;
+    }
     if !wanted("step") {
         return;
     }
@@ -218,18 +223,23 @@ fn main() {
     step.push(shaped(Format::Q6K, 151_936, 1536, &mut rng));
     step_rows("Qwen2.5-1.5B", &all, &step, rounds);
     batch_rows("Qwen2.5-1.5B", &all, &step[..step.len() - 1], rounds);
-    // SmolLM2-135M's (Q4_1; its output matrix is the Q8_0 embedding table).
-    let mut step = Vec::new();
-    for _ in 0..30 {
-        for (rows, cols) in [(960, 576), (576, 576), (3072, 576), (576, 1536)] {
-            step.push(shaped(Format::Q4_1, rows, cols, &mut rng));
-        }
-    }
-    step.push(shaped(Format::Q8_0, 49_152, 576, &mut rng));
+    let step = smollm2_step(&mut rng);
     step_rows("SmolLM2-135M", &all, &step, rounds);
     batch_rows("SmolLM2-135M", &all, &step, rounds);
     // The layers only: the vocabulary product takes just the rows that want logits.
     mixed_rows("SmolLM2-135M", &all, &step[..step.len() - 1], rounds);
+}
+
+/// SmolLM2-135M's step matrices (Q4_1; its output matrix is the Q8_0 embedding table).
+fn smollm2_step(rng: &mut Rng) -> Vec<QuantMatrix> {
+    let mut step = Vec::new();
+    for _ in 0..30 {
+        for (rows, cols) in [(960, 576), (576, 576), (3072, 576), (576, 1536)] {
+            step.push(shaped(Format::Q4_1, rows, cols, rng));
+        }
+    }
+    step.push(shaped(Format::Q8_0, 49_152, 576, rng));
+    step
 }
 
 /// A model-shaped step's layer matrices for a prompt chunk beside generated rows (a prefill

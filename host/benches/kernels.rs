@@ -375,12 +375,19 @@ fn calls(one: &Team, rng: &mut Rng, rounds: usize) {
 /// rows (512), a short prompt's or a prefix-cache hit's tail (64, 8) and a fully cached
 /// prompt's last row (1).
 fn prompt_rows(team: &Team, rng: &mut Rng, rounds: usize) {
-    for format in [Format::Q4K, Format::Q6K] {
-        let layer: Vec<_> = [(2048, 1536), (1536, 1536), (17920, 1536), (1536, 8960)]
+    const QWEN: [(usize, usize); 4] = [(2048, 1536), (1536, 1536), (17920, 1536), (1536, 8960)];
+    const SMOLLM2: [(usize, usize); 4] = [(960, 576), (576, 576), (3072, 576), (576, 1536)];
+    for (format, model, shapes) in [
+        (Format::Q4K, "Qwen2.5-1.5B", QWEN),
+        (Format::Q6K, "Qwen2.5-1.5B", QWEN),
+        (Format::Q4_1, "SmolLM2-135M", SMOLLM2),
+        (Format::Q5_0, "SmolLM2-135M", SMOLLM2),
+    ] {
+        let layer: Vec<_> = shapes
             .into_iter()
             .map(|(rows, cols)| shaped(format, rows, cols, rng))
             .collect();
-        println!("\nprompt rows through a Qwen2.5-1.5B-shaped layer ({format:?}), ms per layer:");
+        println!("\nprompt rows through a {model}-shaped layer ({format:?}), ms per layer:");
         println!("| rows | 16-bit integer | 8-bit integer | BF16 tiles | 8-bit speed-up |");
         println!("|---:|---:|---:|---:|---:|");
         for m in [512, 64, 8, 1] {

@@ -16,7 +16,7 @@ use super::{k_kernels::KActs, ActivationBits, QuantMatrix};
     target_feature = "fma",
     not(target_feature = "avx512bw")
 ))]
-use super::{q32_avx2, q32_bytes};
+use super::{q32_avx2, q32_bytes, q32_prompt};
 use crate::engine::team::Team;
 
 impl QuantMatrix {
@@ -71,6 +71,36 @@ impl QuantMatrix {
                 target_feature = "fma",
                 not(target_feature = "avx512bw")
             ))]
+            p32: None,
+            #[cfg(all(
+                target_arch = "x86_64",
+                target_feature = "avx2",
+                target_feature = "fma",
+                not(target_feature = "avx512bw")
+            ))]
+            bits,
+        }
+    }
+
+    /// Prompt rows `x` (`m` of them) as AVX2's kernels take them: k-quant rows at
+    /// `EightKQuants`, Q8_0 rows at 16 bits (`q32_avx2`), the other 32-element formats'
+    /// rows in their prompt kernel's 15 bits (`q32_prompt`).
+    #[cfg(all(
+        target_arch = "x86_64",
+        target_feature = "avx2",
+        target_feature = "fma",
+        not(target_feature = "avx512bw")
+    ))]
+    pub(super) fn prompt_acts(&self, team: &Team, x: &[f32], m: usize) -> Acts {
+        assert_eq!(x.len(), m * self.cols, "activation shape");
+        let bits = ActivationBits::EightKQuants;
+        let any = |f: &dyn Fn(super::Format) -> bool| self.segments.iter().any(|s| f(s.format));
+        Acts {
+            k: any(&|f| f.is_k()).then(|| KActs::new(team, x, m, self.cols, bits)),
+            r32: any(&|f| !f.is_k() && !q32_prompt::takes(f))
+                .then(|| q32_avx2::Acts32::new(team, x, m, self.cols)),
+            b32: None,
+            p32: any(&q32_prompt::takes).then(|| q32_prompt::Acts16::new(team, x, m, self.cols)),
             bits,
         }
     }
@@ -115,6 +145,15 @@ pub(super) struct Acts {
         not(target_feature = "avx512bw")
     ))]
     pub(super) b32: Option<q32_bytes::Acts8>,
+    /// Prompt rows rounded for the 32-element formats' prompt kernel (`q32_prompt`), in a
+    /// pass of prompt rows (never beside generated ones).
+    #[cfg(all(
+        target_arch = "x86_64",
+        target_feature = "avx2",
+        target_feature = "fma",
+        not(target_feature = "avx512bw")
+    ))]
+    pub(super) p32: Option<q32_prompt::Acts16>,
     /// The bits asked for: which rows take `b32` (`ActivationBits::q32_bytes`).
     #[cfg(all(
         target_arch = "x86_64",

@@ -104,6 +104,14 @@ mod q32_batch;
     any(test, not(target_feature = "avx512bw"))
 ))]
 mod q32_bytes;
+/// Prompt rows of the 32-element formats on AVX2 (built as `q32_avx2` is).
+#[cfg(all(
+    target_arch = "x86_64",
+    target_feature = "avx2",
+    target_feature = "fma",
+    any(test, not(target_feature = "avx512bw"))
+))]
+mod q32_prompt;
 #[cfg(all(
     target_arch = "x86_64",
     target_feature = "avx512bw",
@@ -168,11 +176,18 @@ enum Walk {
         allow(dead_code) // only the AVX-512 kernel keeps unpacked tiles
     )]
     Span(u64),
-    /// A prefill span of prompt rows: weight rows go across the lanes (`lanes`), whose sums
-    /// round differently from the other kernels'.
+    /// A prefill span of prompt rows: on AVX-512 weight rows go across the lanes (`lanes`), on
+    /// AVX2 activation rows do (`q32_prompt`), whose sums round differently from the other
+    /// kernels'.
     #[cfg_attr(
-        not(all(target_arch = "x86_64", target_feature = "avx512bw")),
-        allow(dead_code) // only the AVX-512 kernels have a prompt kernel
+        not(all(
+            target_arch = "x86_64",
+            any(
+                target_feature = "avx512bw",
+                all(target_feature = "avx2", target_feature = "fma")
+            )
+        )),
+        allow(dead_code) // only these have prompt kernels
     )]
     Prompt(u64),
 }
@@ -532,6 +547,14 @@ impl QuantMatrix {
                 target_feature = "fma",
                 not(target_feature = "avx512bw")
             ))]
+            if let (Some(a), true) = (&acts.p32, q32_prompt::takes(s.format)) {
+                let span = match walk {
+                    Walk::Stream => None,
+                    Walk::Span(n) | Walk::Prompt(n) => Some(n),
+                };
+                q32_prompt::tile(s, (r0, nr), a, (i0, g), d, span);
+                continue;
+            }
             #[cfg(all(
                 target_arch = "x86_64",
                 target_feature = "avx2",

@@ -8,7 +8,7 @@ use crate::engine::team::{split, split_mut, Team};
 
 /// Elements a thread of the team rounds at least: waking the team costs more than rounding a
 /// few thousand elements (a batch of eight 576-wide rows) on one thread.
-const ROUND_PER_THREAD: usize = 16 * 1024;
+pub(super) const ROUND_PER_THREAD: usize = 16 * 1024;
 
 /// The `m` rows of `x` (`[m][k]`) rounded to i16 block by block, rows split across the team:
 /// `block(x, q, sums)` rounds one block of `B` elements (a row's last may be shorter) into
@@ -127,11 +127,11 @@ pub enum ActivationBits {
     /// 3.64e-3; README, "Precision"). Q8_0 rows keep 16 bits (`Eight` says why).
     EightButQ8_0,
     /// 8 bits for the k-quants, 16 for the 32-element formats: prompt rows at `prompt_precision`
-    /// `auto` and `int8` where there are no prompt kernels (`prompt_bytes`). A prompt step is
-    /// bound by arithmetic either way, and the 16-bit kernel prefills SmolLM2 as fast as the
-    /// byte kernel does (1.71x llama.cpp with either, on a Zen 3), while the finer rounding
-    /// stays in the KV cache for every token after: with its prompt rows in bytes too, SmolLM2
-    /// no longer answers "What is the capital of France?" with Paris.
+    /// `auto` and `int8` where there are no AVX-512 prompt kernels (`prompt_bytes`; on AVX2
+    /// Q4_0–Q5_1 take their own prompt kernel, `q32_prompt`, at 16 bits per 32). A prompt step
+    /// is bound by arithmetic, and the finer rounding stays in the KV cache for every token
+    /// after: with its prompt rows in bytes too, SmolLM2 no longer answered "What is the
+    /// capital of France?" with Paris, and prefilled no faster with the batch kernels.
     EightKQuants,
 }
 

@@ -49,7 +49,7 @@ pub(super) fn reference(x: &[f32], deq: &[f32], m: usize, n: usize, k: usize) ->
 /// Tolerance for one output: f32 kernels are exact to rounding; the k-quant kernels, and the
 /// prompt kernels of every format, round activations per block to integers up to `rounded`
 /// (error ≤ amax / (2·rounded) per element).
-fn tolerance(rounded: Option<f64>, x: &[f32], deq_row: &[f32]) -> f64 {
+pub(super) fn tolerance(rounded: Option<f64>, x: &[f32], deq_row: &[f32]) -> f64 {
     let mass: f64 = x
         .iter()
         .zip(deq_row)
@@ -122,7 +122,8 @@ fn matmul_matches_the_dequantized_float_reference_for_every_format_and_batch() {
                 // The batch kernels round k-quants to `bits`; Q4_0, Q5_0, Q8_0 and Q4_1 to 16
                 // bits on AVX-512 (`q32_batch`, `q4_1_batch`); on AVX2 the 32-element formats to
                 // 8 bits at `Eight` and, but Q8_0, at `EightButQ8_0` (`q32_bytes`), to 16
-                // otherwise (`q32_avx2`; prompt rows at `int8` too); the others get floats.
+                // otherwise (`q32_avx2`); their prompt rows at `int8` to 16 bits per 32
+                // (`q32_prompt`, Q8_0 `q32_avx2`); the others get floats.
                 let avx512 = cfg!(all(target_arch = "x86_64", target_feature = "avx512bw"));
                 let avx2 = cfg!(all(
                     target_arch = "x86_64",

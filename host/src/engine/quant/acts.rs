@@ -83,8 +83,8 @@ impl QuantMatrix {
     }
 
     /// Prompt rows `x` (`m` of them) as AVX2's kernels take them: k-quant rows at
-    /// `EightKQuants`, Q8_0 rows at 16 bits (`q32_avx2`), the other 32-element formats'
-    /// rows in their prompt kernel's 15 bits (`q32_prompt`).
+    /// `EightKQuants`, the 32-element formats' rows at 16 bits per 32 for their prompt kernel
+    /// (`q32_prompt`).
     #[cfg(all(
         target_arch = "x86_64",
         target_feature = "avx2",
@@ -97,8 +97,7 @@ impl QuantMatrix {
         let any = |f: &dyn Fn(super::Format) -> bool| self.segments.iter().any(|s| f(s.format));
         Acts {
             k: any(&|f| f.is_k()).then(|| KActs::new(team, x, m, self.cols, bits)),
-            r32: any(&|f| !f.is_k() && !q32_prompt::takes(f))
-                .then(|| q32_avx2::Acts32::new(team, x, m, self.cols)),
+            r32: None,
             b32: None,
             p32: any(&q32_prompt::takes).then(|| q32_prompt::Acts16::new(team, x, m, self.cols)),
             bits,

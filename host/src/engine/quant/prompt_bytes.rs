@@ -1,8 +1,7 @@
 //! Prompt rows where the AVX-512 prompt kernels are not built: at `prompt_precision` `auto` or
 //! `int8` they take the batch kernels on activations rounded to 8 bits for the k-quants (on
-//! AVX2 the byte kernel, `k_kernels::avx2::eight`) and, on AVX2, their own kernel for Q4_0,
-//! Q4_1, Q5_0 and Q5_1 (`q32_prompt`); the generated rows of the step take the decode
-//! rounding. Each kind goes through the kernels on its own rows, so a row's bits do not
+//! AVX2 the byte kernel, `k_kernels::avx2::eight`) and, on AVX2, their own kernel for the
+//! 32-element formats (`q32_prompt`); the generated rows of the step take the decode rounding. Each kind goes through the kernels on its own rows, so a row's bits do not
 //! depend on what shares its step.
 
 use super::{step_rows, ActivationBits, PromptPrecision, QuantMatrix, Rounding};

@@ -1,5 +1,5 @@
-//! Prompt rows of Q4_0, Q4_1, Q5_0 and Q5_1 on AVX2 (no AVX-512BW): eight activation rows
-//! across the lanes, weight values broadcast.
+//! Prompt rows of the 32-element formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) on AVX2 (no
+//! AVX-512BW): eight activation rows across the lanes, weight values broadcast.
 //!
 //! The batch kernels (`q32_avx2`, `q32_bytes`) give every (weight row, activation row) pair
 //! its own vector of partial sums, and each block of each pair pays a float conversion and a
@@ -12,9 +12,11 @@
 //!
 //! Activations are rounded to 16 bits per block of 32 (`x ≈ e·q`), as the AVX-512 prompt
 //! kernel (`lanes::q32`) rounds them. Weights are their unsigned values `u` (0..15, 0..31
-//! with the fifth bit), so per block `b`: `w·x = d_b·e_b·Σ u·q + c_b·e_b·Σ q`, `c_b` the min
-//! (Q4_1, Q5_1) or the offset `−8·d_b` (Q4_0), `−16·d_b` (Q5_0). A block's integer sum is
-//! exact in i32 (and in float for 4-bit values: 32·15·32767 < 2²⁴).
+//! with the fifth bit; Q8_0's signed bytes as they are), so per block `b`:
+//! `w·x = d_b·e_b·Σ u·q + c_b·e_b·Σ q`, `c_b` the min (Q4_1, Q5_1), the offset `−8·d_b`
+//! (Q4_0), `−16·d_b` (Q5_0) or zero (Q8_0). A block's integer sum is exact in i32 (and in
+//! float for 4-bit values: 32·15·32767 < 2²⁴; wider ones round in the conversion, the same
+//! way in every kernel here).
 //!
 //! A weight tile's values are widened to i16 once per prefill span and kept per thread for
 //! the span's next groups. One or two rows (a fully cached prompt's last token, a chunk's
@@ -48,12 +50,9 @@ const QUAD: usize = 4;
 /// Activation rows that take `few` rather than a group's lanes.
 pub(super) const FEW_ROWS: usize = 2;
 
-/// Whether prompt rows of `format` take this kernel (Q8_0 rows take `q32_avx2`).
+/// Whether prompt rows of `format` take this kernel (every 32-element format).
 pub(super) fn takes(format: Format) -> bool {
-    matches!(
-        format,
-        Format::Q4_0 | Format::Q4_1 | Format::Q5_0 | Format::Q5_1
-    )
+    !format.is_k()
 }
 
 /// Activation rows rounded to 16 bits per block of 32, eight rows across the lanes.
@@ -359,11 +358,17 @@ fn widen(s: &Segment, r0: usize, nr: usize, w: &mut Widened) {
     }
 }
 
-/// One block's unsigned values as two vectors of i16 (elements 0..16, 16..32), with its `d`
-/// and `c` (the min, or the offset times `d`).
+/// One block's values as two vectors of i16 (elements 0..16, 16..32), with its `d` and `c`
+/// (the min, or the offset times `d`; Q8_0's signed values have neither).
 #[inline(always)]
 unsafe fn unpack(format: Format, b: &[u8]) -> (__m256i, __m256i, f32, f32) {
     let d = f16_at(b, 0);
+    if format == Format::Q8_0 {
+        let q = b[2..34].as_ptr();
+        let lo = _mm256_cvtepi8_epi16(_mm_loadu_si128(q.cast()));
+        let hi = _mm256_cvtepi8_epi16(_mm_loadu_si128(q.add(16).cast()));
+        return (lo, hi, d, 0.0);
+    }
     let (qs, c) = match format {
         Format::Q4_0 => (2, -8.0 * d),
         Format::Q4_1 => (4, f16_at(b, 2)),
@@ -402,13 +407,12 @@ mod tests {
     fn matches_the_float_reference_and_gives_a_row_the_same_bits_whatever_its_group() {
         let team = Team::new(1);
         let (n, k, m) = (9, 576, 11);
-        // Q8_0's signed values stay on the batch kernel (`q32_avx2`).
-        assert!(!takes(super::Format::Q8_0));
         for dtype in [
             GgmlDType::Q4_0,
             GgmlDType::Q4_1,
             GgmlDType::Q5_0,
             GgmlDType::Q5_1,
+            GgmlDType::Q8_0,
         ] {
             let (q, deq) = quantize(&weights(n, k, 7), n, k, dtype);
             let qm = QuantMatrix::from_qtensor(&q).unwrap();

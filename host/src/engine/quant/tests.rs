@@ -123,7 +123,7 @@ fn matmul_matches_the_dequantized_float_reference_for_every_format_and_batch() {
                 // bits on AVX-512 (`q32_batch`, `q4_1_batch`); on AVX2 the 32-element formats to
                 // 8 bits at `Eight` and, but Q8_0, at `EightButQ8_0` (`q32_bytes`), to 16
                 // otherwise (`q32_avx2`); their prompt rows at `int8` to 16 bits per 32
-                // (`q32_prompt`, Q8_0 `q32_avx2`); the others get floats.
+                // (`q32_prompt`); the others get floats.
                 let avx512 = cfg!(all(target_arch = "x86_64", target_feature = "avx512bw"));
                 let avx2 = cfg!(all(
                     target_arch = "x86_64",

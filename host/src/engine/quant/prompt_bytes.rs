@@ -1,8 +1,9 @@
 //! Prompt rows where the AVX-512 prompt kernels are not built: at `prompt_precision` `auto` or
 //! `int8` they take the batch kernels on activations rounded to 8 bits for the k-quants (on
 //! AVX2 the byte kernel, `k_kernels::avx2::eight`) and, on AVX2, their own kernel for the
-//! 32-element formats (`q32_prompt`); the generated rows of the step take the decode rounding. Each kind goes through the kernels on its own rows, so a row's bits do not
-//! depend on what shares its step.
+//! 32-element formats (`q32_prompt`); the generated rows of the step take the decode rounding.
+//! Each kind goes through the kernels on its own rows, so a row's bits do not depend on what
+//! shares its step.
 
 use super::{step_rows, ActivationBits, PromptPrecision, QuantMatrix, Rounding};
 use crate::engine::team::Team;

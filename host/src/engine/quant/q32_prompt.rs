@@ -48,7 +48,7 @@ const GROUP_BLOCK: usize = BLOCK * LANES;
 /// the pair's activation vector.
 const QUAD: usize = 4;
 /// Activation rows that take `few` rather than a group's lanes.
-pub(super) const FEW_ROWS: usize = 2;
+const FEW_ROWS: usize = 2;
 
 /// Whether prompt rows of `format` take this kernel (every 32-element format).
 pub(super) fn takes(format: Format) -> bool {

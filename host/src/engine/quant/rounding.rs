@@ -128,11 +128,10 @@ pub enum ActivationBits {
     EightButQ8_0,
     /// 8 bits for the k-quants, 16 for the 32-element formats: prompt rows at `prompt_precision`
     /// `auto` and `int8` where there are no AVX-512 prompt kernels (`prompt_bytes`; on AVX2
-    /// the 32-element formats take their own prompt kernel, `q32_prompt`, at 16 bits per 32). A
-    /// prompt step
-    /// is bound by arithmetic, and the finer rounding stays in the KV cache for every token
-    /// after: with its prompt rows in bytes too, SmolLM2 no longer answered "What is the
-    /// capital of France?" with Paris, and prefilled no faster with the batch kernels.
+    /// the 32-element formats take their own prompt kernel, `q32_prompt`, at 16 bits per 32).
+    /// A prompt step is bound by arithmetic, and the finer rounding stays in the KV cache for
+    /// every token after: with its prompt rows in bytes too, SmolLM2 no longer answered "What
+    /// is the capital of France?" with Paris, and prefilled no faster with the batch kernels.
     EightKQuants,
 }
 

@@ -47,6 +47,9 @@ const GROUP_BLOCK: usize = BLOCK * LANES;
 /// Weight rows multiplied together: their i32 sums and float sums fill the registers beside
 /// the pair's activation vector.
 const QUAD: usize = 4;
+/// How far ahead of the block being multiplied `few` prefetches each weight row (one or two
+/// activation rows read the weights once, from memory).
+const PREFETCH: usize = 1024;
 /// Activation rows that take `few` rather than a group's lanes.
 const FEW_ROWS: usize = 2;
 
@@ -287,8 +290,10 @@ fn few(
                     let x0 = _mm256_load_si256(x.as_ptr().add(b * BLOCK).cast());
                     let x1 = _mm256_load_si256(x.as_ptr().add(b * BLOCK + 16).cast());
                     for l in 0..LANES {
+                        let blk = &weights[l][b * bb..][..bb];
+                        _mm_prefetch::<_MM_HINT_T0>(blk.as_ptr().wrapping_add(PREFETCH).cast());
                         let (w0, w1);
-                        (w0, w1, d[l], c[l]) = unpack(s.format, &weights[l][b * bb..][..bb]);
+                        (w0, w1, d[l], c[l]) = unpack(s.format, blk);
                         int[l] =
                             _mm256_add_epi32(_mm256_madd_epi16(w0, x0), _mm256_madd_epi16(w1, x1));
                     }

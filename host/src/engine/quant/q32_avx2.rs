@@ -200,20 +200,7 @@ unsafe fn unpack<const F: u8>(b: &[u8]) -> (__m256i, __m256i, f32, f32) {
         Q5_0 => (6, 0.0),
         _ => (8, f16_at(b, 2)),
     };
-    let q = _mm_loadu_si128(b[qs..qs + 16].as_ptr().cast());
-    let m4 = _mm_set1_epi8(0x0F);
-    // Byte i holds element i in its low nibble and element i + 16 in its high one.
-    let (mut lo, mut hi) = (
-        _mm_and_si128(q, m4),
-        _mm_and_si128(_mm_srli_epi16::<4>(q), m4),
-    );
-    if F == Q5_0 || F == Q5_1 {
-        let at = qs - 4;
-        let qh = u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
-        let fifth = _mm256_and_si256(bit_bytes(qh), _mm256_set1_epi8(16));
-        lo = _mm_or_si128(lo, _mm256_castsi256_si128(fifth));
-        hi = _mm_or_si128(hi, _mm256_extracti128_si256::<1>(fifth));
-    }
+    let (lo, hi) = unsigned_bytes(b, qs, F == Q5_0 || F == Q5_1);
     let off = _mm256_set1_epi16(match F {
         Q4_0 => 8,
         Q5_0 => 16,
@@ -225,6 +212,28 @@ unsafe fn unpack<const F: u8>(b: &[u8]) -> (__m256i, __m256i, f32, f32) {
         d,
         m,
     )
+}
+
+/// A Q4_0/Q4_1/Q5_0/Q5_1 block's unsigned values (0..15, or 0..31 with `fifth`) as bytes,
+/// elements 0..16 and 16..32; `qs`: where its nibbles start (the fifth bits' word sits just
+/// before them).
+#[inline(always)]
+pub(super) unsafe fn unsigned_bytes(b: &[u8], qs: usize, fifth: bool) -> (__m128i, __m128i) {
+    let q = _mm_loadu_si128(b[qs..qs + 16].as_ptr().cast());
+    let m4 = _mm_set1_epi8(0x0F);
+    // Byte i holds element i in its low nibble and element i + 16 in its high one.
+    let (mut lo, mut hi) = (
+        _mm_and_si128(q, m4),
+        _mm_and_si128(_mm_srli_epi16::<4>(q), m4),
+    );
+    if fifth {
+        let at = qs - 4;
+        let qh = u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
+        let bits = _mm256_and_si256(bit_bytes(qh), _mm256_set1_epi8(16));
+        lo = _mm_or_si128(lo, _mm256_castsi256_si128(bits));
+        hi = _mm_or_si128(hi, _mm256_extracti128_si256::<1>(bits));
+    }
+    (lo, hi)
 }
 
 /// Byte `e` all ones where bit `e` of `bits` is set, zero elsewhere.

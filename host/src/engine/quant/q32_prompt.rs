@@ -31,8 +31,8 @@ use std::cell::RefCell;
 
 use super::aligned::Aligned;
 use super::blocks::f16_at;
-use super::q32_avx2::bit_bytes;
-use super::rounding::{quantize_block, ROUND_PER_THREAD};
+use super::q32_avx2::unsigned_bytes;
+use super::rounding::{quantize_block, round_rows, ROUND_PER_THREAD};
 use super::{Format, Segment};
 use crate::engine::team::{split, split_mut, Team};
 
@@ -62,13 +62,14 @@ pub(super) fn takes(format: Format) -> bool {
 pub(super) struct Acts16 {
     k: usize,
     m: usize,
-    /// `[group][block][pair][lane][2]`.
+    /// `[group][block][pair][lane][2]` (empty when `rows` holds the values).
     q: Aligned<i16, 32>,
     /// `[m][k]`, in element order, when `m ≤ FEW_ROWS` (for `few`).
     rows: Option<Aligned<i16, 32>>,
-    /// `[group][block][lane]`: each block's scale (`x ≈ e·q`), zero past the last row.
+    /// Each block's scale (`x ≈ e·q`): `[group][block][lane]`, zero past the last row, or
+    /// `[m][block]` with `rows`.
     e: Vec<f32>,
-    /// `[group][block][lane]`: each block's `e·Σq`.
+    /// Each block's `e·Σq`, laid out as `e`.
     s: Vec<f32>,
 }
 
@@ -79,6 +80,24 @@ impl Acts16 {
             k.is_multiple_of(BLOCK) && x.len() == m * k,
             "rows of whole blocks"
         );
+        if m <= FEW_ROWS {
+            // `few` reads the rows in element order: rounded so, not across the lanes.
+            let (rows, e, s) = round_rows::<BLOCK, 1>(team, x, m, k, |xb, q, u| {
+                let e = quantize_block(xb, q, 32767.0);
+                u[0] = q.iter().map(|&v| i32::from(v)).sum::<i32>() as f32 * e;
+                e
+            });
+            let q = Aligned::zeroed(0);
+            let rows = Some(rows);
+            return Self {
+                k,
+                m,
+                q,
+                rows,
+                e,
+                s,
+            };
+        }
         let (nb, groups) = (k / BLOCK, m.div_ceil(LANES));
         let mut q = Aligned::zeroed(groups * nb * GROUP_BLOCK);
         let (mut e, mut s) = (
@@ -109,18 +128,17 @@ impl Acts16 {
                 }
             }
         };
-        // A row or two (a prompt's tail) is rounded here rather than waking the team for it.
+        // A group or two is rounded here rather than waking the team for it.
         if parts > 1 {
             team.run(&job);
         } else {
             job(0, 1);
         }
-        let rows = (m <= FEW_ROWS).then(|| element_order(&q, m, k));
         Self {
             k,
             m,
             q,
-            rows,
+            rows: None,
             e,
             s,
         }
@@ -138,21 +156,6 @@ fn round_block(x: &[f32], j: usize, dst: &mut [i16]) -> (f32, f32) {
         dst[at..at + 2].copy_from_slice(pair);
     }
     (e, sum as f32 * e)
-}
-
-/// The first group's `m` rows (`m ≤ 8`) of `q` back in element order, `[m][k]`.
-fn element_order(q: &Aligned<i16, 32>, m: usize, k: usize) -> Aligned<i16, 32> {
-    let mut rows = Aligned::zeroed(m * k);
-    let (q, out) = (q.as_slice(), rows.as_mut_slice());
-    for j in 0..m {
-        for (b, block) in out[j * k..(j + 1) * k].chunks_exact_mut(BLOCK).enumerate() {
-            for (p, pair) in block.chunks_exact_mut(2).enumerate() {
-                let at = b * GROUP_BLOCK + (p * LANES + j) * 2;
-                pair.copy_from_slice(&q[at..at + 2]);
-            }
-        }
-    }
-    rows
 }
 
 /// A tile's weight rows widened to i16, four rows to a quad, kept for a span's next groups.
@@ -279,7 +282,7 @@ fn few(
         let weights: [&[u8]; LANES] = std::array::from_fn(row);
         for j in 0..g {
             let x = &rows.as_slice()[(i0 + j) * k..][..k];
-            let (e, sums) = (&a.e[j..], &a.s[j..]);
+            let (e, sums) = (&a.e[(i0 + j) * nb..], &a.s[(i0 + j) * nb..]);
             let mut acc = unsafe { _mm256_setzero_ps() };
             for b in 0..nb {
                 let mut int = [unsafe { _mm256_setzero_si256() }; LANES];
@@ -298,11 +301,10 @@ fn few(
                             _mm256_add_epi32(_mm256_madd_epi16(w0, x0), _mm256_madd_epi16(w1, x1));
                     }
                     let sum = reduce8(&int);
-                    let at = b * LANES;
-                    let de = _mm256_mul_ps(_mm256_loadu_ps(d.as_ptr()), _mm256_set1_ps(e[at]));
+                    let de = _mm256_mul_ps(_mm256_loadu_ps(d.as_ptr()), _mm256_set1_ps(e[b]));
                     acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), de, acc);
                     acc =
-                        _mm256_fmadd_ps(_mm256_loadu_ps(c.as_ptr()), _mm256_set1_ps(sums[at]), acc);
+                        _mm256_fmadd_ps(_mm256_loadu_ps(c.as_ptr()), _mm256_set1_ps(sums[b]), acc);
                 }
             }
             let mut lanes = [0f32; LANES];
@@ -380,20 +382,7 @@ unsafe fn unpack(format: Format, b: &[u8]) -> (__m256i, __m256i, f32, f32) {
         Format::Q5_0 => (6, -16.0 * d),
         _ => (8, f16_at(b, 2)),
     };
-    let q = _mm_loadu_si128(b[qs..qs + 16].as_ptr().cast());
-    let m4 = _mm_set1_epi8(0x0F);
-    // Byte i holds element i in its low nibble and element i + 16 in its high one.
-    let (mut lo, mut hi) = (
-        _mm_and_si128(q, m4),
-        _mm_and_si128(_mm_srli_epi16::<4>(q), m4),
-    );
-    if matches!(format, Format::Q5_0 | Format::Q5_1) {
-        let at = qs - 4;
-        let qh = u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
-        let fifth = _mm256_and_si256(bit_bytes(qh), _mm256_set1_epi8(16));
-        lo = _mm_or_si128(lo, _mm256_castsi256_si128(fifth));
-        hi = _mm_or_si128(hi, _mm256_extracti128_si256::<1>(fifth));
-    }
+    let (lo, hi) = unsigned_bytes(b, qs, matches!(format, Format::Q5_0 | Format::Q5_1));
     (_mm256_cvtepu8_epi16(lo), _mm256_cvtepu8_epi16(hi), d, c)
 }
 

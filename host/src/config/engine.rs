@@ -30,8 +30,9 @@ pub struct EngineConfig {
     /// Fraction of the GPU's memory this engine may take in all (weights, step workspace, KV
     /// pool); the KV pool gets what is left of it. On CUDA this replaces `kv_cache_bytes`.
     pub gpu_memory_utilization: f32,
-    /// Prompt-lookup speculative decoding: draft tokens proposed per step by matching the
-    /// sequence's last n-gram earlier in its own tokens, verified in one forward (0 = off).
+    /// Prompt-lookup speculative decoding: the most draft tokens proposed per step by matching
+    /// the sequence's last n-gram earlier in its own tokens, verified in one forward (0 = off);
+    /// each step sends as many as pay for their rows.
     pub speculative_tokens: usize,
     /// Speculate only while at most this many sequences run: drafts pay when decode is bound
     /// by reading the weights, not in large batches.

@@ -23,6 +23,14 @@ pub struct BatchSeq<'a> {
     pub prompt_len: usize,
 }
 
+/// Whether every row of `batch` is a generated one (decode, or drafts being verified): the
+/// steps whose time says what verification rows cost (`spec::StepCosts`).
+pub fn generated_only(batch: &[BatchSeq]) -> bool {
+    batch
+        .iter()
+        .all(|b| b.want_logits && b.start >= b.prompt_len && b.tokens.len() == 1 + b.draft_rows)
+}
+
 /// The KV pool a runner allocated.
 #[derive(Debug, Clone, Copy)]
 pub struct Pool {

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use tokenizers::Tokenizer;
 use tokio::sync::mpsc as tokio_mpsc;
 
-use super::batch::BatchSeq;
+use super::batch::{generated_only, BatchSeq};
 use super::block_manager::BlockManager;
 use super::constraint::Guide;
 use super::detokenizer::{IncrementalDecoder, StopMatcher, StopOutcome};
@@ -19,8 +19,8 @@ use super::profile::{Phase, StepProfile};
 use super::runner::Runner;
 use super::sampler::Sampler;
 use super::scheduler::{Scheduled, Scheduler, SchedulerConfig, SeqId, Sequence};
-use super::spec::Drafter;
-use super::steering::Steering;
+use super::spec::{Drafter, StepCosts};
+use super::steering::{forward_steering, Steering};
 use super::{Command, EngineError, Event, FinishReason, GenerationRequest, TokenLogprobs, Usage};
 use crate::config::ModelConfig;
 use crate::metrics::Metrics;
@@ -67,6 +67,8 @@ pub(super) struct EngineLoop {
     /// Draft tokens per step (0: no speculation) and the most running sequences it runs with.
     spec_tokens: usize,
     spec_max_seqs: usize,
+    /// What steps of generated rows cost, by rows: how long drafts may be.
+    step_costs: StepCosts,
 }
 
 impl EngineLoop {
@@ -129,6 +131,7 @@ impl EngineLoop {
             name: cfg.name.clone(),
             spec_tokens,
             spec_max_seqs: e.speculative_max_seqs,
+            step_costs: StepCosts::default(),
             runner,
             tokenizer,
             eos_ids,
@@ -272,7 +275,12 @@ impl EngineLoop {
             .map(|(_, st)| &mut st.steering)
             .collect();
         let grammar = &self.metrics.grammar;
+        let generated = generated_only(&batch);
         let result = forward_steering(&mut self.runner, &batch, steered, grammar, model);
+        if generated {
+            let secs = started.elapsed().as_secs_f64();
+            self.step_costs.observe(num_tokens, secs);
+        }
         self.profile.add(Phase::Forward, started);
         let sampled = Instant::now();
         tracing::trace!(
@@ -321,12 +329,13 @@ impl EngineLoop {
         }
     }
 
-    /// Appends up to `n` prompt-lookup drafts to each decoding sequence that may speculate,
-    /// while the batch is small enough for verification to be nearly free.
+    /// Appends prompt-lookup drafts to each decoding sequence that may speculate, while the
+    /// batch is small, as many as pay for the rows they add (`Drafter`).
     fn propose_drafts(&mut self) {
         if self.spec_tokens == 0 || self.sched.running.len() > self.spec_max_seqs {
             return;
         }
+        let base = self.sched.running.len();
         for seq in self.sched.running.iter_mut() {
             let decoding = seq.draft == 0 && seq.num_computed + 1 == seq.tokens.len();
             let Some(st) = self
@@ -340,7 +349,8 @@ impl EngineLoop {
             // max_tokens and the model's window.
             let left = st.max_tokens.saturating_sub(seq.generated().len() + 1);
             let window = self.max_model_len.saturating_sub(seq.tokens.len() + 1);
-            let drafts = st.drafter.propose(&seq.tokens, left.min(window));
+            let cap = left.min(window);
+            let drafts = st.drafter.propose(&seq.tokens, cap, &self.step_costs, base);
             seq.draft = drafts.len();
             seq.tokens.extend(drafts);
         }
@@ -571,9 +581,6 @@ impl EngineLoop {
     }
 }
 
-/// The forward pass over `batch`. The masks of the constrained sequences that sample this step
-/// (`steered`) are computed on a second thread while it runs: the grammar adds no latency
-/// unless it is slower.
 /// The forward pass's view of the scheduled chunks: each sequence's blocks and new tokens,
 /// with logits (and draft rows) wanted where a chunk finishes its sequence's known tokens.
 fn batch_of<'a>(sched: &'a Scheduler, scheduled: &[Scheduled]) -> Vec<BatchSeq<'a>> {
@@ -596,32 +603,4 @@ fn batch_of<'a>(sched: &'a Scheduler, scheduled: &[Scheduled]) -> Vec<BatchSeq<'
             }
         })
         .collect()
-}
-
-fn forward_steering(
-    runner: &mut Runner,
-    batch: &[BatchSeq],
-    mut steered: Vec<&mut Steering>,
-    g: &crate::metrics::GrammarMetrics,
-    model: &str,
-) -> Result<Vec<Vec<f32>>, crate::engine::ModelError> {
-    if steered.is_empty() {
-        return runner.forward(batch);
-    }
-    let mask_hist = g.mask_seconds.with_label_values(&[model]);
-    let step_hist = g.processor_seconds.with_label_values(&[model]);
-    std::thread::scope(|scope| {
-        let masks = scope.spawn(|| {
-            for s in steered.iter_mut() {
-                let took = s.prepare();
-                took.mask.inspect(|&t| mask_hist.observe(t));
-                took.processor.inspect(|&t| step_hist.observe(t));
-            }
-        });
-        let result = runner.forward(batch);
-        if let Err(panic) = masks.join() {
-            std::panic::resume_unwind(panic);
-        }
-        result
-    })
 }

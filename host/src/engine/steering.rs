@@ -172,3 +172,34 @@ impl Steering {
         }
     }
 }
+
+/// The forward pass over `batch`. The masks of the constrained sequences that sample this step
+/// (`steered`) are computed on a second thread while it runs: the grammar adds no latency
+/// unless it is slower.
+pub(super) fn forward_steering(
+    runner: &mut super::runner::Runner,
+    batch: &[super::batch::BatchSeq],
+    mut steered: Vec<&mut Steering>,
+    g: &crate::metrics::GrammarMetrics,
+    model: &str,
+) -> Result<Vec<Vec<f32>>, crate::engine::ModelError> {
+    if steered.is_empty() {
+        return runner.forward(batch);
+    }
+    let mask_hist = g.mask_seconds.with_label_values(&[model]);
+    let step_hist = g.processor_seconds.with_label_values(&[model]);
+    std::thread::scope(|scope| {
+        let masks = scope.spawn(|| {
+            for s in steered.iter_mut() {
+                let took = s.prepare();
+                took.mask.inspect(|&t| mask_hist.observe(t));
+                took.processor.inspect(|&t| step_hist.observe(t));
+            }
+        });
+        let result = runner.forward(batch);
+        if let Err(panic) = masks.join() {
+            std::panic::resume_unwind(panic);
+        }
+        result
+    })
+}

@@ -323,7 +323,8 @@ impl Model {
     /// prefill of a 1.5B model), for an engine with nothing to run.
     pub fn release_buffers(&self) {
         self.buffers.release();
-        super::quant::release_transposed();
+        self.team
+            .run(&|_, _| super::quant::release_thread_buffers());
     }
 
     /// `rms_norm` of `x`'s rows by `w`, across the team, into a reused buffer.

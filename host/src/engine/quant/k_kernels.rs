@@ -414,6 +414,12 @@ pub(super) fn dot_row(format: super::Format, row: &[u8], a: &KActs, i: usize) ->
 #[cfg(all(target_arch = "x86_64", target_feature = "avx512bw"))]
 mod avx512;
 
+/// Frees this thread's unpacked k-quant tile (AVX-512 prompt spans; nothing elsewhere).
+pub(super) fn release() {
+    #[cfg(all(target_arch = "x86_64", target_feature = "avx512bw"))]
+    avx512::release();
+}
+
 #[cfg(all(target_arch = "x86_64", target_feature = "avx512bw"))]
 mod lanes;
 

@@ -165,6 +165,13 @@ thread_local! {
     };
 }
 
+/// Frees this thread's packed tile.
+pub(super) fn release() {
+    PACKED.with_borrow_mut(|p| {
+        (p.key, p.w, p.f, p.acc) = (None, Vec::new(), Vec::new(), Vec::new());
+    });
+}
+
 /// Rows `r0..r0 + nr` of `s` times the G activation rows `x`, into `dst[row * G + j]`; the
 /// rows are packed on this thread's first call of prefill span `span` and reused by its later
 /// calls.

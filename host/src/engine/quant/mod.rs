@@ -137,7 +137,30 @@ pub use crate::config::PromptPrecision;
 use acts::{Acts, Beside};
 pub use blocks::{dequantize_block, Format};
 pub use rounding::{ActivationBits, Rounding};
-pub use untranspose::release_transposed;
+
+/// Frees the calling thread's kernel buffers kept from call to call: the outputs waiting to be
+/// untransposed, and the prompt kernels' widened, packed or dequantized tiles (per thread, up
+/// to 32 rows of the widest matrix each). An engine idle a while runs it on every thread of
+/// its team.
+pub fn release_thread_buffers() {
+    untranspose::release_transposed();
+    #[cfg(all(
+        target_arch = "x86_64",
+        target_feature = "avx2",
+        target_feature = "fma",
+        any(test, not(target_feature = "avx512bw"))
+    ))]
+    q32_prompt::release();
+    #[cfg(all(target_arch = "x86_64", target_feature = "avx512bw"))]
+    lanes::release();
+    k_kernels::release();
+    #[cfg(all(
+        target_arch = "x86_64",
+        target_feature = "avx512bf16",
+        target_os = "linux"
+    ))]
+    tiles::release();
+}
 use untranspose::{untranspose, with_transposed};
 
 use super::team::{split, split_mut, Shares, Team};

@@ -176,6 +176,13 @@ thread_local! {
     });
 }
 
+/// Frees this thread's widened tile.
+pub(super) fn release() {
+    WIDENED.with_borrow_mut(|w| {
+        (w.key, w.q, w.f) = (None, Aligned::zeroed(0), Vec::new());
+    });
+}
+
 /// Rows `r0..r0 + nr` of `s` against activation rows `i0..i0 + g` (`i0` a multiple of 8,
 /// g ≤ 8) of `a`, into `dst[row * g + j]`. `span`: the prefill span the call belongs to, whose
 /// later calls on the same rows reuse the widened tile (`None`: widened for this call only).
@@ -390,7 +397,7 @@ unsafe fn unpack(format: Format, b: &[u8]) -> (__m256i, __m256i, f32, f32) {
 mod tests {
     use super::super::tests::{quantize, reference, tolerance, weights};
     use super::super::QuantMatrix;
-    use super::{takes, tile, Acts16};
+    use super::{release, takes, tile, Acts16, WIDENED};
     use crate::engine::team::Team;
     use candle_core::quantized::GgmlDType;
 
@@ -467,5 +474,27 @@ mod tests {
                 }
             }
         }
+    }
+    /// An idle engine's release frees the widened tile, and the span's next call widens it
+    /// again to the same bits.
+    #[test]
+    fn release_frees_the_widened_tile() {
+        let team = Team::new(1);
+        let (n, k) = (32, 576);
+        let (q, _) = quantize(&weights(n, k, 3), n, k, GgmlDType::Q4_1);
+        let qm = QuantMatrix::from_qtensor(&q).unwrap();
+        let x: Vec<f32> = (0..8 * k).map(|i| (i % 13) as f32 - 6.0).collect();
+        let a = Acts16::new(&team, &x, 8, k);
+        let run = || {
+            let mut out = vec![f32::NAN; n * 8];
+            tile(&qm.segments[0], (0, n), &a, (0, 8), &mut out, Some(7));
+            out.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+        };
+        let first = run();
+        let held = || WIDENED.with_borrow(|w| w.q.as_slice().len() + w.f.capacity());
+        assert!(held() > 0, "a span keeps its widened tile");
+        release();
+        assert_eq!(held(), 0);
+        assert_eq!(run(), first);
     }
 }

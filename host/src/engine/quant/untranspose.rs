@@ -12,7 +12,7 @@ thread_local! {
 
 /// Frees the calling thread's buffer for `with_transposed` (kept from call to call), for an
 /// engine that has been idle a while.
-pub fn release_transposed() {
+pub(super) fn release_transposed() {
     SPARE.take();
 }
 

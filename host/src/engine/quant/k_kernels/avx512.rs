@@ -391,6 +391,11 @@ thread_local! {
     };
 }
 
+/// Frees this thread's unpacked tile.
+pub(super) fn release() {
+    TILE.with_borrow_mut(|u| (u.key, u.w, u.d) = (None, Vec::new(), Vec::new()));
+}
+
 /// `rows` for prefill span `span`: rows `r0..r0 + nr` are unpacked on this thread's first call
 /// of the span and reused by its later calls.
 #[allow(clippy::type_complexity)]

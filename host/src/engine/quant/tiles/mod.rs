@@ -42,6 +42,11 @@ thread_local! {
     static UNIT: std::cell::RefCell<Option<Aligned<u16, 32>>> = const { std::cell::RefCell::new(None) };
 }
 
+/// Frees this thread's dequantized unit.
+pub(super) fn release() {
+    UNIT.take();
+}
+
 impl QuantMatrix {
     /// Whether `tiles` can take this matrix: AMX-BF16 granted (every format unpacks to BF16,
     /// and every row is whole 32-value chunks).

@@ -66,11 +66,10 @@ impl Rate {
 /// Each step drafts as many tokens as maximise the tokens expected per unit of step time: k
 /// drafts give `1 + f·(1 + n + … + n^(k−1))` tokens, with `f` this sequence's rate of accepted
 /// first drafts and `n` that of drafts after an accepted one, and cost what `StepCosts`
-/// measured for k more rows. Where a batch
-/// of rows costs little more than one (a step bound by reading the weights, Qwen2.5 1.5B on
-/// two cores) that is the whole `max` whenever anything is accepted; where rows cost
-/// arithmetic (SmolLM2: 2 rows 1.4x, 5 rows 2.2x one) it is one or two drafts, or none, so
-/// speculation no longer slows a model down. The rates are measured on the whole lookup of
+/// measured for k more rows. Where extra rows cost little (a step bound by reading the
+/// weights: Qwen2.5 1.5B on two cores, 2 rows 1.2x and 4 rows 1.55x one) long drafts pay at
+/// moderate acceptance; where rows cost arithmetic (SmolLM2: 2 rows 1.4x, 5 rows 2.2x one)
+/// it is one or two drafts, or none, so speculation no longer slows a model down. The rates are measured on the whole lookup of
 /// `max` tokens whatever part of it was sent: the tokens a step generated (accepted drafts and
 /// the one sampled after them) are compared with it, so a sequence that drafts little or
 /// nothing still learns when its lookups start to match.

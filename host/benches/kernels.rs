@@ -9,8 +9,8 @@
 //! `cargo bench --bench kernels [-- ROUNDS] [PART...]` (default 9 rounds, medians; every part
 //! unless some are named: a format (`Q4_K`, `Q6_K`, …), `calls`, `prompt`, `step`, which also
 //! times SmolLM2's step for batches of generated rows, or `batch`, SmolLM2's batches without
-//! the rest of `step`). Weights are random blocks with small, finite scales: the kernels'
-//! speed does not depend on the values.
+//! the rest of `step`, `qwen-batch` Qwen2.5's). Weights are random blocks with small, finite
+//! scales: the kernels' speed does not depend on the values.
 
 use std::time::Instant;
 
@@ -209,7 +209,7 @@ fn main() {
         batch_rows("SmolLM2-135M", &all, &smollm2_step(&mut rng), rounds);
         return;
     }
-    if !wanted("step") {
+    if !wanted("step") && !wanted("qwen-batch") {
         return;
     }
     // A decode step's matrices in Qwen2.5-1.5B's shapes (Q4_K; its output matrix Q6_K): the
@@ -221,6 +221,10 @@ fn main() {
         }
     }
     step.push(shaped(Format::Q6K, 151_936, 1536, &mut rng));
+    if wanted("qwen-batch") {
+        batch_rows("Qwen2.5-1.5B", &all, &step[..step.len() - 1], rounds);
+        return;
+    }
     step_rows("Qwen2.5-1.5B", &all, &step, rounds);
     batch_rows("Qwen2.5-1.5B", &all, &step[..step.len() - 1], rounds);
     let step = smollm2_step(&mut rng);
@@ -295,7 +299,7 @@ fn batch_rows(name: &str, team: &Team, step: &[QuantMatrix], rounds: usize) {
     println!("| m | ms per step | ms per row | rows/s against m = 1 |");
     println!("|---:|---:|---:|---:|");
     let mut one = 0.0;
-    for m in [1, 2, 4, 6, 8] {
+    for m in [1, 2, 3, 4, 5, 6, 8] {
         let widest = step.iter().map(QuantMatrix::cols).max().unwrap_or(0);
         let x: Vec<f32> = (0..m * widest)
             .map(|i| ((i * 37 % 101) as f32 - 50.0) / 50.0)

@@ -303,32 +303,19 @@ unsafe fn block<const F: u8, const G: usize>(
     macro_rules! each_row {
         ($($j:literal)*) => {$(
             if $j < G {
-                acc[$j] = row::<F, G>(wv, d, mins, x, b, acc[$j], $j);
+                let xq = x.q[$j].add(b * QK).cast::<__m512i>();
+                // Two chains a row, added at the end: the lane sums are exact integers, so
+                // the order does not change them.
+                let mut ia = [_mm512_setzero_si512(); 2];
+                for (v, &wv) in wv.iter().enumerate() {
+                    ia[v % 2] = dpwssd(ia[v % 2], wv, _mm512_loadu_si512(xq.add(v)));
+                }
+                let sum = _mm512_add_epi32(ia[0], ia[1]);
+                acc[$j] = fold::<F, G>(acc[$j], sum, d, mins, x, $j, b);
             }
         )*};
     }
     each_row!(0 1 2 3 4 5 6 7);
-}
-
-/// `block` for activation row `j`.
-#[inline(always)]
-unsafe fn row<const F: u8, const G: usize>(
-    wv: &[__m512i; 8],
-    d: f32,
-    mins: __m512,
-    x: &Acts<G>,
-    b: usize,
-    acc: __m512,
-    j: usize,
-) -> __m512 {
-    let xq = x.q[j].add(b * QK).cast::<__m512i>();
-    // Two chains a row, added at the end: the lane sums are exact integers, so the order does
-    // not change them.
-    let mut ia = [_mm512_setzero_si512(); 2];
-    for (v, &wv) in wv.iter().enumerate() {
-        ia[v % 2] = dpwssd(ia[v % 2], wv, _mm512_loadu_si512(xq.add(v)));
-    }
-    fold::<F, G>(acc, _mm512_add_epi32(ia[0], ia[1]), d, mins, x, j, b)
 }
 
 /// `acc` plus the pair products of `w` and `x` in one `vpdpwssd`. LLVM lowers the intrinsic

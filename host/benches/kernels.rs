@@ -291,11 +291,23 @@ fn mixed_rows(name: &str, team: &Team, step: &[QuantMatrix], rounds: usize) {
 /// A model-shaped step's matrices for 1–8 generated rows at once (continuous batching's decode
 /// step): what one weight pass for the whole batch costs against one row's.
 fn batch_rows(name: &str, team: &Team, step: &[QuantMatrix], rounds: usize) {
-    let bits = ActivationBits::configured(DecodeBits::Auto);
-    println!(
-        "\n{name}-shaped step, generated rows ({}, the default here), batch of m:",
-        bits.describe()
-    );
+    let auto = ActivationBits::configured(DecodeBits::Auto);
+    for bits in [ActivationBits::Sixteen, ActivationBits::EightButQ8_0] {
+        let default = if bits == auto {
+            ", the default here"
+        } else {
+            ""
+        };
+        println!(
+            "\n{name}-shaped step, generated rows ({}{default}), batch of m:",
+            bits.describe()
+        );
+        batch_rows_at(team, step, rounds, bits);
+    }
+}
+
+/// `batch_rows` at one rounding.
+fn batch_rows_at(team: &Team, step: &[QuantMatrix], rounds: usize, bits: ActivationBits) {
     println!("| m | ms per step | ms per row | rows/s against m = 1 |");
     println!("|---:|---:|---:|---:|");
     let mut one = 0.0;

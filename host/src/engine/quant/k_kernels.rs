@@ -62,6 +62,13 @@ pub(super) struct KActs {
     /// Prompt rows at `prompt_precision = "int8"` also as bytes, for `lanes8`.
     #[cfg(all(target_arch = "x86_64", target_feature = "avx512bw"))]
     bytes8: Option<lanes8::Bytes8>,
+    /// Generated rows rounded to 8 bits, in the order `quads` multiplies them.
+    #[cfg(all(
+        target_arch = "x86_64",
+        target_feature = "avx512bw",
+        target_feature = "avx512vnni"
+    ))]
+    quads: Option<quads::Quads>,
 }
 
 #[cfg(all(
@@ -97,7 +104,8 @@ fn deinterleave(q: &mut [i16]) {
 
 impl KActs {
     /// Quantizes the `m` rows of `x` (`[m][k]`, `k` a multiple of 256) to `bits`, rows split
-    /// across the team.
+    /// across the team. Generated rows at 8 bits (`Eight`, `EightButQ8_0`) are also kept for
+    /// `quads` where it is built; prompt rows at 8 bits come as `EightKQuants`.
     pub(super) fn new(team: &Team, x: &[f32], m: usize, k: usize, bits: ActivationBits) -> Self {
         assert!(k.is_multiple_of(QK), "k-quant rows are whole super-blocks");
         let (q, scale, sums) = round_rows::<QK, SUMS>(team, x, m, k, |xb, q, u| {
@@ -106,6 +114,19 @@ impl KActs {
             deinterleave(q);
             scale
         });
+        #[cfg(all(
+            target_arch = "x86_64",
+            target_feature = "avx512bw",
+            target_feature = "avx512vnni"
+        ))]
+        let quads = matches!(bits, ActivationBits::Eight | ActivationBits::EightButQ8_0)
+            .then(|| quads::Quads::new(q.as_slice(), m, k));
+        #[cfg(not(all(
+            target_arch = "x86_64",
+            target_feature = "avx512bw",
+            target_feature = "avx512vnni"
+        )))]
+        let quads: Option<()> = None;
         Self {
             k,
             #[cfg(all(
@@ -115,10 +136,16 @@ impl KActs {
                     all(target_feature = "avx2", target_feature = "fma")
                 )
             ))]
-            bytes: (m == 1 || cfg!(not(target_feature = "avx512bw")))
+            bytes: ((m == 1 && quads.is_none()) || cfg!(not(target_feature = "avx512bw")))
                 .then(|| RowBytes::new(team, q.as_slice(), k, bits)),
             #[cfg(all(target_arch = "x86_64", target_feature = "avx512bw"))]
             bytes8: None,
+            #[cfg(all(
+                target_arch = "x86_64",
+                target_feature = "avx512bw",
+                target_feature = "avx512vnni"
+            ))]
+            quads,
             q,
             scale,
             sums,
@@ -243,6 +270,15 @@ pub(super) fn tile(
     use lanes::span_lanes;
     use lanes8::span_lanes as span_lanes8;
     let args = (s, r0, nr, a, i0, dst);
+    #[cfg(target_feature = "avx512vnni")]
+    if a.quads.is_some() && !matches!(walk, super::Walk::Prompt(_)) {
+        let format = match s.format {
+            super::Format::Q4K => Q4K,
+            super::Format::Q5K => Q5K,
+            _ => Q6K,
+        };
+        return quads::tile(format, g, walk == super::Walk::Stream, args);
+    }
     macro_rules! by_batch {
         ($f:expr) => {
             match walk {
@@ -290,17 +326,24 @@ pub(super) use avx2::tile;
 // `auto` lives here, beside the condition that picks the kernel, so that `rounding.rs` (which
 // the kernels use) does not use the kernels back.
 impl ActivationBits {
-    /// `decode_activation_bits = "auto"`: 8 bits where the k-quant batch kernels are AVX2's
-    /// (`k_kernels/avx2.rs`). There a 16-bit row is its high and low bytes, two `vpmaddubsw`
-    /// and two `vpmaddwd` per 32 products where a byte row takes one of each, and a batch of
-    /// generated rows is bound by that arithmetic, not by the weight stream: on a Zen 3,
-    /// Qwen2.5-1.5B's weight products took 146 against 251 ms a step for ~7 rows (`gateway
-    /// bench`, concurrency 4) and 48 against 77 for one or two. The KL divergence of 8 bits
-    /// from f32 is llama.cpp's (README, "Precision"). With AVX-512BW `vpdpwssd` takes 16-bit
-    /// rows in one instruction that hides under the weight stream, so 16 bits stay there.
-    /// The 32-element formats take bytes there too, but Q8_0 (`EightButQ8_0`).
+    /// `decode_activation_bits = "auto"`: 8 bits where a step's k-quant products cost less in
+    /// bytes, which is everywhere but AVX-512BW without VNNI. On AVX2 (`k_kernels/avx2.rs`) a
+    /// 16-bit row is its high and low bytes, two `vpmaddubsw` and two `vpmaddwd` per 32 products
+    /// where a byte row takes one of each: on a Zen 3, Qwen2.5-1.5B's weight products took 146
+    /// against 251 ms a step for ~7 rows (`gateway bench`, concurrency 4) and 48 against 77 for
+    /// one or two. With VNNI, `quads` multiplies 64 byte products in one `vpdpbusd`: on a Zen 5,
+    /// Qwen2.5-shaped steps of 1 / 2 / 5 / 8 generated rows took 16.1-17.2 / 18.1-18.8 /
+    /// 28.4-31.4 / 38.0-39.6 ms against 16.4-18.7 / 23.6-23.8 / 35.6 / 53.4-56.0 at 16 bits
+    /// (kernels bench, `qwen-batch`, the same runs). Without VNNI, 16-bit rows take `vpdpwssd`'s
+    /// emulation as cheaply as bytes would, so 16 bits stay there. The KL divergence of 8 bits
+    /// from f32 is llama.cpp's (README, "Precision"). The 32-element formats take bytes on
+    /// AVX2 too, but Q8_0 (`EightButQ8_0`); on AVX-512 they keep 16 bits.
     fn auto() -> Self {
-        match AVX2_BYTES {
+        match AVX2_BYTES
+            || cfg!(all(
+                target_feature = "avx512bw",
+                target_feature = "avx512vnni"
+            )) {
             true => ActivationBits::EightButQ8_0,
             false => ActivationBits::Sixteen,
         }
@@ -422,6 +465,14 @@ pub(super) fn release() {
 
 #[cfg(all(target_arch = "x86_64", target_feature = "avx512bw"))]
 mod lanes;
+
+/// 8-bit generated rows with `vpdpbusd`.
+#[cfg(all(
+    target_arch = "x86_64",
+    target_feature = "avx512bw",
+    target_feature = "avx512vnni"
+))]
+mod quads;
 
 #[cfg(all(target_arch = "x86_64", target_feature = "avx512bw"))]
 mod lanes8;

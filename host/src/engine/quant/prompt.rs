@@ -102,7 +102,7 @@ impl QuantMatrix {
             return k_kernels::few_pass(self, team, &k_kernels::Few::new(&a, m), out);
         }
         let k_acts = || match eight {
-            true => KActs::new(team, x, m, k, ActivationBits::Eight).with_bytes8(team),
+            true => KActs::new(team, x, m, k, ActivationBits::EightKQuants).with_bytes8(team),
             false => KActs::new(team, x, m, k, ActivationBits::Sixteen),
         };
         let acts = Acts {

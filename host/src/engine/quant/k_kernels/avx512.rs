@@ -172,7 +172,7 @@ pub(super) fn rows<const F: u8, const R: usize, const G: usize, const P: bool>(
         // Whole groups of R rows ahead, about PREFETCH bytes.
         pf: PREFETCH.div_ceil(R * rb) * R * rb,
     };
-    for (c, g) in order::<G>(k, nr.div_ceil(R)) {
+    for (c, g) in order(G * k * 2, k, nr.div_ceil(R)) {
         let (t, c0) = (g * R, c * CHUNK);
         let rr = (nr - t).min(R);
         // SAFETY: `Acts::new` asserted the bounds of every pointer: super-blocks < nb of rows
@@ -220,13 +220,17 @@ impl<const G: usize> Acts<G> {
 }
 
 /// The (chunk, group of weight rows) pairs of a tile of `groups` groups, `k` wide, in the
-/// order the kernels walk them. When a group of G activation rows does not fit L1 (eight rows
-/// of an 8960-wide matrix are 143 KiB), one chunk of them stays there while every row of the
+/// order the kernels walk them. When the group's activation rows (`group_bytes`) do not fit L1
+/// (eight 16-bit rows of an 8960-wide matrix are 143 KiB), one chunk of them stays there while every row of the
 /// tile passes it, instead of coming from L2 once per weight row. Otherwise row after row, so
 /// each weight row streams in order (decode reads DRAM).
-fn order<const G: usize>(k: usize, groups: usize) -> impl Iterator<Item = (usize, usize)> {
+pub(super) fn order(
+    group_bytes: usize,
+    k: usize,
+    groups: usize,
+) -> impl Iterator<Item = (usize, usize)> {
     let chunks = (k / QK).div_ceil(CHUNK);
-    let chunk_outer = G * k * 2 > L1_ACTS;
+    let chunk_outer = group_bytes > L1_ACTS;
     (0..chunks * groups).map(move |i| match chunk_outer {
         true => (i / groups, i % groups),
         false => (i % chunks, i / chunks),
@@ -276,12 +280,17 @@ unsafe fn chunk<const F: u8, const R: usize, const G: usize, const P: bool>(
 /// running past the matrix is harmless).
 #[inline(always)]
 unsafe fn prefetch(blk: *const u8, w: &Weights) {
-    let ahead = blk.wrapping_add(w.pf);
+    prefetch_at(blk.wrapping_add(w.pf), w.bb);
+}
+
+/// Fetches the `bb`-byte super-block at `ahead` into L1.
+#[inline(always)]
+pub(super) unsafe fn prefetch_at(ahead: *const u8, bb: usize) {
     // Three or four lines: super-blocks are 144 to 210 bytes.
     _mm_prefetch::<_MM_HINT_T0>(ahead.cast());
     _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64).cast());
     _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(128).cast());
-    if w.bb > 192 {
+    if bb > 192 {
         _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(192).cast());
     }
 }
@@ -347,7 +356,7 @@ unsafe fn dpwssd(acc: __m512i, w: __m512i, x: __m512i) -> __m512i {
 /// mins: the float steps every kernel takes in this one order, so a row's bits do not depend
 /// on which kernel it went through.
 #[inline(always)]
-unsafe fn fold<const F: u8, const G: usize>(
+pub(super) unsafe fn fold<const F: u8, const G: usize>(
     acc: __m512,
     ia: __m512i,
     d: f32,
@@ -367,7 +376,7 @@ unsafe fn fold<const F: u8, const G: usize>(
 /// Adds one chunk's partial sums of a weight row to its results `dst[j]` (the first chunk,
 /// `first`, sets them).
 #[inline(always)]
-fn add_chunk<const G: usize>(acc: &[__m512; G], dst: &mut [f32], first: bool) {
+pub(super) fn add_chunk<const G: usize>(acc: &[__m512; G], dst: &mut [f32], first: bool) {
     for (&acc, d) in acc.iter().zip(dst) {
         // SAFETY: plain AVX-512F, which this module is compiled for.
         let v = unsafe { _mm512_reduce_add_ps(acc) };
@@ -436,7 +445,7 @@ pub(super) fn span_rows<const F: u8, const G: usize>(
             }
             u.key = Some(key);
         }
-        for (c, t) in order::<G>(k, nr) {
+        for (c, t) in order(G * k * 2, k, nr) {
             let c0 = c * CHUNK;
             // SAFETY: plain AVX-512F.
             let mut acc = [unsafe { _mm512_setzero_ps() }; G];

@@ -8,6 +8,7 @@
 # `llama-perplexity --kl-divergence-base` scores the text with it (cached outside the clone, keyed
 # by the GGUF's sha256). Then `llama-perplexity --kl-divergence` gives llama.cpp's figures and
 # `gateway eval-kl --llama-base` ours, against both our own f32 path and llama.cpp's.
+# KERNELS picks our settings (`eval-kl --kernels`, for example `decode16,decode8`).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 model="${1:?usage: bench-kl.sh MODEL.gguf [CHUNKS]}"
@@ -43,4 +44,5 @@ echo "## llama.cpp on $(basename "$model") ${repack[*]}"
   grep -E '^(Mean PPL\(Q\) |Mean PPL\(base\)|Mean +KLD|Median +KLD|99\.0% +KLD|Maximum KLD|Same top p)'
 echo "## gateway"
 cargo build --release --quiet --bin gateway
-target/release/gateway eval-kl -m "$model" --llama-base "$base" 2>/dev/null
+target/release/gateway eval-kl -m "$model" --llama-base "$base" \
+  ${KERNELS:+--kernels "$KERNELS"} 2>/dev/null

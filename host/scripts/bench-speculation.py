@@ -2,7 +2,8 @@
 """Prompt-lookup speculation off and on over HTTP, one gateway binary on one GGUF.
 
 Usage: host/scripts/bench-speculation.py GATEWAY_BIN MODEL.gguf [SPECULATIVE_TOKENS]
-Env: N (tokens per answer, default 96), REPS (median of, default 3).
+Env: N (tokens per answer, default 96), REPS (median of, default 3), DECODE_BITS (the engine's
+decode_activation_bits, default auto).
 
 Three greedy workloads: extracting every email address of a CRM export (the answer copies
 spans of the prompt), rewriting a source file with its comments removed (long copies), and
@@ -22,6 +23,7 @@ import urllib.request
 gateway, model = sys.argv[1], sys.argv[2]
 spec_tokens = int(sys.argv[3]) if len(sys.argv) > 3 else 4
 tokens, reps = int(os.environ.get("N", "96")), int(os.environ.get("REPS", "3"))
+bits = os.environ.get("DECODE_BITS", "auto")
 with socket.socket() as s:
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
@@ -69,7 +71,8 @@ with tempfile.TemporaryDirectory() as tmp:
     with open(config, "w") as f:
         f.write(f'listen = "127.0.0.1:{port}"\nembeddings = []\nledger = "{tmp}/usage.sqlite"\n'
                 f'collections_dir = "{tmp}/collections"\n[[models]]\nname = "m"\npath = "{model}"\n'
-                f"[models.engine]\nspeculative_tokens = {spec_tokens}\n")
+                f"[models.engine]\nspeculative_tokens = {spec_tokens}\n"
+                f'decode_activation_bits = "{bits}"\n')
     server = subprocess.Popen([gateway, "serve", "--config", config],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -79,7 +82,8 @@ with tempfile.TemporaryDirectory() as tmp:
                 break
             except OSError:
                 time.sleep(0.5)
-        print(f"{os.path.basename(model)}, speculative_tokens = {spec_tokens}, {tokens} tokens, median of {reps}")
+        print(f"{os.path.basename(model)}, speculative_tokens = {spec_tokens}, "
+              f"decode_activation_bits = {bits}, {tokens} tokens, median of {reps}")
         print("| workload | off s | on s | ratio | outputs | drafted | accepted |")
         print("|---|---:|---:|---:|---|---:|---:|")
         for name, prompt in workloads.items():

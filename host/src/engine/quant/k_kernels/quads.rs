@@ -301,11 +301,35 @@ pub(super) fn tile(
 
 #[cfg(test)]
 mod tests {
-    use super::super::super::tests::{quantize, weights};
-    use super::super::super::{ActivationBits, QuantMatrix};
+    use super::super::super::{ActivationBits, Bytes, Format, QuantMatrix};
     use super::super::{dot_row, KActs};
     use crate::engine::team::Team;
-    use candle_core::quantized::GgmlDType;
+
+    /// Random super-blocks (every nibble, high bit and scale pattern) with finite `d` and
+    /// `dmin` near 2⁻¹⁰.
+    fn random(format: Format, n: usize, k: usize) -> QuantMatrix {
+        let mut state = 0x9E37_79B9_7F4A_7C15u64 ^ format.block_bytes() as u64;
+        let mut data: Vec<u8> = (0..n * k / 256 * format.block_bytes())
+            .map(|_| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                state as u8
+            })
+            .collect();
+        let small = half::f16::from_f32(1.0 / 1024.0).to_le_bytes();
+        let scales: &[usize] = if format == Format::Q6K {
+            &[208]
+        } else {
+            &[0, 2]
+        };
+        for block in data.chunks_exact_mut(format.block_bytes()) {
+            for &at in scales {
+                block[at..at + 2].copy_from_slice(&small);
+            }
+        }
+        QuantMatrix::new(format, n, k, Bytes::Owned(data)).unwrap()
+    }
 
     /// 6400-wide rows (25 super-blocks: four whole chunks and a short one): eight rows of them
     /// are 50 KiB, so a group of eight walks chunk by chunk and smaller groups row by row. Every
@@ -315,9 +339,8 @@ mod tests {
         let team = Team::new(2);
         let (n, k, m) = (19, 6400, 8);
         let bits = ActivationBits::EightButQ8_0;
-        for dtype in [GgmlDType::Q4K, GgmlDType::Q5K, GgmlDType::Q6K] {
-            let (q, _) = quantize(&weights(n, k, 9), n, k, dtype);
-            let qm = QuantMatrix::from_qtensor(&q).unwrap();
+        for format in [Format::Q4K, Format::Q5K, Format::Q6K] {
+            let qm = random(format, n, k);
             let seg = &qm.segments[0];
             let x: Vec<f32> = (0..m * k)
                 .map(|i| ((i * 29 % 41) as f32 - 20.0) * 0.03)
@@ -340,9 +363,9 @@ mod tests {
                         let got = out[i * n + r];
                         assert!(
                             (got - want).abs() <= 1e-4 * want.abs().max(1.0),
-                            "{dtype:?} g={g} ({i},{r}): {got} vs {want}"
+                            "{format:?} g={g} ({i},{r}): {got} vs {want}"
                         );
-                        assert_eq!(got.to_bits(), alone[i][r].to_bits(), "{dtype:?} g={g}");
+                        assert_eq!(got.to_bits(), alone[i][r].to_bits(), "{format:?} g={g}");
                     }
                 }
             }

@@ -30,7 +30,7 @@ use super::avx512::{add_chunk, fold, order, prefetch_at, scales_mins, Acts};
 use super::{KActs, CHUNK, Q5K, Q6K, QK};
 
 /// Prefetch distances, as the 16-bit kernels measured them: a lone row streams at 4 KiB, a
-/// group (longer per super-block) at 8 KiB.
+/// group (longer per super-block) at about 8 KiB.
 const PREFETCH_ONE: usize = 4096;
 const PREFETCH: usize = 8192;
 
@@ -226,7 +226,14 @@ pub(super) fn rows<const F: u8, const G: usize, const P: bool>(
         std::array::from_fn(|j| quads.x.as_slice()[(i0 + j) * k..].as_ptr().cast());
     let off: [*const __m512i; G] =
         std::array::from_fn(|j| quads.off.as_slice()[(i0 + j) * nb * 16..].as_ptr().cast());
-    let pf = if G == 1 { PREFETCH_ONE } else { PREFETCH };
+    // A group prefetches whole rows ahead, as `avx512::rows` does: the same super-block of a
+    // later row is what a walk chunk by chunk reads next (six and eight Qwen2.5-shaped rows,
+    // 8 KiB ahead in the same row: 33.0-34.3 / 37.8-39.6 ms; two rows ahead: 30.6-32.2 /
+    // 34.8-37.5), and about PREFETCH bytes ahead in address order otherwise.
+    let pf = match G {
+        1 => PREFETCH_ONE,
+        _ => PREFETCH.div_ceil(rb) * rb,
+    };
     // Rows walk the weights in address order up to 48 KiB of activations (Zen 5's L1):
     // Qwen2.5-shaped steps, three to five rows (8960-wide rows 27-45 KiB), 24.3-24.7 /
     // 27.5-28.2 / 33.4-34.0 ms chunk by chunk against 20.5-21.2 / 25.2-25.6 / 31.5-32.5 row

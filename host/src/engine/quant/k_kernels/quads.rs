@@ -278,31 +278,26 @@ pub(super) fn tile(
     args: (&Segment, usize, usize, &KActs, usize, &mut [f32]),
 ) {
     macro_rules! by_group {
-        ($f:expr) => {
-            match (g, stream) {
-                (8, true) => rows::<{ $f }, 8, true>(args),
-                (7, true) => rows::<{ $f }, 7, true>(args),
-                (6, true) => rows::<{ $f }, 6, true>(args),
-                (5, true) => rows::<{ $f }, 5, true>(args),
-                (4, true) => rows::<{ $f }, 4, true>(args),
-                (3, true) => rows::<{ $f }, 3, true>(args),
-                (2, true) => rows::<{ $f }, 2, true>(args),
-                (_, true) => rows::<{ $f }, 1, true>(args),
-                (8, false) => rows::<{ $f }, 8, false>(args),
-                (7, false) => rows::<{ $f }, 7, false>(args),
-                (6, false) => rows::<{ $f }, 6, false>(args),
-                (5, false) => rows::<{ $f }, 5, false>(args),
-                (4, false) => rows::<{ $f }, 4, false>(args),
-                (3, false) => rows::<{ $f }, 3, false>(args),
-                (2, false) => rows::<{ $f }, 2, false>(args),
-                (_, false) => rows::<{ $f }, 1, false>(args),
+        ($f:expr, $p:expr) => {
+            match g {
+                8 => rows::<{ $f }, 8, $p>(args),
+                7 => rows::<{ $f }, 7, $p>(args),
+                6 => rows::<{ $f }, 6, $p>(args),
+                5 => rows::<{ $f }, 5, $p>(args),
+                4 => rows::<{ $f }, 4, $p>(args),
+                3 => rows::<{ $f }, 3, $p>(args),
+                2 => rows::<{ $f }, 2, $p>(args),
+                _ => rows::<{ $f }, 1, $p>(args),
             }
         };
     }
-    match format {
-        Q6K => by_group!(Q6K),
-        Q5K => by_group!(Q5K),
-        _ => by_group!(super::Q4K),
+    match (format, stream) {
+        (Q6K, true) => by_group!(Q6K, true),
+        (Q6K, false) => by_group!(Q6K, false),
+        (Q5K, true) => by_group!(Q5K, true),
+        (Q5K, false) => by_group!(Q5K, false),
+        (_, true) => by_group!(super::Q4K, true),
+        (_, false) => by_group!(super::Q4K, false),
     }
 }
 

@@ -133,11 +133,11 @@ struct EngineArgs {
     /// Compute threads per model (0 = one per core).
     #[arg(long)]
     threads: Option<usize>,
-    /// Bits the CPU decode kernels round activations to: auto (default: 8 on CPUs without
-    /// AVX-512, where it halves a step's arithmetic, else 16), 16 (greedy output as the f32
-    /// reference's), 8 (llama.cpp's rounding for k-quants and, on AVX2, Q4_0-Q5_1; KL
-    /// divergence from f32 below llama.cpp's; Q8_0 keeps 16) or 8-all (on AVX2 Q8_0 at 8 bits
-    /// too: KL above llama.cpp's on Gemma 3).
+    /// Bits the CPU decode kernels round activations to: auto (default: 8 on AVX2 and on
+    /// AVX-512 with VNNI, where bytes cost a step less arithmetic, else 16), 16 (greedy
+    /// output as the f32 reference's), 8 (llama.cpp's rounding for k-quants and, on AVX2,
+    /// Q4_0-Q5_1; KL divergence from f32 below llama.cpp's; Q8_0 keeps 16) or 8-all (on AVX2
+    /// Q8_0 at 8 bits too: KL above llama.cpp's on Gemma 3).
     #[arg(long)]
     decode_activation_bits: Option<gateway::config::DecodeBits>,
     /// How the CPU prompt kernels (prefill) meet quantized weights: auto (BF16 AMX tiles where

@@ -66,10 +66,11 @@ pub enum PromptPrecision {
 /// output as the dense-f32 reference's. `8`: llama.cpp's rounding for the k-quants (Q8_K) and,
 /// on AVX2, for Q4_0/Q4_1/Q5_0/Q5_1 (Q8_0 per 32); each weight byte is multiplied once instead
 /// of twice, and the KL divergence from f32 is below llama.cpp's own on the same files (README,
-/// "Precision"); Q8_0 rows keep 16 bits. `auto` (the default) takes 8 where that halves the
-/// arithmetic of a step (AVX2 without AVX-512BW) and 16 elsewhere
-/// (`engine::quant::ActivationBits::configured`). `8-all`: on AVX2 Q8_0 at 8 bits too, whose KL
-/// divergence is above llama.cpp's on Gemma 3 (`engine::quant::ActivationBits::Eight`).
+/// "Precision"); Q8_0 rows keep 16 bits. `auto` (the default) takes 8 where bytes cost a step
+/// less arithmetic (AVX2 without AVX-512BW, and AVX-512 with VNNI, whose k-quant rows then take
+/// `vpdpbusd`) and 16 elsewhere (`engine::quant::ActivationBits::configured`). `8-all`: on
+/// AVX2 Q8_0 at 8 bits too, whose KL divergence is above llama.cpp's on Gemma 3
+/// (`engine::quant::ActivationBits::Eight`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum DecodeBits {
     #[default]

@@ -102,6 +102,23 @@ fn deinterleave(q: &mut [i16]) {
     }
 }
 
+/// Where `deinterleave` stored element `e` of a super-block: what the scalar dot and the
+/// quad-order copy read rows back by.
+#[cfg(any(
+    test,
+    target_feature = "avx512vnni",
+    not(all(
+        target_arch = "x86_64",
+        any(
+            target_feature = "avx512bw",
+            all(target_feature = "avx2", target_feature = "fma")
+        )
+    ))
+))]
+const fn stored_slot(e: usize) -> usize {
+    e / 64 * 64 + e % 2 * 32 + e % 64 / 2
+}
+
 impl KActs {
     /// Quantizes the `m` rows of `x` (`[m][k]`, `k` a multiple of 256) to `bits`, rows split
     /// across the team. Generated rows at 8 bits (`Eight`, `EightButQ8_0`) are also kept for
@@ -114,19 +131,12 @@ impl KActs {
             deinterleave(q);
             scale
         });
-        #[cfg(all(
+        // Generated rows at 8 bits go through `quads` where it is built, which needs no bytes.
+        let quad_order = cfg!(all(
             target_arch = "x86_64",
             target_feature = "avx512bw",
             target_feature = "avx512vnni"
-        ))]
-        let quads = matches!(bits, ActivationBits::Eight | ActivationBits::EightButQ8_0)
-            .then(|| quads::Quads::new(q.as_slice(), m, k));
-        #[cfg(not(all(
-            target_arch = "x86_64",
-            target_feature = "avx512bw",
-            target_feature = "avx512vnni"
-        )))]
-        let quads: Option<()> = None;
+        )) && matches!(bits, ActivationBits::Eight | ActivationBits::EightButQ8_0);
         Self {
             k,
             #[cfg(all(
@@ -136,7 +146,7 @@ impl KActs {
                     all(target_feature = "avx2", target_feature = "fma")
                 )
             ))]
-            bytes: ((m == 1 && quads.is_none()) || cfg!(not(target_feature = "avx512bw")))
+            bytes: ((m == 1 && !quad_order) || cfg!(not(target_feature = "avx512bw")))
                 .then(|| RowBytes::new(team, q.as_slice(), k, bits)),
             #[cfg(all(target_arch = "x86_64", target_feature = "avx512bw"))]
             bytes8: None,
@@ -145,7 +155,7 @@ impl KActs {
                 target_feature = "avx512bw",
                 target_feature = "avx512vnni"
             ))]
-            quads,
+            quads: quad_order.then(|| quads::Quads::new(q.as_slice(), m, k)),
             q,
             scale,
             sums,
@@ -271,17 +281,14 @@ pub(super) fn tile(
     use lanes8::span_lanes as span_lanes8;
     let args = (s, r0, nr, a, i0, dst);
     #[cfg(target_feature = "avx512vnni")]
-    if a.quads.is_some() && !matches!(walk, super::Walk::Prompt(_)) {
-        let format = match s.format {
-            super::Format::Q4K => Q4K,
-            super::Format::Q5K => Q5K,
-            _ => Q6K,
-        };
-        return quads::tile(format, g, walk == super::Walk::Stream, args);
-    }
+    use quads::rows as quad_rows;
     macro_rules! by_batch {
         ($f:expr) => {
             match walk {
+                #[cfg(target_feature = "avx512vnni")]
+                super::Walk::Stream | super::Walk::Span(_) if a.quads.is_some() => {
+                    super::by_group!(quad_rows, $f, g, walk == super::Walk::Stream, args)
+                }
                 super::Walk::Stream if g == 1 && a.bytes.is_some() => one_row::<{ $f }>(args),
                 super::Walk::Stream => super::by_batch!(rows, $f, rows_walked, g, true, args),
                 // Only Q6_K's unpacking (bit merges and a lane permute per vector) costs
@@ -401,10 +408,6 @@ pub(super) fn tile(
     ))
 ))]
 pub(super) fn dot_row(format: super::Format, row: &[u8], a: &KActs, i: usize) -> f32 {
-    /// Where `deinterleave` stored element `e` of a super-block.
-    const fn slot(e: usize) -> usize {
-        e / 64 * 64 + e % 2 * 32 + e % 64 / 2
-    }
     use super::blocks::{f16_at, k45_values, k4_scales_mins, q6k_values};
     use super::Format;
     let (k, bb) = (a.k, format.block_bytes());
@@ -412,7 +415,7 @@ pub(super) fn dot_row(format: super::Format, row: &[u8], a: &KActs, i: usize) ->
     let mut total = 0f32;
     for (b, blk) in row.chunks_exact(bb).enumerate() {
         let stored = &a.q()[i * k + b * QK..i * k + (b + 1) * QK];
-        let x: [i16; QK] = std::array::from_fn(|e| stored[slot(e)]);
+        let x: [i16; QK] = std::array::from_fn(|e| stored[stored_slot(e)]);
         let xs = a.scale[i * nb + b];
         // i64: 16-bit activations times 6-bit weights times 8-bit scales, summed over a
         // super-block, pass i32's range (debug builds panicked, release wrapped).

@@ -17,7 +17,7 @@ use super::{KActs, CHUNK, Q5K, Q6K, QK, SUMS};
 
 /// How far ahead of the block being multiplied weights are prefetched (4–32 KiB measured
 /// alike; 8 KiB was best).
-const PREFETCH: usize = 8192;
+pub(super) const PREFETCH: usize = 8192;
 
 /// Activation bytes of a group that fit L1 beside the weights streaming past (half of
 /// Zen 4/5's 48 KiB).
@@ -463,7 +463,7 @@ pub(super) fn span_rows<const F: u8, const G: usize>(
 
 /// How far ahead of the block being multiplied the one-row kernel prefetches (1–6 KiB
 /// measured alike, two threads on DRAM-resident matrices).
-const PREFETCH_ONE: usize = 4096;
+pub(super) const PREFETCH_ONE: usize = 4096;
 
 /// Weight rows `r0..r0 + nr` times activation row `i0` given as bytes (`KActs::bytes`), into
 /// `dst[row]`: decode's kernel, one weight row after another.

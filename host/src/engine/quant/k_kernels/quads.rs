@@ -26,13 +26,11 @@ use std::arch::x86_64::*;
 use super::super::aligned::Aligned;
 use super::super::lanes::f16_at;
 use super::super::Segment;
-use super::avx512::{add_chunk, fold, order, prefetch_at, scales_mins, Acts};
+// The 16-bit kernels' prefetch distances: a lone row streams at 4 KiB, a group at about 8.
+use super::avx512::{
+    add_chunk, fold, order, prefetch_at, scales_mins, Acts, PREFETCH, PREFETCH_ONE,
+};
 use super::{stored_slot, KActs, CHUNK, Q5K, Q6K, QK};
-
-/// Prefetch distances, as the 16-bit kernels measured them: a lone row streams at 4 KiB, a
-/// group (longer per super-block) at about 8 KiB.
-const PREFETCH_ONE: usize = 4096;
-const PREFETCH: usize = 8192;
 
 /// Where element `e` of a super-block is kept in quad order.
 const fn quad_slot(e: usize) -> usize {
